@@ -1,0 +1,22 @@
+"""keras-precrop: structured pruning-at-initialization for Keras 3 CNNs.
+
+Public API (everything else is private):
+
+* ``profile(model)``: per-layer parameters, MACs and channel-coupling groups.
+* ``solve_densities`` / ``solve_widths``: the SynExp convex programs.
+* ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig.
+* ``register_handler``: teach the graph walker a custom layer.
+* Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
+  ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies).
+"""
+
+try:
+    import tensorflow as _tf  # noqa: F401
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "keras-precrop needs TensorFlow. Install one flavour of it, e.g. "
+        "`pip install keras-precrop[cpu]` (CPU only), `keras-precrop[gpu]` "
+        "(CUDA) or `keras-precrop[tf]`."
+    ) from _err
+
+__version__ = "0.1.0"

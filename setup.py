@@ -1,0 +1,51 @@
+"""Packaging for keras-precrop.
+
+TensorFlow is deliberately not a hard requirement: it ships as several
+distributions (``tensorflow``, ``tensorflow-cpu``, ``tensorflow[and-cuda]``,
+``tensorflow-tpu``) that pip treats as different packages, so requiring one of
+them would force a second, conflicting TensorFlow onto users who already have
+another (Colab, TPU VMs, CUDA images). Pick one with an extra: ``[cpu]``,
+``[gpu]`` or ``[tf]``; a clear ImportError is raised on import if none is present.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-precrop",
+    version="0.1.0",
+    description=(
+        "Structured pruning-at-initialization (PreCrop) and width "
+        "reconfiguration (PreConfig) of Keras 3 CNNs."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["keras_precrop", "keras_precrop.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "keras>=3.4,<4",
+        "tensorflow-datasets>=4.9",
+        "scipy>=1.10",
+        "absl-py>=1.0",
+        "numpy>=1.24",
+    ],
+    extras_require={
+        "cpu": ["tensorflow-cpu>=2.16"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "tf": ["tensorflow>=2.16"],
+        "test": [
+            "tensorflow-cpu>=2.16",
+            "pytest>=7",
+            "hypothesis>=6",
+            "nbformat>=5",
+            "importlib_resources",
+        ],
+        "examples": ["matplotlib>=3.5", "importlib_resources"],
+    },
+    entry_points={"console_scripts": ["keras-precrop=keras_precrop.cli:main"]},
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
