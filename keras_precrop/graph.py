@@ -231,6 +231,7 @@ class ModelGraph:
     model: keras.Model
     ctx: WalkContext
     residual: str
+    tensor_channels: dict  # id(KerasTensor) -> Channels, nested models included
 
     @property
     def layers(self) -> list[LayerRecord]:
@@ -287,7 +288,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     _walk_functional(fn, "", tensors, ctx, ignore, handlers)
     for t in fn.outputs:
         ctx.fix(tensors[id(t)])
-    return ModelGraph(model, ctx, residual)
+    return ModelGraph(model, ctx, residual, tensors)
 
 
 def _all_layers(fn):
@@ -394,8 +395,8 @@ def _resolve(graph: ModelGraph) -> Structure:
 
     In ``"tie"`` mode every merge ties its inputs and output. In ``"prefix"``
     mode each connected set of merges is a residual stream whose width is set
-    by its *creator* (the shallowest input, e.g. the stem conv or a projection
-    shortcut); the other inputs (writers) and each layer reading the stream
+    by its *creator* (the widest, then shallowest input, e.g. the stem conv or
+    a projection shortcut); the other inputs (writers) and each layer reading the stream
     (readers) get their own width, bounded by the stream's. The bounds keep
     the SynExp proxy honest: an unbounded reader would "read" channels that no
     writer produced.
@@ -466,7 +467,8 @@ def _resolve_streams(ctx, writers):
         where.setdefault(key, name)
         members.setdefault(key, set()).update(ctx.find(s) for s in [out, *ins])
     for key, segs in members.items():
-        inputs = sorted(segs - merge_outs, key=lambda s: (ctx.segments[s].depth, s))
+        inputs = sorted(segs - merge_outs, key=lambda s: (
+            -ctx.segments[s].width, ctx.segments[s].depth, s))
         creator = inputs[0] if inputs else min(segs)
         for s in sorted(segs - set(inputs[1:])):
             creator = ctx.union(creator, s, where[key])

@@ -220,18 +220,16 @@ class Separable(_Source):
 
 
 class Merge(Handler):
-    """Add/Subtract: a residual stream (prefix or tied, see graph.py)."""
+    """Add: a residual stream (prefix or tied, resolved in ``graph.py``)."""
 
     rule = "merge"
 
     def walk(self, ctx, rec, node, ins):
         _const_weights(ctx, rec)
-        shapes = [tuple(t.shape) for t in node.arguments.keras_tensors]
-        if ctx.residual == "tie" or any(len(ch) != 1 for ch in ins) or (
-            len({s[-1] for s in shapes}) != 1
-        ):
+        if any(len(ch) != 1 or ch[0].mult != 1 for ch in ins):
             return _broadcast(ctx, rec, node, ins)
-        seg = ctx.new_segment(width_of(ctx, ins[0]), rec.path)
+        width = max(width_of(ctx, ch) for ch in ins)
+        seg = ctx.new_segment(width, rec.path)
         ctx.merges.append((seg, [ch[0].group for ch in ins], rec.path))
         return [(Part(seg),)]
 
@@ -248,7 +246,7 @@ def _broadcast(ctx, rec, node, ins):
 
 
 class Broadcast(Handler):
-    """Multiply/Average/Maximum/Minimum and element-wise ops: tie channels.
+    """Subtract/Multiply/Average/Max/Min and element-wise ops: tie channels.
 
     A ``[B, 1, 1, C]`` gate (squeeze-excite) is tied to the features on the
     channel axis only; a size-1 channel axis broadcasts and is not coupled.
@@ -379,9 +377,9 @@ for _cls in (L.DepthwiseConv1D, L.DepthwiseConv2D):
     register_handler(_cls, Depthwise())
 for _cls in (L.SeparableConv1D, L.SeparableConv2D):
     register_handler(_cls, Separable())
-for _cls in (L.Add, L.Subtract, _custom.PrefixAdd):
+for _cls in (L.Add, _custom.PrefixAdd):
     register_handler(_cls, Merge())
-for _cls in (L.Multiply, L.Average, L.Maximum, L.Minimum):
+for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
 register_handler(L.Flatten, Flatten())

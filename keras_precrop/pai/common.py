@@ -1,0 +1,283 @@
+"""Which weights can be pruned, density checks and score-to-mask thresholding.
+
+Every pruner in ``keras_precrop.pai`` scores the same set of weights (see
+:func:`prunable_weights`) and turns scores into masks with :func:`masks_from_scores`,
+so they all keep exactly the same number of weights for a given density.
+"""
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """How a prunable weight of a layer class is laid out and persisted.
+
+    Attributes:
+        constraint_attr: the layer attribute that ``get_config`` serializes as
+            this weight's constraint (``kernel_constraint``, ...); the mask
+            constraint is stored there so it survives ``.keras`` save/load.
+        kind: ``"kernel"`` (mixes input into output channels), ``"depthwise"``
+            (one ``k x k x multiplier`` slab per input channel), ``"bias"`` or
+            ``"scale"`` (per-output-channel vectors: biases, BN gamma/beta).
+        in_axis: kernel axis indexing input channels (``None`` for vectors).
+        out_axis: kernel axis indexing output channels, or the depthwise
+            multiplier axis (``None`` for vectors).
+    """
+
+    constraint_attr: str
+    kind: str
+    in_axis: int | None = None
+    out_axis: int | None = None
+
+
+_CONV = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1)}
+_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
+
+# Layer class -> {variable name -> spec} for kernels; biases are in _BIAS.
+_KERNELS = (
+    (keras.layers.Dense, {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1)}),
+    (keras.layers.Conv1D, _CONV),
+    (keras.layers.Conv2D, _CONV),
+    (keras.layers.Conv3D, _CONV),
+    # Transposed convolutions store kernels as (..., out, in).
+    (keras.layers.Conv1DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
+    (keras.layers.Conv2DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
+    (keras.layers.Conv3DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
+    (keras.layers.DepthwiseConv1D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
+    (keras.layers.DepthwiseConv2D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
+    (
+        keras.layers.SeparableConv1D,
+        {
+            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
+            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
+        },
+    ),
+    (
+        keras.layers.SeparableConv2D,
+        {
+            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
+            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
+        },
+    ),
+)
+_BATCHNORM = {
+    "gamma": WeightSpec("gamma_constraint", "scale"),
+    "beta": WeightSpec("beta_constraint", "bias"),
+}
+
+
+def weight_specs(layer):
+    """Returns ``{variable name: WeightSpec}`` of every maskable weight of ``layer``.
+
+    Maskable weights are kernels and biases of conv/dense layers and BN
+    gamma/beta; an empty dict for any other layer.
+    """
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return dict(_BATCHNORM)
+    for cls, kernels in _KERNELS:
+        if isinstance(layer, cls):
+            return {**kernels, **_BIAS}
+    return {}
+
+
+def iter_layers(model):
+    """Yields the layers of ``model`` in layer order, descending into nested models."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from iter_layers(layer)
+        else:
+            yield layer
+
+
+def named_weights(model):
+    """Returns ``{variable path: (layer, variable, spec)}`` of all maskable weights.
+
+    Raises:
+        ValueError: if the model is not built or two weights share a path
+            (possible with nested models reusing layer names).
+    """
+    if not model.built:
+        raise ValueError(
+            f"Model {model.name!r} is not built; call it on an input or give it "
+            "a keras.Input before pruning."
+        )
+    out = {}
+    for layer in iter_layers(model):
+        specs = weight_specs(layer)
+        for var in layer.weights:
+            if var.name not in specs:
+                continue
+            if var.path in out:
+                raise ValueError(
+                    f"Two weights of model {model.name!r} share the path "
+                    f"{var.path!r}; give the layers of nested models unique names."
+                )
+            out[var.path] = (layer, var, specs[var.name])
+    return out
+
+
+def prunable_weights(model, include_bias=False, include_batchnorm=False):
+    """Returns the weights the pruners score, as ``{path: keras.Variable}``.
+
+    By default these are the kernels of Dense, Conv1D/2D/3D, their transposes,
+    DepthwiseConv1D/2D and SeparableConv1D/2D (both kernels), as in the
+    Synaptic-Flow reference, which prunes conv and linear weights but not
+    biases or BatchNorm. Paths are ``keras.Variable.path`` (e.g.
+    ``"stem_conv/kernel"``) in the model's layer order.
+
+    Args:
+        model: a built Keras model.
+        include_bias: also prune the biases of those layers.
+        include_batchnorm: also prune BatchNormalization gamma and beta.
+
+    Raises:
+        ValueError: if the model has no prunable weight.
+    """
+    out = {}
+    for path, (layer, var, spec) in named_weights(model).items():
+        if not var.trainable:
+            continue
+        if isinstance(layer, keras.layers.BatchNormalization):
+            if include_batchnorm:
+                out[path] = var
+        elif spec.kind == "bias":
+            if include_bias:
+                out[path] = var
+        else:
+            out[path] = var
+    if not out:
+        raise ValueError(
+            f"Model {model.name!r} has no prunable weight (Dense, Conv*, "
+            "DepthwiseConv*, SeparableConv* kernels)."
+        )
+    return out
+
+
+def check_density(density, name="density"):
+    """Returns ``density`` as a float after checking it lies in (0, 1].
+
+    Raises:
+        ValueError: for NaN, non-numbers and values outside (0, 1].
+    """
+    try:
+        value = float(density)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in (0, 1], got {density!r}.") from None
+    if not 0.0 < value <= 1.0:  # also rejects NaN
+        raise ValueError(
+            f"{name} must be in (0, 1] (the fraction of weights kept), got {density!r}."
+        )
+    return value
+
+
+def num_kept(density, total, where):
+    """Number of weights kept out of ``total`` at ``density``: ``round(density * total)``.
+
+    Raises:
+        ValueError: if that rounds to zero, which would disconnect the network.
+    """
+    keep = int(round(density * total))
+    if keep < 1:
+        raise ValueError(
+            f"density {density!r} keeps no weight of the {total} in {where}; "
+            f"use a density of at least {0.5 / total:.3g}."
+        )
+    return keep
+
+
+def _top_k(flat, k, alive):
+    """Boolean array keeping the ``k`` largest of ``flat``, ties to lower indices.
+
+    Entries where ``alive`` is False rank below every alive entry, so a weight
+    pruned in an earlier round is only ever chosen after all alive ones.
+    """
+    key = np.where(alive, flat, -np.inf) if alive is not None else flat
+    if k >= key.size:
+        return np.ones(key.size, bool)
+    threshold = np.partition(key, key.size - k)[key.size - k]
+    keep = key > threshold
+    ties = np.flatnonzero(key == threshold)
+    keep[ties[: k - int(keep.sum())]] = True
+    return keep
+
+
+def masks_from_scores(scores, density, scope="global", alive=None):
+    """Keeps the highest-scoring weights, exactly ``round(density * n)`` of them.
+
+    Ties at the threshold are broken deterministically: the weight that comes
+    first (model layer order, then C order within a weight) is kept. The
+    reference (``torch.kthvalue`` then ``score <= threshold``) instead prunes
+    every tied weight and may keep fewer weights than asked; breaking ties by
+    position keeps the count exact.
+
+    Args:
+        scores: ``{path: array}``, larger is more important.
+        density: fraction of weights kept, in (0, 1].
+        scope: ``"global"`` (one threshold over all weights, the reference's
+            default) or ``"local"`` (each weight keeps ``density`` of itself).
+        alive: optional ``{path: 0/1 array}`` of the current masks; pruned
+            entries are never preferred over alive ones.
+
+    Returns:
+        ``{path: float32 0/1 array}`` with the shapes of ``scores``.
+
+    Raises:
+        ValueError: for a bad density or scope, or NaN scores.
+    """
+    density = check_density(density)
+    if scope not in ("global", "local"):
+        raise ValueError(f"scope must be 'global' or 'local', got {scope!r}.")
+    flats = {}
+    for path, score in scores.items():
+        flat = np.asarray(score, dtype=np.float64).ravel()
+        if np.isnan(flat).any():
+            raise ValueError(
+                f"Scores of {path!r} contain NaN; check the model's weights and "
+                "the data for NaN/Inf."
+            )
+        flats[path] = flat
+    alive_flat = None
+    if alive is not None:
+        alive_flat = {p: np.asarray(alive[p]).ravel() != 0 for p in flats}
+    masks = {}
+    if scope == "global":
+        flat = np.concatenate(list(flats.values()))
+        live = None if alive_flat is None else np.concatenate(list(alive_flat.values()))
+        keep = _top_k(flat, num_kept(density, flat.size, "the prunable weights"), live)
+        start = 0
+        for path, f in flats.items():
+            masks[path] = keep[start : start + f.size]
+            start += f.size
+    else:
+        for path, f in flats.items():
+            live = None if alive_flat is None else alive_flat[path]
+            masks[path] = _top_k(f, num_kept(density, f.size, repr(path)), live)
+    return {
+        path: keep.reshape(np.shape(scores[path])).astype(np.float32)
+        for path, keep in masks.items()
+    }
+
+
+def density_schedule(density, iterations, schedule):
+    """Densities of rounds ``1..iterations`` of iterative pruning.
+
+    ``"exponential"``: ``density ** (k / iterations)``; ``"linear"``:
+    ``1 - (1 - density) * k / iterations`` (the reference's two schedules).
+    """
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise ValueError(f"iterations must be a positive int, got {iterations!r}.")
+    steps = np.arange(1, iterations + 1) / iterations
+    if schedule == "exponential":
+        return [density**s for s in steps]
+    if schedule == "linear":
+        return [1.0 - (1.0 - density) * s for s in steps]
+    raise ValueError(f"schedule must be 'exponential' or 'linear', got {schedule!r}.")
+
+
+def total_size(arrays):
+    """Total number of entries of a dict of arrays."""
+    return sum(math.prod(np.shape(a)) for a in arrays.values())

@@ -1,0 +1,148 @@
+"""Rebuild a functional model with new channel widths (fresh weights).
+
+The rebuild replays the walked graph node by node, the way
+``keras.models.clone_model`` does, but every layer is re-created from its
+config with the widths a plan chose (``filters``/``units``/...), readers of a
+residual stream get a :class:`~keras_precrop.layers.ChannelSlice` in front,
+and an ``Add`` whose inputs end up with different widths becomes a
+:class:`~keras_precrop.layers.PrefixAdd`. Layer names are preserved; nested
+models are rebuilt as nested models.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_precrop import handlers as _handlers
+from keras_precrop import layers as _layers
+from keras_precrop.graph import ModelGraph, _functional_of, _topological_nodes
+
+
+class _Rebuilder:
+    """Holds the state of one rebuild: new layers and tensors by old id."""
+
+    def __init__(self, graph: ModelGraph, widths):
+        self.graph = graph
+        self.widths = np.asarray(widths)
+        self.new_ops = {}
+        self.calls = {}
+        self.names = {layer.name for layer in _all_ops(graph.model)}
+
+    def width(self, seg):
+        """New width of a segment's group."""
+        ctx = self.graph.ctx
+        return int(self.widths[self.graph.structure.seg_var[ctx.find(seg)]])
+
+    def model(self, fn, tensors):
+        """Replay functional ``fn`` on ``tensors`` (old id -> new tensor)."""
+        for node in _topological_nodes(fn):
+            op = node.operation
+            if isinstance(op, keras.layers.InputLayer):
+                continue
+            args, kwargs = node.arguments.fill_in(tensors)
+            new_op = self._new_op(op)
+            if isinstance(op, keras.Model):
+                outs = new_op(*args, **kwargs)
+            else:
+                rec = self.graph.ctx.records[id(op)]
+                call = self.calls.get(id(op), 0)
+                self.calls[id(op)] = call + 1
+                args = self._slice_readers(rec, call, node, args)
+                if isinstance(op, (keras.layers.Add, _layers.PrefixAdd)):
+                    new_op = self._merge(op, args)
+                outs = new_op(*args, **kwargs)
+            for t, new in zip(node.outputs, keras.tree.flatten(outs)):
+                tensors[id(t)] = new
+        return keras.tree.map_structure(lambda t: tensors[id(t)], fn._outputs_struct)
+
+    def _new_op(self, op):
+        """The rebuilt counterpart of ``op`` (created once, then shared)."""
+        if id(op) in self.new_ops:
+            return self.new_ops[id(op)]
+        if isinstance(op, keras.Model):
+            new = self._nested(op)
+        elif isinstance(op, keras.layers.Layer):
+            rec = self.graph.ctx.records[id(op)]
+            handler = _handlers.lookup(op, rec.path, ignored=True)
+            config = handler.configure(rec, op.get_config(), self.width)
+            new = type(op).from_config(config)
+        else:  # a stateless keras.ops operation recorded in the graph
+            new = op
+        self.new_ops[id(op)] = new
+        return new
+
+    def _nested(self, model):
+        """Rebuild a nested Functional/Sequential model with its own inputs."""
+        fn = _functional_of(model)
+        tensors, inputs = {}, []
+        for t in fn.inputs:
+            seg_channels = self._new_width_of_old_tensor(t)
+            x = keras.Input(shape=tuple(t.shape[1:-1]) + (seg_channels,),
+                            dtype=t.dtype, name=t.name)
+            tensors[id(t)] = x
+            inputs.append(x)
+        outputs = self.model(fn, tensors)
+        return keras.Model(inputs if len(inputs) > 1 else inputs[0], outputs,
+                           name=model.name)
+
+    def _new_width_of_old_tensor(self, t):
+        channels = self.graph.tensor_channels[id(t)]
+        return sum(self.width(p.group) * p.mult for p in channels)
+
+    def _slice_readers(self, rec, call, node, args):
+        """Put a ChannelSlice in front of a reader whose view is narrower."""
+        views = self.graph.structure.views
+        ctx = self.graph.ctx
+        if not views or not rec.readers:
+            return args
+        channels = rec.inputs[call][0]
+        key = (rec.path, ctx.find(channels[0].group))
+        if len(channels) != 1 or key not in views:
+            return args
+        width = int(self.widths[views[key]])
+        x = args[0]
+        if width >= x.shape[-1]:
+            return args
+        name = self._unique(f"{rec.layer.name}_slice")
+        return (_layers.ChannelSlice(width, name=name)(x),) + tuple(args[1:])
+
+    def _merge(self, op, args):
+        """An Add whose inputs differ in width becomes a PrefixAdd."""
+        inputs = args[0]
+        if len({x.shape[-1] for x in inputs}) == 1:
+            return self.new_ops[id(op)]
+        return _layers.PrefixAdd(name=op.name)
+
+    def _unique(self, name):
+        base, i = name, 1
+        while name in self.names:
+            name, i = f"{base}_{i}", i + 1
+        self.names.add(name)
+        return name
+
+
+def _all_ops(model):
+    fn = _functional_of(model)
+    for op in fn.operations:
+        yield op
+        if isinstance(op, keras.Model):
+            yield from _all_ops(op)
+
+
+def rebuild(graph: ModelGraph, widths) -> keras.Model:
+    """A freshly initialized copy of ``graph.model`` with new widths.
+
+    Args:
+        graph: the walked model.
+        widths: integer width of every variable of ``graph.structure``.
+    """
+    fn = _functional_of(graph.model)
+    builder = _Rebuilder(graph, widths)
+    tensors = {}
+    for t in fn.inputs:
+        tensors[id(t)] = keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype,
+                                     name=t._keras_history.operation.name)
+    inputs = keras.tree.map_structure(lambda t: tensors[id(t)], fn._inputs_struct)
+    outputs = builder.model(fn, tensors)
+    return keras.Model(inputs, outputs, name=graph.model.name)
