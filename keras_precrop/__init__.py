@@ -20,3 +20,21 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
     ) from _err
 
 __version__ = "0.1.0"
+
+from keras_precrop import models  # noqa: E402
+from keras_precrop.costs import ModelProfile, profile  # noqa: E402
+from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
+from keras_precrop.handlers import Handler, register_handler  # noqa: E402
+from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
+
+__all__ = [
+    "ChannelSlice",
+    "Handler",
+    "ModelProfile",
+    "PrefixAdd",
+    "UnsupportedLayerError",
+    "UnsupportedModelError",
+    "models",
+    "profile",
+    "register_handler",
+]

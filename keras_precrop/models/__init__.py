@@ -22,7 +22,6 @@ __all__ = [
     "cifar_resnet",
     "get",
     "imagenet_resnet",
-    "list",
     "list_models",
     "mobilenet_v2_cifar",
     "vgg",
