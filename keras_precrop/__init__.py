@@ -25,16 +25,35 @@ from keras_precrop import models  # noqa: E402
 from keras_precrop.costs import ModelProfile, profile  # noqa: E402
 from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
 from keras_precrop.handlers import Handler, register_handler  # noqa: E402
+from keras_precrop.plan import Plan, PlanMismatchError, apply_plan, plan, precrop, reconfigure  # noqa: E402
+from keras_precrop.solver import (  # noqa: E402
+    InfeasibleBudgetError,
+    SolveResult,
+    WidthProblem,
+    solve_densities,
+    solve_widths,
+)
 from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
 
 __all__ = [
     "ChannelSlice",
     "Handler",
+    "InfeasibleBudgetError",
     "ModelProfile",
+    "Plan",
+    "PlanMismatchError",
     "PrefixAdd",
+    "SolveResult",
     "UnsupportedLayerError",
     "UnsupportedModelError",
+    "WidthProblem",
+    "apply_plan",
     "models",
+    "plan",
+    "precrop",
     "profile",
+    "reconfigure",
     "register_handler",
+    "solve_densities",
+    "solve_widths",
 ]

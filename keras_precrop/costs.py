@@ -116,6 +116,7 @@ class ModelProfile:
         self.cost = CostModel(graph)
         self.groups = self.cost.variables
         self.model_name = graph.model.name
+        self.notes = list(graph.ctx.notes)
         widths = self.cost.widths
         rows = self.cost.per_layer(widths)
         structure, ctx = graph.structure, graph.ctx
@@ -158,7 +159,7 @@ class ModelProfile:
         free = sum(not g.fixed for g in self.groups)
         lines.append(f"Width variables: {len(self.groups)} ({free} prunable)")
         print_fn(f'Profile: "{self.model_name}"')
-        for line in lines:
+        for line in lines + [f"Note: {n}" for n in self.notes]:
             print_fn(line)
 
     def to_dict(self):
@@ -168,6 +169,7 @@ class ModelProfile:
             "units": UNITS,
             "total_params": self.total_params,
             "total_macs": self.total_macs,
+            "notes": self.notes,
             "layers": [dataclasses.asdict(l) for l in self.layers],
             "groups": [
                 {"name": g.name, "width": g.width, "fixed": g.fixed, "kind": g.kind,

@@ -108,6 +108,7 @@ class WalkContext:
         self.records: dict[int, LayerRecord] = {}
         self.order: list[LayerRecord] = []
         self.depth = 0  # depth of the node being walked
+        self.notes: list[str] = []  # decisions a user should know about
 
     # -- union-find over segments -------------------------------------------
     def new_segment(self, width, name, fixed=False):
@@ -144,13 +145,24 @@ class WalkContext:
         return ra
 
     def tie(self, a: Channels, b: Channels, where):
-        """Tie two channel descriptors part by part."""
+        """Tie two channel descriptors part by part.
+
+        Descriptors built differently (a concatenation against a plain tensor,
+        say a squeeze-excite gate on concatenated features) cannot be tied
+        part by part; their channels are kept fixed instead, with a note.
+        """
         if len(a) != len(b) or any(p.mult != q.mult for p, q in zip(a, b)):
-            raise UnsupportedLayerError(
-                f"{where}: cannot couple tensors whose channels are built "
-                "differently (e.g. a concatenation with a plain tensor). "
-                f"Pass ignore=[{where.split('/')[-1]!r}] to keep them fixed."
-            )
+            if width_of(self, a) != width_of(self, b):
+                raise UnsupportedLayerError(
+                    f"{where}: cannot couple tensors of {width_of(self, a)} and "
+                    f"{width_of(self, b)} channels.")
+            self.fix(a)
+            self.fix(b)
+            self.notes.append(
+                f"{where}: couples a concatenation (or depthwise-multiplied "
+                "tensor) with a differently built tensor; those channels are "
+                "kept fixed.")
+            return
         for p, q in zip(a, b):
             self.union(p.group, q.group, where)
 
@@ -321,7 +333,7 @@ def _walk_functional(fn, prefix, tensors, ctx, ignore, handlers):
                 rec = LayerRecord(op, path, handler.rule)
                 ctx.records[id(op)] = rec
                 ctx.order.append(rec)
-            if rec.calls and op.weights:  # shared weights: same widths
+            if rec.calls and getattr(op, "weights", None):  # shared weights
                 for first, now in zip(rec.inputs[0], ins):
                     ctx.tie(first, now, path)
             outs = handler.walk(ctx, rec, node, ins)
@@ -424,18 +436,21 @@ def _resolve(graph: ModelGraph) -> Structure:
         variables[seg_var[ctx.find(a)]].bound = seg_var[ctx.find(b)]
     views = {}
     if graph.residual == "prefix":
+        read = set()  # streams whose first reader reads them whole
         for rec in ctx.order:
-            for _, seg in rec.readers:
-                root = ctx.find(seg)
-                if root in streams and (rec.path, root) not in views:
-                    if any(p.mult != 1 or len(ch) != 1
-                           for ch in rec.inputs[0] for p in ch):
-                        continue
-                    views[(rec.path, root)] = len(variables)
-                    stream = variables[seg_var[root]]
-                    variables.append(Variable(
-                        f"{rec.path}:in", stream.width, False, "view",
-                        bound=seg_var[root]))
+            if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
+                continue
+            for root in dict.fromkeys(ctx.find(seg) for _, seg in rec.readers):
+                if root not in streams:
+                    continue
+                if root not in read:
+                    read.add(root)
+                    continue
+                views[(rec.path, root)] = len(variables)
+                stream = variables[seg_var[root]]
+                variables.append(Variable(
+                    f"{rec.path}:in", stream.width, False, "view",
+                    bound=seg_var[root]))
     structure = Structure(variables, seg_var, views)
     for rec in ctx.order:
         for term in rec.terms:

@@ -42,10 +42,15 @@ class Handler:
         return config
 
 
+def _weights(op):
+    """An operation's weights (plain ``keras.ops`` operations have none)."""
+    return getattr(op, "weights", [])
+
+
 def _const_weights(ctx, rec):
     """Count all of a layer's weights as width-independent constants."""
-    if rec.calls == 0 and rec.layer.weights:
-        ctx.add_term(rec, rec.layer.count_params(), 0)
+    if rec.calls == 0 and _weights(rec.layer):
+        ctx.add_term(rec, sum(math.prod(w.shape) for w in _weights(rec.layer)), 0)
 
 
 class Tie(Handler):
@@ -64,7 +69,7 @@ class Tie(Handler):
             ctx.tie(channels, other, rec.path)
         if rec.calls == 0:
             total = width_of(ctx, channels)
-            for w in rec.layer.weights:
+            for w in _weights(rec.layer):
                 shape = tuple(w.shape)
                 size = math.prod(shape)
                 if shape and shape[-1] == total:
