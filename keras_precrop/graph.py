@@ -69,7 +69,8 @@ class LayerRecord:
 
     layer: keras.layers.Layer
     path: str
-    rule: str
+    handler: object  # the handlers.Handler that walks and configures it
+    ignored: bool = False
     calls: int = 0
     inputs: list = dataclasses.field(default_factory=list)  # Channels per call
     outputs: list = dataclasses.field(default_factory=list)  # Channels per call
@@ -98,9 +99,8 @@ class _Segment:
 class WalkContext:
     """The state handlers read and write while the graph is walked."""
 
-    def __init__(self, residual, ignore=frozenset()):
+    def __init__(self, residual):
         self.residual = residual
-        self.ignore = ignore
         self.segments: list[_Segment] = []
         self._parent: list[int] = []
         self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
@@ -155,7 +155,8 @@ class WalkContext:
             if width_of(self, a) != width_of(self, b):
                 raise UnsupportedLayerError(
                     f"{where}: cannot couple tensors of {width_of(self, a)} and "
-                    f"{width_of(self, b)} channels.")
+                    f"{width_of(self, b)} channels. Pass "
+                    f"ignore=[{where.split('/')[-1]!r}] to keep them fixed.")
             self.fix(a)
             self.fix(b)
             self.notes.append(
@@ -267,8 +268,9 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     Args:
         model: a built functional or Sequential ``keras.Model`` with defined
             input shapes (batch dimension excepted).
-        ignore: names of layers whose channels stay fixed; an ignored layer of
-            an unsupported class is treated as an opaque block.
+        ignore: names (or ``outer/inner`` paths for nested models) of layers
+            whose channels stay fixed; an ignored layer of an unsupported
+            class is treated as an opaque block.
         residual: ``"prefix"`` (each reader/writer of a residual stream gets
             its own width) or ``"tie"`` (the whole stream shares one width).
     """
@@ -278,14 +280,14 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
         raise ValueError(f"residual must be 'prefix' or 'tie', got {residual!r}")
     fn = _functional_of(model)
     ignore = set(ignore)
-    known = {layer.name for layer in _all_layers(fn)}
+    known = set(_all_layer_names(fn, ""))
     missing = sorted(ignore - known)
     if missing:
         raise ValueError(
             f"ignore names unknown layers {missing}; layers are named as in "
             "model.summary()."
         )
-    ctx = WalkContext(residual, frozenset(ignore))
+    ctx = WalkContext(residual)
     tensors: dict[int, Channels] = {}
     for t in fn.inputs:
         shape = tuple(t.shape)
@@ -303,11 +305,33 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     return ModelGraph(model, ctx, residual, tensors)
 
 
-def _all_layers(fn):
+def _all_layer_names(fn, prefix):
+    """Bare names and ``outer/inner`` paths of every operation."""
     for op in fn.operations:
-        yield op
+        yield op.name
+        yield prefix + op.name
         if isinstance(op, keras.Model):
-            yield from _all_layers(_functional_of(op))
+            yield from _all_layer_names(_functional_of(op), f"{prefix}{op.name}/")
+
+
+def _walk_layer(ctx, rec, node, ins, handlers):
+    """Run a layer's handler; an ignored layer's channels are then fixed.
+
+    An ignored layer whose handler refuses it (a Reshape that moves channels,
+    a grouped conv) is treated as an opaque block instead.
+    """
+    if not rec.ignored:
+        return rec.handler.walk(ctx, rec, node, ins)
+    try:
+        outs = rec.handler.walk(ctx, rec, node, ins)
+    except UnsupportedLayerError:
+        rec.terms.clear()
+        rec.objective.clear()
+        rec.handler = handlers.lookup(None, rec.path, ignored=True)
+        outs = rec.handler.walk(ctx, rec, node, ins)
+    for ch in list(ins) + list(outs):
+        ctx.fix(ch)
+    return outs
 
 
 def _walk_functional(fn, prefix, tensors, ctx, ignore, handlers):
@@ -328,18 +352,16 @@ def _walk_functional(fn, prefix, tensors, ctx, ignore, handlers):
             outs = [tensors[id(t)] for t in inner.outputs]
         else:
             rec = ctx.records.get(id(op))
-            handler = handlers.lookup(op, path, ignored=op.name in ignore)
             if rec is None:
-                rec = LayerRecord(op, path, handler.rule)
+                ignored = op.name in ignore or path in ignore
+                handler = handlers.lookup(op, path, ignored=ignored)
+                rec = LayerRecord(op, path, handler, ignored)
                 ctx.records[id(op)] = rec
                 ctx.order.append(rec)
             if rec.calls and getattr(op, "weights", None):  # shared weights
                 for first, now in zip(rec.inputs[0], ins):
                     ctx.tie(first, now, path)
-            outs = handler.walk(ctx, rec, node, ins)
-            if op.name in ignore:
-                for ch in list(ins) + list(outs):
-                    ctx.fix(ch)
+            outs = _walk_layer(ctx, rec, node, ins, handlers)
             rec.inputs.append(ins)
             rec.outputs.append(outs)
             rec.calls += 1

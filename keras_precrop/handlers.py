@@ -69,15 +69,25 @@ class Tie(Handler):
             ctx.tie(channels, other, rec.path)
         if rec.calls == 0:
             total = width_of(ctx, channels)
+            per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
             for w in _weights(rec.layer):
                 shape = tuple(w.shape)
                 size = math.prod(shape)
-                if shape and shape[-1] == total:
+                if per_channel and shape and shape[-1] == total:
                     for p in channels:
                         ctx.add_term(rec, size // total, 0, p)
                 else:
                     ctx.add_term(rec, size, 0)
         return [channels] * len(node.outputs)
+
+
+def _acts_on_channels(layer, rank):
+    """Whether a layer's weights follow the channel axis (its ``axis`` says)."""
+    axis = getattr(layer, "axis", None)
+    if axis is None:
+        return True
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    return any(a % rank == rank - 1 for a in axes)
 
 
 class Fixed(Handler):
@@ -131,7 +141,7 @@ class Conv(_Source):
                 f"{rec.path}: only channels_last convolutions are supported."
             )
         groups = getattr(layer, "groups", 1)
-        if groups != 1 and rec.path.split("/")[-1] not in ctx.ignore:
+        if groups != 1 and not rec.ignored:
             raise UnsupportedLayerError(
                 f"{rec.path} ({type(layer).__name__}) is a grouped convolution "
                 f"(groups={groups}); its widths cannot change freely. Pass "
@@ -357,7 +367,13 @@ def register_handler(layer_class, rule):
 
 
 def lookup(op, path, ignored=False):
-    """The handler for operation ``op`` (searched along its class's MRO)."""
+    """The handler for operation ``op`` (searched along its class's MRO).
+
+    Unknown classes get the opaque ``Fixed`` rule when ``ignored``, and an
+    :class:`UnsupportedLayerError` otherwise (``op=None``: always ``Fixed``).
+    """
+    if op is None:
+        return _REGISTRY_FIXED
     for cls in type(op).__mro__:
         if cls in _REGISTRY:
             return _REGISTRY[cls]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_precrop import handlers as _handlers
 from keras_precrop import layers as _layers
 from keras_precrop.graph import ModelGraph, _functional_of, _topological_nodes
 
@@ -64,8 +63,7 @@ class _Rebuilder:
             new = self._nested(op)
         elif isinstance(op, keras.layers.Layer):
             rec = self.graph.ctx.records[id(op)]
-            handler = _handlers.lookup(op, rec.path, ignored=True)
-            config = handler.configure(rec, op.get_config(), self.width)
+            config = rec.handler.configure(rec, op.get_config(), self.width)
             new = type(op).from_config(config)
         else:  # a stateless keras.ops operation recorded in the graph
             new = op
