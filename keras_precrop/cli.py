@@ -43,7 +43,9 @@ def _parser():
         p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
         p.add_argument("--max_params", type=float, help="absolute parameter budget")
         p.add_argument("--max_macs", type=float, help="absolute MAC budget")
-        p.add_argument("--mode", choices=("exact", "paper"), default="exact")
+        p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
+                       help="width translation (default: exact for precrop, "
+                       "layerwise for reconfigure)")
         p.add_argument("--round_to", type=int, default=1, help="channel multiple, e.g. 8")
         p.add_argument("--min_channels", type=int, default=1)
         p.add_argument("--out", help="save the rebuilt model here (.keras)")
@@ -95,7 +97,8 @@ def _run(args):
     else:
         the_plan = kp.plan(
             model, args.params, args.flops, max_params=args.max_params,
-            max_macs=args.max_macs, mode=args.mode, round_to=args.round_to,
+            max_macs=args.max_macs, round_to=args.round_to,
+            mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None,
         )

@@ -36,7 +36,9 @@ class DatasetInfo:
         train_split: TFDS split used for training.
         eval_split: TFDS split used for the reported test accuracy.
         mean: per-channel mean of the [0, 1]-scaled training images.
-        std: per-channel standard deviation of the same.
+        std: per-channel standard deviation of the same. (CIFAR-10's values
+            are the Synaptic-Flow codebase's, which the seed paper builds on;
+            they are within 2e-3 of the exact statistics.)
         shuffle_buffer: default shuffle buffer (in examples) for training.
         cache: whether the decoded dataset fits in memory and is cached.
     """

@@ -15,6 +15,8 @@
 
 import csv
 import dataclasses
+import importlib.util
+import logging
 import math
 import os
 import time
@@ -23,6 +25,8 @@ import keras
 import tensorflow as tf
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +232,28 @@ def _mirrored_strategy():
     return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
 
 
+class _MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """``MultiWorkerMirroredStrategy`` with a ``reduce`` that Keras 3 can use.
+
+    Keras 3's TensorFlow trainer calls ``strategy.reduce`` on a whole
+    ``(images, labels)`` batch (to learn its shapes) and on scalar metrics
+    with ``axis=0``; TensorFlow's collective strategy only reduces single
+    values and cannot reduce a scalar along an axis. This reduces leaf by leaf
+    and reduces scalars across replicas only, which is what every other
+    strategy returns for them.
+    """
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces each leaf of ``value`` across replicas (and along ``axis`` if it has one)."""
+
+        def reduce_leaf(leaf):
+            local = leaf.values[0] if isinstance(leaf, tf.distribute.DistributedValues) else leaf
+            leaf_axis = None if local.shape.rank == 0 else axis
+            return super(_MultiWorkerMirroredStrategy, self).reduce(reduce_op, leaf, leaf_axis)
+
+        return tf.nest.map_structure(reduce_leaf, value)
+
+
 def get_strategy(name="auto", tpu=None):
     """Creates a ``tf.distribute`` strategy by name.
 
@@ -260,7 +286,7 @@ def get_strategy(name="auto", tpu=None):
     if name == "mirrored":
         return _mirrored_strategy()
     if name == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return _MultiWorkerMirroredStrategy()
     return tf.distribute.get_strategy()
 
 
@@ -417,11 +443,21 @@ def _worker_dir(model_dir, strategy):
     return os.path.join(model_dir, f"worker_{strategy.cluster_resolver.task_id}")
 
 
-def _callbacks(model_dir, history, monitor):
+def _use_tensorboard(tensorboard):
+    """Resolves ``fit``'s ``tensorboard`` argument against the installed packages."""
+    installed = importlib.util.find_spec("tensorboard") is not None
+    if tensorboard and not installed:
+        raise ImportError("fit(tensorboard=True) needs the `tensorboard` package: pip install tensorboard.")
+    if tensorboard is None and not installed:
+        _logger.warning("The `tensorboard` package is not installed; training without TensorBoard logs.")
+    return installed if tensorboard is None else bool(tensorboard)
+
+
+def _callbacks(model_dir, history, monitor, tensorboard):
     """Built-in callbacks, in the order that keeps the CSV log and backup consistent."""
     best = [row[monitor] for row in history if monitor in row]
     mode = "min" if "loss" in monitor else "max"
-    return [
+    callbacks = [
         _EpochStats(),
         keras.callbacks.CSVLogger(os.path.join(model_dir, "history.csv"), append=True),
         keras.callbacks.ModelCheckpoint(
@@ -432,10 +468,12 @@ def _callbacks(model_dir, history, monitor):
             initial_value_threshold=(min(best) if mode == "min" else max(best)) if best else None,
         ),
         keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "last.keras")),
-        keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard")),
-        # Last: an epoch is only marked done after everything above logged it.
-        keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup"), delete_checkpoint=False),
     ]
+    if tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard")))
+    # Last: an epoch is only marked done after everything above logged it.
+    callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup"), delete_checkpoint=False))
+    return callbacks
 
 
 def fit(
@@ -448,6 +486,7 @@ def fit(
     steps_per_epoch=None,
     eval_steps=None,
     callbacks=(),
+    tensorboard=None,
     verbose=2,
 ):
     """Trains a compiled model, resuming from ``model_dir`` if a run was cut short.
@@ -469,6 +508,9 @@ def fit(
         steps_per_epoch: batches per epoch; None for the whole dataset.
         eval_steps: evaluation batches; None for the whole dataset.
         callbacks: extra callbacks, run after the built-in ones.
+        tensorboard: write TensorBoard logs; None does so if the
+            ``tensorboard`` package is installed (and warns if not), True
+            requires it.
         verbose: ``model.fit`` verbosity (2: one line per epoch).
 
     Returns:
@@ -483,7 +525,9 @@ def fit(
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
         validation_steps=eval_steps,
-        callbacks=_callbacks(model_dir, read_history(model_dir), monitor) + list(callbacks),
+        shuffle=False,  # tf.data pipelines shuffle themselves
+        callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard))
+        + list(callbacks),
         verbose=verbose,
     )
     return TrainResult(model=model, history=read_history(model_dir), model_dir=model_dir)

@@ -6,7 +6,6 @@ so they all keep exactly the same number of weights for a given density.
 """
 
 import dataclasses
-import math
 
 import keras
 import numpy as np
@@ -189,23 +188,28 @@ def num_kept(density, total, where):
     return keep
 
 
-def _top_k(flat, k, alive):
-    """Boolean array keeping the ``k`` largest of ``flat``, ties to lower indices.
+def top_k(flat, k):
+    """Boolean array keeping the ``k`` largest entries of ``flat``.
 
-    Entries where ``alive`` is False rank below every alive entry, so a weight
-    pruned in an earlier round is only ever chosen after all alive ones.
+    Ties at the threshold go to the lower indices, so the choice is
+    deterministic and exactly ``min(k, flat.size)`` entries are kept.
     """
-    key = np.where(alive, flat, -np.inf) if alive is not None else flat
-    if k >= key.size:
-        return np.ones(key.size, bool)
-    threshold = np.partition(key, key.size - k)[key.size - k]
-    keep = key > threshold
-    ties = np.flatnonzero(key == threshold)
-    keep[ties[: k - int(keep.sum())]] = True
+    if k >= flat.size:
+        return np.ones(flat.size, bool)
+    threshold = np.partition(flat, flat.size - k)[flat.size - k]
+    keep = flat > threshold
+    ties = np.flatnonzero(flat == threshold)
+    keep[ties[: k - int(np.count_nonzero(keep))]] = True
     return keep
 
 
-def masks_from_scores(scores, density, scope="global", alive=None):
+def check_scope(scope):
+    """Raises ValueError unless ``scope`` is ``"global"`` or ``"local"``."""
+    if scope not in ("global", "local"):
+        raise ValueError(f"scope must be 'global' or 'local', got {scope!r}.")
+
+
+def masks_from_scores(scores, density, scope="global"):
     """Keeps the highest-scoring weights, exactly ``round(density * n)`` of them.
 
     Ties at the threshold are broken deterministically: the weight that comes
@@ -219,8 +223,6 @@ def masks_from_scores(scores, density, scope="global", alive=None):
         density: fraction of weights kept, in (0, 1].
         scope: ``"global"`` (one threshold over all weights, the reference's
             default) or ``"local"`` (each weight keeps ``density`` of itself).
-        alive: optional ``{path: 0/1 array}`` of the current masks; pruned
-            entries are never preferred over alive ones.
 
     Returns:
         ``{path: float32 0/1 array}`` with the shapes of ``scores``.
@@ -229,8 +231,7 @@ def masks_from_scores(scores, density, scope="global", alive=None):
         ValueError: for a bad density or scope, or NaN scores.
     """
     density = check_density(density)
-    if scope not in ("global", "local"):
-        raise ValueError(f"scope must be 'global' or 'local', got {scope!r}.")
+    check_scope(scope)
     flats = {}
     for path, score in scores.items():
         flat = np.asarray(score, dtype=np.float64).ravel()
@@ -240,25 +241,15 @@ def masks_from_scores(scores, density, scope="global", alive=None):
                 "the data for NaN/Inf."
             )
         flats[path] = flat
-    alive_flat = None
-    if alive is not None:
-        alive_flat = {p: np.asarray(alive[p]).ravel() != 0 for p in flats}
-    masks = {}
     if scope == "global":
         flat = np.concatenate(list(flats.values()))
-        live = None if alive_flat is None else np.concatenate(list(alive_flat.values()))
-        keep = _top_k(flat, num_kept(density, flat.size, "the prunable weights"), live)
-        start = 0
-        for path, f in flats.items():
-            masks[path] = keep[start : start + f.size]
-            start += f.size
+        keep = top_k(flat, num_kept(density, flat.size, "the prunable weights"))
+        keeps = np.split(keep, np.cumsum([f.size for f in flats.values()])[:-1])
     else:
-        for path, f in flats.items():
-            live = None if alive_flat is None else alive_flat[path]
-            masks[path] = _top_k(f, num_kept(density, f.size, repr(path)), live)
+        keeps = [top_k(f, num_kept(density, f.size, repr(p))) for p, f in flats.items()]
     return {
         path: keep.reshape(np.shape(scores[path])).astype(np.float32)
-        for path, keep in masks.items()
+        for path, keep in zip(flats, keeps)
     }
 
 
@@ -278,6 +269,14 @@ def density_schedule(density, iterations, schedule):
     raise ValueError(f"schedule must be 'exponential' or 'linear', got {schedule!r}.")
 
 
-def total_size(arrays):
-    """Total number of entries of a dict of arrays."""
-    return sum(math.prod(np.shape(a)) for a in arrays.values())
+def spread(spec, matrix, ndim):
+    """Reshapes an ``(in, out)`` channel matrix to broadcast against a kernel.
+
+    ``matrix[i, o]`` applies to every weight joining input channel ``i`` to
+    output channel ``o`` (for a depthwise kernel: channel ``i``, multiplier
+    ``o``) of a rank-``ndim`` kernel laid out as ``spec`` says.
+    """
+    in_axis, out_axis = spec.in_axis % ndim, spec.out_axis % ndim
+    shape = [1] * ndim
+    shape[in_axis], shape[out_axis] = matrix.shape
+    return (matrix.T if in_axis > out_axis else matrix).reshape(shape)
