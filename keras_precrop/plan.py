@@ -224,9 +224,10 @@ class _Grid:
         base = math.ceil(base / round_to) * round_to
         self.lo = np.where(cm.fixed, c, np.minimum(c, base))
         cap = np.inf if upper is None else upper
-        hi = np.floor(c * cap / round_to) * round_to
-        self.hi = np.where(cm.fixed, c, np.maximum(np.maximum(hi, self.lo),
-                                                   np.minimum(c, c * cap)))
+        hi = np.maximum(np.floor(c * cap / round_to) * round_to, self.lo)
+        if cap >= 1:  # the original width is always allowed
+            hi = np.maximum(hi, c)
+        self.hi = np.where(cm.fixed, c, hi)
 
     def round(self, x):
         """Nearest allowed widths to continuous widths ``x``, bounds enforced."""
@@ -245,6 +246,11 @@ class _Grid:
                 break
             w = target
         return w
+
+
+def _optional(budget):
+    """A solver budget: ``None`` for an unset (infinite) one."""
+    return None if np.isinf(budget) else float(budget)
 
 
 def _objective_matrix(cm, W):
@@ -268,7 +274,6 @@ def _repair(grid, w, budgets):
     """
     cm = grid.cm
     free = np.flatnonzero(~cm.fixed)
-    scale = np.where(np.isinf(budgets), np.inf, budgets)
     steps = 0
     while True:
         cost = _cost_matrix(cm, w[None])[0]
@@ -284,7 +289,7 @@ def _repair(grid, w, budgets):
                 f"widths (params {cost[0]:,.0f}, MACs {cost[1]:,.0f}); raise the "
                 "budget or lower min_channels/round_to.")
         cand = np.stack([grid.enforce(c) for c in cand[ok]])
-        gain = np.sum(np.where(over, (cost - _cost_matrix(cm, cand)) / scale, 0), axis=1)
+        gain = np.sum(np.where(over, (cost - _cost_matrix(cm, cand)) / budgets, 0), axis=1)
         loss = _objective_matrix(cm, w[None])[0] - _objective_matrix(cm, cand)
         best = np.argmax(gain / np.maximum(loss, 1e-12))
         w = cand[best]
@@ -303,7 +308,7 @@ def _repair(grid, w, budgets):
         fits = np.all(new_cost <= budgets * (1 + 1e-12), axis=1)
         if not fits.any():
             break
-        spend = np.sum(np.where(np.isinf(budgets), 0, (new_cost - cost) / scale), axis=1)
+        spend = np.sum((new_cost - cost) / budgets, axis=1)  # an unset budget is inf
         gain = _objective_matrix(cm, cand) - _objective_matrix(cm, w[None])[0]
         score = np.where(fits, gain / np.maximum(spend, 1e-15), -np.inf)
         w = cand[np.argmax(score)]
@@ -317,8 +322,8 @@ def _exact(prof, grid, budgets, upper):
     problem, bounds = _width_problem(cm, grid, upper)
     res = _solver.solve_widths(
         problem,
-        params_budget=None if np.isinf(budgets[0]) else budgets[0] - 0.0,
-        flops_budget=None if np.isinf(budgets[1]) else budgets[1] - 0.0,
+        params_budget=_optional(budgets[0]),
+        flops_budget=_optional(budgets[1]),
         upper=bounds,
     )
     widths = cm.widths.copy()
@@ -412,8 +417,8 @@ class _LayerwiseRule:
                 "above that.")
         return _solver.solve_densities(
             self.alpha, self.beta,
-            params_budget=None if np.isinf(effective[0]) else effective[0],
-            flops_budget=None if np.isinf(effective[1]) else effective[1],
+            params_budget=_optional(effective[0]),
+            flops_budget=_optional(effective[1]),
             upper=self.upper,
         )
 
