@@ -21,6 +21,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["keras_precrop", "keras_precrop.*"]),
+    py_modules=["keras_precrop_cli"],
     python_requires=">=3.10",
     install_requires=[
         "keras>=3.4,<4",
@@ -30,11 +31,12 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu>=2.16"],
+        "cpu": ["tensorflow-cpu>=2.16", "tensorboard"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "tf": ["tensorflow>=2.16"],
         "test": [
             "tensorflow-cpu>=2.16",
+            "tensorboard",
             "pytest>=7",
             "hypothesis>=6",
             "nbformat>=5",
@@ -42,7 +44,7 @@ setup(
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },
-    entry_points={"console_scripts": ["keras-precrop=keras_precrop.cli:main"]},
+    entry_points={"console_scripts": ["keras-precrop=keras_precrop_cli:main"]},
     classifiers=[
         "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",

@@ -9,53 +9,65 @@ Public API (everything else is private):
 * Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
   ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies).
 
-Names are imported on first use, so ``import keras_precrop`` is cheap and
-the command line can configure TensorFlow's logging before TensorFlow loads.
+Importing the package registers its Keras-serializable objects (``ChannelSlice``,
+``PrefixAdd``, mask constraints, the optimizer), so ``keras.models.load_model``
+reads models that use them.
 """
 
-import importlib
+try:
+    import tensorflow as _tf  # noqa: F401
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "keras-precrop needs TensorFlow. Install one flavour of it, e.g. "
+        "`pip install keras-precrop[cpu]` (CPU only), `keras-precrop[gpu]` "
+        "(CUDA) or `keras-precrop[tf]`."
+    ) from _err
+
+from keras_precrop import data, models, pai, train  # noqa: E402
+from keras_precrop.costs import ModelProfile, profile  # noqa: E402
+from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
+from keras_precrop.handlers import Handler, register_handler  # noqa: E402
+from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
+from keras_precrop.plan import (  # noqa: E402
+    Plan,
+    PlanMismatchError,
+    apply_plan,
+    plan,
+    precrop,
+    reconfigure,
+)
+from keras_precrop.solver import (  # noqa: E402
+    InfeasibleBudgetError,
+    SolveResult,
+    WidthProblem,
+    solve_densities,
+    solve_widths,
+)
 
 __version__ = "0.1.0"
 
-_API = {
-    "keras_precrop.costs": ("ModelProfile", "profile"),
-    "keras_precrop.graph": ("UnsupportedLayerError", "UnsupportedModelError"),
-    "keras_precrop.handlers": ("Handler", "register_handler"),
-    "keras_precrop.layers": ("ChannelSlice", "PrefixAdd"),
-    "keras_precrop.plan": ("Plan", "PlanMismatchError", "apply_plan", "plan", "precrop",
-                           "reconfigure"),
-    "keras_precrop.solver": ("InfeasibleBudgetError", "SolveResult", "WidthProblem",
-                             "solve_densities", "solve_widths"),
-}
-_SUBPACKAGES = ("models", "pai", "data", "train")
-_WHERE = {name: module for module, names in _API.items() for name in names}
-
-__all__ = sorted(_WHERE) + list(_SUBPACKAGES)
-
-
-def _require_tensorflow():
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "keras-precrop needs TensorFlow. Install one flavour of it, e.g. "
-            "`pip install keras-precrop[cpu]` (CPU only), `keras-precrop[gpu]` "
-            "(CUDA) or `keras-precrop[tf]`."
-        ) from err
-
-
-def __getattr__(name):
-    if name in _SUBPACKAGES:
-        _require_tensorflow()
-        value = importlib.import_module(f"keras_precrop.{name}")
-    elif name in _WHERE:
-        _require_tensorflow()
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-    else:
-        raise AttributeError(f"module 'keras_precrop' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "ChannelSlice",
+    "Handler",
+    "InfeasibleBudgetError",
+    "ModelProfile",
+    "Plan",
+    "PlanMismatchError",
+    "PrefixAdd",
+    "SolveResult",
+    "UnsupportedLayerError",
+    "UnsupportedModelError",
+    "WidthProblem",
+    "apply_plan",
+    "data",
+    "models",
+    "pai",
+    "plan",
+    "precrop",
+    "profile",
+    "reconfigure",
+    "register_handler",
+    "solve_densities",
+    "solve_widths",
+    "train",
+]

@@ -112,31 +112,9 @@ def _run(args):
         print(f"Model written to {args.out} ({new.count_params():,} params)")
 
 
-def _import_tensorflow_quietly():
-    """Import TensorFlow with stderr muted at the file-descriptor level.
-
-    TensorFlow's C++ start-up banners (oneDNN, absl) ignore
-    ``TF_CPP_MIN_LOG_LEVEL``; a command-line tool should print only its table
-    and, on failure, one error line.
-    """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        pass  # keras_precrop raises a helpful error when it is used
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def main(argv=None):
     """Entry point of the ``keras-precrop`` console script."""
     args = _parser().parse_args(argv)
-    _import_tensorflow_quietly()
     try:
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:

@@ -96,9 +96,7 @@ def get_info(dataset):
         ValueError: for an unsupported name (the message lists the valid ones).
     """
     if dataset not in DATASETS:
-        raise ValueError(
-            f"Unsupported dataset {dataset!r}; valid names are: {', '.join(sorted(DATASETS))}."
-        )
+        raise ValueError(f"Unsupported dataset {dataset!r}; valid names are: {', '.join(sorted(DATASETS))}.")
     return DATASETS[dataset]
 
 

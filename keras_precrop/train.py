@@ -418,8 +418,9 @@ def read_history(model_dir):
     epoch when resumed; the later row wins.
 
     Returns:
-        A list of dicts sorted by epoch (``epoch`` is an int, the rest floats);
-        empty if nothing was logged yet.
+        A list of dicts sorted by epoch (``epoch`` is an int, the rest floats;
+        metrics Keras logged as ``NA``, e.g. ``val_*`` without evaluation
+        data, are left out); empty if nothing was logged yet.
     """
     path = os.path.join(model_dir, "history.csv")
     if not tf.io.gfile.exists(path):
@@ -427,7 +428,7 @@ def read_history(model_dir):
     with tf.io.gfile.GFile(path) as f:
         rows = {int(row["epoch"]): row for row in csv.DictReader(f)}
     return [
-        {"epoch": epoch, **{k: float(v) for k, v in rows[epoch].items() if k != "epoch"}}
+        {"epoch": epoch, **{k: float(v) for k, v in rows[epoch].items() if k != "epoch" and v != "NA"}}
         for epoch in sorted(rows)
     ]
 
@@ -472,7 +473,9 @@ def _callbacks(model_dir, history, monitor, tensorboard):
     if tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard")))
     # Last: an epoch is only marked done after everything above logged it.
-    callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup"), delete_checkpoint=False))
+    callbacks.append(
+        keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup"), delete_checkpoint=False)
+    )
     return callbacks
 
 

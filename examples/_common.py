@@ -1,0 +1,251 @@
+"""Shared driver of ``train_cifar.py`` and ``train_imagenet.py``.
+
+One run: pick a strategy, build the zoo model, compress it with ``--method``
+(planning and mask scoring happen outside the strategy scope, on a reference
+model), rebuild it inside the scope, print the params/MACs table of the model
+actually trained, train with the seed paper's recipe, and write
+``results.json`` into ``--model_dir``. A killed run restarted with the same
+flags resumes after its last finished epoch.
+"""
+
+import json
+import math
+import os
+import time
+
+from absl import app
+from absl import flags
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_precrop as kp  # noqa: E402
+from keras_precrop import data  # noqa: E402
+from keras_precrop import pai  # noqa: E402
+from keras_precrop import train  # noqa: E402
+
+STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
+UNSTRUCTURED = ("synflow", "snip", "grasp", "random")
+METHODS = ("baseline", *UNSTRUCTURED, *STRUCTURED)
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(default_model):
+    """Defines the flags both scripts share; ``default_model`` is ``--model``'s default."""
+    flags.DEFINE_string("model", default_model, f"Zoo model, one of: {', '.join(kp.models.list())}.")
+    flags.DEFINE_enum("method", "baseline", METHODS, "Compression applied at initialization.")
+    flags.DEFINE_float(
+        "params",
+        None,
+        "Parameter budget as a ratio of the original model (PreCrop/PreConfig); "
+        "the weight density for synflow, snip, grasp and random.",
+    )
+    flags.DEFINE_float(
+        "flops", None, "FLOP budget as a ratio of the original model (precrop_flops, preconfig)."
+    )
+    flags.DEFINE_integer("epochs", None, "Training epochs; default: the paper's recipe.")
+    flags.DEFINE_integer(
+        "batch_size", None, "Global batch size; default: the paper's recipe (lr scales linearly)."
+    )
+    flags.DEFINE_string("data_dir", None, "TFDS data directory (local or gs://); default: TFDS' own.")
+    flags.DEFINE_string(
+        "model_dir", None, "Output directory: checkpoints, logs, results.json.", required=True
+    )
+    flags.DEFINE_enum("strategy", "auto", train.STRATEGIES, "tf.distribute strategy.")
+    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu/auto; default: Colab/TPU VM.")
+    flags.DEFINE_integer("seed", 0, "Seed of the initialization, masks and input pipeline.")
+    flags.DEFINE_integer(
+        "steps_per_epoch", None, "Batches per epoch, for short runs; default: the whole train split."
+    )
+    flags.DEFINE_integer(
+        "eval_steps", None, "Evaluation batches, for short runs; default: the whole test split."
+    )
+    flags.DEFINE_integer("steps_per_execution", 1, "Training steps per tf.function call (e.g. 64 on TPUs).")
+
+
+def _check_flags():
+    """Raises ``app.UsageError`` (a one-line message) for inconsistent flags."""
+    method = FLAGS.method
+    for name in ("params", "flops"):
+        value = getattr(FLAGS, name)
+        if value is not None and not value > 0:
+            raise app.UsageError(f"--{name} must be a positive ratio, got {value}.")
+    for name in ("epochs", "batch_size", "steps_per_epoch", "eval_steps", "steps_per_execution"):
+        value = getattr(FLAGS, name)
+        if value is not None and value < 1:
+            raise app.UsageError(f"--{name} must be a positive integer, got {value}.")
+    if method in UNSTRUCTURED + ("precrop_params",) and FLAGS.params is None:
+        raise app.UsageError(f"--method={method} needs --params.")
+    if method in UNSTRUCTURED and FLAGS.params > 1:
+        raise app.UsageError(
+            f"--params is the weight density for --method={method}; it must be <= 1, got {FLAGS.params}."
+        )
+    if method == "precrop_flops" and FLAGS.flops is None:
+        raise app.UsageError("--method=precrop_flops needs --flops.")
+    if method == "preconfig" and FLAGS.params is None and FLAGS.flops is None:
+        raise app.UsageError("--method=preconfig needs --params and/or --flops.")
+    if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
+        raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
+
+
+def _plan(reference):
+    """Plans PreCrop/PreConfig widths with the library's own defaults for each."""
+    if FLAGS.method == "precrop_params":
+        compressed = kp.precrop(reference, params=FLAGS.params)
+    elif FLAGS.method == "precrop_flops":
+        compressed = kp.precrop(reference, flops=FLAGS.flops)
+    else:
+        compressed = kp.reconfigure(reference, params=FLAGS.params, flops=FLAGS.flops)
+    return compressed.precrop_plan
+
+
+def _masks(reference, train_ds, num_classes, batch_size):
+    """Scores the reference model's initial weights and returns its masks.
+
+    SNIP and GraSP see ``10 * num_classes`` training examples (rounded up to
+    whole batches), the Synaptic-Flow codebase's default the paper uses.
+    """
+    density = FLAGS.params
+    num_batches = math.ceil(10 * num_classes / batch_size)
+    if FLAGS.method == "synflow":
+        return pai.synflow(reference, density, verbose=2)
+    if FLAGS.method == "snip":
+        return pai.snip(reference, train_ds, density, num_batches=num_batches)
+    if FLAGS.method == "grasp":
+        return pai.grasp(reference, train_ds, density, num_batches=num_batches)
+    return pai.random(reference, density, seed=FLAGS.seed)
+
+
+def _copy_of(reference):
+    """A clone of ``reference`` with its initial weights (and layer names, which masks use)."""
+    model = keras.models.clone_model(reference)
+    model.set_weights(reference.get_weights())
+    return model
+
+
+def _builder(reference, train_ds, num_classes, batch_size):
+    """Returns ``(build_model, masks)``; ``build_model`` runs inside the strategy scope."""
+    if FLAGS.method in STRUCTURED:
+        plan = _plan(reference)
+        return (lambda: kp.apply_plan(reference, plan)), None
+    if FLAGS.method in UNSTRUCTURED:
+        masks = _masks(reference, train_ds, num_classes, batch_size)
+        return (lambda: pai.apply_masks(_copy_of(reference), masks)), masks
+    return (lambda: _copy_of(reference)), None
+
+
+def _masked_costs(profile, masks):
+    """Parameters and MACs left by masks: a conv/dense layer's MACs scale with its kernel density."""
+    densities = pai.layer_densities(masks)
+    pruned = sum(int(mask.size - mask.sum()) for mask in masks.values())
+    macs = sum(layer.macs * densities.get(f"{layer.name}/kernel", 1.0) for layer in profile.layers)
+    return profile.total_params - pruned, int(round(macs))
+
+
+def _costs(model, reference, masks):
+    """Prints the table of the model to train; returns its params and MACs.
+
+    Masked models get the per-weight kept/total table and their unpruned
+    counts; the others get the ``profile`` table.
+    """
+    profile = kp.profile(model)
+    if masks is None:
+        profile.summary()
+        params, macs = profile.total_params, profile.total_macs
+    else:
+        print(pai.sparsity_report(masks, model))
+        params, macs = _masked_costs(profile, masks)
+    original = kp.profile(reference)
+    print(
+        f"Training {FLAGS.method} {reference.name}: {params:,} params "
+        f"({params / original.total_params:.1%}), {macs:,} MACs ({macs / original.total_macs:.1%}); "
+        f"the original has {original.total_params:,} params, {original.total_macs:,} MACs"
+    )
+    return {
+        "params": params,
+        "macs": macs,
+        "original_params": original.total_params,
+        "original_macs": original.total_macs,
+        "params_ratio": params / original.total_params,
+        "macs_ratio": macs / original.total_macs,
+    }
+
+
+def run(dataset):
+    """Trains ``FLAGS.model`` on ``dataset`` (``"cifar10"`` or ``"imagenet2012"``) as the flags say.
+
+    ``results.json`` holds the flags and recipe used, ``params``/``macs`` of
+    the trained model (unpruned weights only for masked models) and of the
+    original, ``final_accuracy``/``best_accuracy`` on the test split,
+    ``train_time_s`` (all epochs, over restarts), ``wall_time_s`` (this
+    invocation, setup included) and ``history`` (one dict per epoch).
+    """
+    start = time.time()
+    _check_flags()
+    strategy = train.get_strategy(FLAGS.strategy, tpu=FLAGS.tpu)  # before any other TF op
+    keras.utils.set_random_seed(FLAGS.seed)
+    info = data.get_info(dataset)
+    recipe = train.get_recipe(dataset, FLAGS.model)
+    epochs = FLAGS.epochs or recipe.epochs
+    batch_size = FLAGS.batch_size or recipe.batch_size
+
+    reference = kp.models.get(FLAGS.model, input_shape=info.input_shape, num_classes=info.num_classes)
+    pipeline = dict(data_dir=FLAGS.data_dir, normalize=not data.model_rescales_inputs(reference))
+    train_ds = data.load(dataset, info.train_split, batch_size, seed=FLAGS.seed, **pipeline)
+    # TPUs need static batch shapes, so they skip the last partial test batch.
+    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    eval_ds = data.load(
+        dataset, info.eval_split, batch_size, training=False, drop_remainder=on_tpu, **pipeline
+    )
+    steps = FLAGS.steps_per_epoch or train.steps_per_epoch(train_ds)
+
+    build_model, masks = _builder(reference, train_ds, info.num_classes, batch_size)
+    model = train.compile_model(
+        build_model,
+        recipe,
+        steps_per_epoch=steps,
+        global_batch_size=batch_size,
+        epochs=epochs,
+        strategy=strategy,
+        steps_per_execution=FLAGS.steps_per_execution,
+    )
+    costs = _costs(model, reference, masks)
+    result = train.fit(
+        model,
+        train_ds,
+        eval_ds,
+        model_dir=FLAGS.model_dir,
+        epochs=epochs,
+        steps_per_epoch=FLAGS.steps_per_epoch,
+        eval_steps=FLAGS.eval_steps,
+    )
+    results = {
+        "dataset": dataset,
+        "model": FLAGS.model,
+        "method": FLAGS.method,
+        "params_budget": FLAGS.params,
+        "flops_budget": FLAGS.flops,
+        "recipe": recipe.name,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "steps_per_epoch": steps,
+        "strategy": FLAGS.strategy,
+        "replicas": strategy.num_replicas_in_sync,
+        "seed": FLAGS.seed,
+        **costs,
+        "final_accuracy": result.final_accuracy,
+        "best_accuracy": result.best_accuracy,
+        "train_time_s": result.train_time,
+        "wall_time_s": time.time() - start,
+        "history": result.history,
+    }
+    path = os.path.join(result.model_dir, "results.json")
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(json.dumps(results, indent=1))
+    print(
+        f"Final accuracy {result.final_accuracy:.4f}, best {result.best_accuracy:.4f}, "
+        f"{result.train_time:.0f} s in epochs; wrote {path}"
+    )

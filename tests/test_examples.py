@@ -1,0 +1,204 @@
+"""End-to-end runs of examples/train_cifar.py and examples/train_imagenet.py.
+
+Fast tests run the scripts in a subprocess under ``tfds.testing.mock_data``
+(random images in the real datasets' format), so they need neither the real
+data nor long epochs. The slow ones train ResNet-20 for one epoch on the real
+CIFAR-10 from ``../shared/tfds`` (the issue's benchmark).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+
+# layers, pai and train register PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
+from keras_precrop import layers, models, pai, train  # noqa: E402, F401
+
+REPO = Path(__file__).resolve().parents[1]
+TFDS_DIR = REPO.parent / "shared" / "tfds"
+
+# Runs a script as __main__ with TFDS serving mock examples of any dataset.
+_MOCK_RUNNER = """
+import os, runpy, sys
+import tensorflow_datasets as tfds
+script, count = sys.argv[1], int(sys.argv[2])
+sys.argv = [script, *sys.argv[3:]]
+sys.path.insert(0, os.path.dirname(script))
+with tfds.testing.mock_data(num_examples=count):
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _run(script, flags, mock_examples=None, timeout=600):
+    path = str(REPO / "examples" / script)
+    if mock_examples is None:
+        command = [sys.executable, path]
+    else:
+        command = [sys.executable, "-c", _MOCK_RUNNER, path, str(mock_examples)]
+    return subprocess.run(
+        [*command, *flags],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _train(tmp_path, script, flags, mock_examples=64):
+    proc = _run(script, [*flags, f"--model_dir={tmp_path}"], mock_examples)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    with open(tmp_path / "results.json") as f:
+        return json.load(f), proc.stdout
+
+
+def _check_results(results, epochs):
+    assert [row["epoch"] for row in results["history"]] == list(range(epochs))
+    accuracies = [row["val_accuracy"] for row in results["history"]]
+    assert results["final_accuracy"] == accuracies[-1]
+    assert results["best_accuracy"] == max(accuracies)
+    assert results["train_time_s"] == pytest.approx(sum(row["epoch_time"] for row in results["history"]))
+    assert results["wall_time_s"] >= results["train_time_s"]
+    assert results["params_ratio"] == pytest.approx(results["params"] / results["original_params"])
+    assert results["macs_ratio"] == pytest.approx(results["macs"] / results["original_macs"])
+
+
+_SHORT = ["--epochs=2", "--batch_size=32"]
+
+
+def test_cifar_baseline(tmp_path):
+    results, stdout = _train(tmp_path, "train_cifar.py", ["--model=resnet20", "--method=baseline", *_SHORT])
+    _check_results(results, epochs=2)
+    expected = models.get("resnet20").count_params()
+    assert results["params"] == results["original_params"] == expected
+    assert results["macs_ratio"] == 1.0
+    assert f"Total params: {expected:,}" in stdout  # the table is printed before training
+    assert stdout.index("Total params") < stdout.index("Epoch 1/2")
+    assert (results["steps_per_epoch"], results["recipe"]) == (2, "cifar10")  # 64 mock examples / 32
+    lr0 = 0.1 * 32 / 128
+    assert [row["learning_rate"] for row in results["history"]] == pytest.approx([lr0, lr0 / 2])
+    assert keras.saving.load_model(tmp_path / "last.keras").count_params() == expected
+
+
+def test_cifar_precrop_params(tmp_path):
+    results, _ = _train(tmp_path, "train_cifar.py", ["--method=precrop_params", "--params=0.3", *_SHORT])
+    _check_results(results, epochs=2)
+    trained = keras.saving.load_model(tmp_path / "last.keras")
+    assert results["params"] == trained.count_params()
+    assert results["params"] <= 0.3 * models.get("resnet20").count_params()
+    assert results["params_ratio"] > 0.25  # the budget is used, not just met
+
+
+def test_cifar_synflow_keeps_masked_weights_zero(tmp_path):
+    results, stdout = _train(tmp_path, "train_cifar.py", ["--method=synflow", "--params=0.1", *_SHORT])
+    _check_results(results, epochs=2)
+    trained = keras.saving.load_model(tmp_path / "last.keras")
+    kernels = [w.numpy() for w in trained.weights if w.trainable and len(w.shape) >= 2]
+    kept = sum(int(np.count_nonzero(k)) for k in kernels)
+    assert kept / sum(k.size for k in kernels) == pytest.approx(0.1, abs=1e-4)
+    assert results["params"] == trained.count_params() - sum(k.size for k in kernels) + kept
+    assert "Density" in stdout and stdout.index("Density") < stdout.index("Epoch 1/2")
+
+
+@pytest.mark.slow
+def test_imagenet_resnet18_on_mock_data(tmp_path):
+    results, _ = _train(
+        tmp_path,
+        "train_imagenet.py",
+        ["--model=resnet18", "--method=precrop_flops", "--flops=0.5", "--epochs=1", "--batch_size=4"],
+        mock_examples=8,
+    )
+    _check_results(results, epochs=1)
+    assert results["recipe"] == "imagenet_resnet"
+    assert results["macs"] <= 0.5 * results["original_macs"]
+    assert results["history"][0]["learning_rate"] == pytest.approx(0.2 * 4 / 512)
+
+
+@pytest.fixture(scope="module")
+def common():
+    """examples/_common.py imported here, its flags defined once in this process."""
+    from absl import flags
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import _common
+    finally:
+        sys.path.pop(0)
+    _common.define_flags(default_model="resnet20")
+    yield _common
+    flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--method=precrop_params"], "--method=precrop_params needs --params"),
+        (["--method=synflow", "--params=1.5"], "must be <= 1"),
+        (["--method=preconfig"], "needs --params and/or --flops"),
+        (["--method=baseline", "--params=0.5"], "drop --params"),
+        (["--method=precrop_flops", "--flops=-1"], "--flops must be a positive ratio"),
+        (["--method=precrop_flops"], "needs --flops"),
+        (["--method=random", "--params=0.5", "--epochs=0"], "--epochs must be a positive integer"),
+    ],
+)
+def test_inconsistent_flags_are_refused(common, flags, message):
+    from absl import app
+    from absl.flags import FLAGS
+
+    FLAGS.unparse_flags()
+    FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])
+    with pytest.raises(app.UsageError, match=re.escape(message)):
+        common._check_flags()
+
+
+def test_consistent_flags_pass(common):
+    from absl.flags import FLAGS
+
+    for flags in (
+        ["--method=baseline"],
+        ["--method=preconfig", "--flops=1.0"],
+        ["--method=snip", "--params=0.05"],
+    ):
+        FLAGS.unparse_flags()
+        FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])
+        common._check_flags()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--method=precrop_params"], "needs --params"), (["--method=magic"], "magic")],
+)
+def test_script_reports_bad_flags_in_one_line(tmp_path, flags, message):
+    proc = _run("train_cifar.py", [*flags, f"--model_dir={tmp_path}"])
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------- the issue's benchmark
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (TFDS_DIR / "cifar10").is_dir(), reason=f"real CIFAR-10 is not prepared at {TFDS_DIR}"
+)
+@pytest.mark.parametrize("method", [["--method=baseline"], ["--method=precrop_params", "--params=0.3"]])
+def test_resnet20_one_real_cifar_epoch_beats_chance(tmp_path, method):
+    results, _ = _train(
+        tmp_path,
+        "train_cifar.py",
+        ["--model=resnet20", *method, "--epochs=1", f"--data_dir={TFDS_DIR}"],
+        mock_examples=None,
+    )
+    _check_results(results, epochs=1)
+    assert results["steps_per_epoch"] == 50_000 // 128
+    assert results["final_accuracy"] > 0.3  # chance is 0.1
