@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 
 from keras_precrop import graph as _graph
+from keras_precrop import solver as _solver
 
 UNITS = "params: weights (trainable and not); MACs: multiply-accumulates per example (FLOPs = 2 x MACs)"
 
@@ -89,6 +91,52 @@ class CostModel:
         w = np.asarray(widths, dtype=np.float64)
         return float(np.sum(self.obj_weight * np.log(w[self.obj_var] / self.widths[self.obj_var])))
 
+    def width_problem(self, min_widths, upper):
+        """The solver's program over the free variables.
+
+        Args:
+            min_widths: smallest allowed width of every variable.
+            upper: cap on width ratios (1.0 for PreCrop, ``None``: no cap).
+
+        Returns:
+            ``(WidthProblem, log_upper)``: the problem and the per-variable
+            upper bounds on log ratios to pass to ``solve_widths``. A bound
+            between a free and a fixed variable becomes a plain bound.
+        """
+        free = np.flatnonzero(~self.fixed)
+        index = np.full(len(self.widths) + 1, -1)
+        index[free] = np.arange(len(free))
+        c = np.append(self.widths, 1.0)
+        coef = self.coef * (c[self.a] * c[self.b])[:, None]
+        term_vars = np.stack([index[self.a], index[self.b]], axis=1)
+        const_rows = np.all(term_vars < 0, axis=1)
+        keep = np.isin(self.obj_var, free)
+        log_upper = np.full(len(free), np.inf if upper is None else math.log(upper))
+        lower = np.log(np.asarray(min_widths, dtype=np.float64)[free] / self.widths[free])
+        leq = []
+        for v, b in enumerate(self.bound):
+            if b < 0 or (self.fixed[v] and self.fixed[b]):
+                continue
+            ratio = math.log(self.widths[b] / self.widths[v])
+            if self.fixed[b]:  # a free view of a fixed stream
+                log_upper[index[v]] = min(log_upper[index[v]], ratio)
+            elif self.fixed[v]:  # a fixed writer into a free stream
+                lower[index[b]] = max(lower[index[b]], -ratio)
+            else:
+                leq.append((index[v], index[b]))
+        problem = _solver.WidthProblem(
+            names=[self.variables[v].name for v in free],
+            widths=self.widths[free],
+            term_coef=coef[~const_rows],
+            term_vars=term_vars[~const_rows],
+            const=coef[const_rows].sum(axis=0),
+            obj_var=index[self.obj_var[keep]],
+            obj_weight=self.obj_weight[keep],
+            leq=np.asarray(leq, dtype=np.int64).reshape(-1, 2),
+            lower=lower,
+        )
+        return problem, log_upper
+
     def layer_densities(self, widths):
         """Per-layer kernel density implied by the widths (product of ratios)."""
         w = np.asarray(widths, dtype=np.float64)
@@ -134,6 +182,16 @@ class ModelProfile:
             self.layers.append(LayerCost(rec.path, rec.class_name, int(round(params)),
                                          int(round(macs)), ins, outs, prunable))
         self.total_params, self.total_macs = (int(round(x)) for x in self.cost.totals(widths))
+
+    def width_problem(self, upper=1.0, min_channels=1):
+        """The channel-width program of this model for ``solve_widths``.
+
+        Returns ``(problem, log_upper)``; pass ``upper=log_upper`` to
+        ``solve_widths``. ``upper=None`` lets widths grow (PreConfig).
+        """
+        cm = self.cost
+        return cm.width_problem(np.where(cm.fixed, cm.widths, np.minimum(cm.widths, min_channels)),
+                                upper)
 
     def __repr__(self):
         return (f"<ModelProfile {self.model_name!r}: {len(self.layers)} layers, "

@@ -319,7 +319,7 @@ def _repair(grid, w, budgets):
 def _exact(prof, grid, budgets, upper):
     """Width program, then integer rounding and greedy repair."""
     cm = prof.cost
-    problem, bounds = _width_problem(cm, grid, upper)
+    problem, bounds = cm.width_problem(grid.lo, upper)
     res = _solver.solve_widths(
         problem,
         params_budget=_optional(budgets[0]),
@@ -337,40 +337,6 @@ def _exact(prof, grid, budgets, upper):
         "repair_steps": int(steps),
     }
     return w, info
-
-
-def _width_problem(cm, grid, upper):
-    """The solver's WidthProblem over the free variables of a cost model."""
-    free = np.flatnonzero(~cm.fixed)
-    index = np.full(len(cm.widths) + 1, -1)
-    index[free] = np.arange(len(free))
-    c = np.append(cm.widths, 1.0)
-    coef = cm.coef * (c[cm.a] * c[cm.b])[:, None]
-    term_vars = np.stack([index[cm.a], index[cm.b]], axis=1)
-    const_rows = np.all(term_vars < 0, axis=1)
-    keep = np.isin(cm.obj_var, free)
-    leq, ub = [], np.full(len(free), np.inf if upper is None else math.log(upper))
-    lower = np.log(grid.lo[free] / cm.widths[free])
-    for v in free:
-        b = cm.bound[v]
-        if b < 0:
-            continue
-        if cm.fixed[b]:
-            ub[index[v]] = min(ub[index[v]], math.log(cm.widths[b] / cm.widths[v]))
-        else:
-            leq.append((index[v], index[b]))
-    problem = _solver.WidthProblem(
-        names=[cm.variables[v].name for v in free],
-        widths=cm.widths[free],
-        term_coef=coef[~const_rows],
-        term_vars=term_vars[~const_rows],
-        const=coef[const_rows].sum(axis=0),
-        obj_var=index[cm.obj_var[keep]],
-        obj_weight=cm.obj_weight[keep],
-        leq=np.asarray(leq, dtype=np.int64).reshape(-1, 2),
-        lower=lower,
-    )
-    return problem, ub
 
 
 class _LayerwiseRule:
