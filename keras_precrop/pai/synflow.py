@@ -1,0 +1,274 @@
+"""SynFlow (Tanaka et al., 2020): iterative, data-free pruning by synaptic flow.
+
+Follows the Synaptic-Flow reference (``Pruners/pruners.py`` and ``prune.py``):
+every parameter and BatchNorm statistic is replaced by its absolute value, the
+network runs in inference mode on an all-ones input, ``R`` is the sum of its
+outputs, each prunable weight scores ``|w * dR/dw|``, and the weights are
+pruned globally to ``density ** (k / iterations)`` in round ``k``, with pruned
+weights held at zero in later rounds.
+
+Deliberate deviations, each to make the result exact and reproducible:
+
+* Precision: ``R`` grows roughly geometrically with depth (about 1e25 on
+  ResNet-20, 1e140 on ResNet-110), which overflows float32, the reference's
+  precision. With ``dtype="auto"`` the linearized copy runs in float32 (4x
+  faster than float64 on CPU) while ``R`` stays within ``[1e-30, 1e30]``
+  and every score is finite, and switches to float64 otherwise.
+* Ties at the pruning threshold are broken by position and weights pruned in
+  an earlier round never come back, so exactly ``round(density * n)``
+  weights are kept. (The reference prunes ``int((1 - d) * n)`` per round,
+  which can keep one weight more; with the same count rule both give the
+  same masks, see ``benchmarks/results/synflow.md``.)
+* The model itself is left untouched (the reference linearizes it in place
+  and restores the signs afterwards): the absolute values are fed through
+  ``stateless_call``. The result is a dict of masks for :func:`apply_masks`.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_precrop.pai import common
+
+# float32 is used while R stays in this range: 8 orders of magnitude of
+# headroom for activations and gradients (float32 spans 1e-38 .. 3e38).
+_FLOAT32_FLOW_RANGE = (1e-30, 1e30)
+_DTYPES = ("auto", "float32", "float64")
+
+
+def _computes_in(model, dtype):
+    """Whether every weight of ``model`` is stored and every layer computes in ``dtype``."""
+    return all(v.dtype == dtype for v in model.weights) and all(
+        layer.compute_dtype == dtype for layer in common.iter_layers(model)
+    )
+
+
+def _clone_in(model, dtype):
+    """A structural copy of ``model`` whose layers store and compute in ``dtype``."""
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        config["dtype"] = dtype
+        return layer.__class__.from_config(config)
+
+    try:
+        clone = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+    except ValueError as err:
+        raise ValueError(
+            f"SynFlow needs a Functional or Sequential model to build its {dtype} "
+            f"linearized copy; cloning {model.name!r} failed: {err}"
+        ) from err
+    if [tuple(v.shape) for v in clone.variables] != [tuple(v.shape) for v in model.variables]:
+        raise ValueError(
+            f"The {dtype} clone of {model.name!r} does not have the model's weights; "
+            "a custom layer does not round-trip through get_config/from_config."
+        )
+    return clone
+
+
+class _LinearizedModel:
+    """The model with every weight replaced by ``|w|``, run in ``dtype``, scoring masked weights.
+
+    The network runs through ``stateless_call`` with the absolute values as
+    constants, so the model's own weights are never touched. A model that
+    already computes in ``dtype`` is used directly; otherwise a copy with
+    ``dtype`` layers is built (its own weights are never read). Tracing the
+    score step happens once; each call to :meth:`flow_and_scores` only runs it.
+    """
+
+    def __init__(self, model, paths, input_shape, dtype):
+        target = model if _computes_in(model, dtype) else _clone_in(model, dtype)
+        source = {id(t): s for t, s in zip(target.variables, model.variables)}
+        self._trainable = [self._abs(source[id(v)], v, dtype) for v in target.trainable_variables]
+        self._non_trainable = [self._abs(source[id(v)], v, dtype) for v in target.non_trainable_variables]
+        position = {id(source[id(v)]): i for i, v in enumerate(target.trainable_variables)}
+        prunable = common.prunable_weights(model, include_bias=True, include_batchnorm=True)
+        self.dtype = dtype
+        self.paths = list(paths)
+        self.shapes = [tuple(prunable[p].shape) for p in paths]
+        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
+        self._positions = [position[id(prunable[p])] for p in paths]
+        self._inputs = [tf.ones((1, *_input_shape(t, input_shape)), dtype) for t in target.inputs]
+        self._target = target
+        self._step = tf.function(
+            self._flow, input_signature=[tf.TensorSpec([sum(self.sizes)], dtype)], autograph=False
+        )
+
+    @staticmethod
+    def _abs(variable, target, dtype):
+        """``|variable|`` in ``dtype``; non-float state (seed generators) is passed through."""
+        if not keras.backend.is_float_dtype(variable.dtype):
+            return tf.convert_to_tensor(target.numpy())
+        return tf.constant(np.abs(np.asarray(variable.numpy(), np.float64)).astype(dtype))
+
+    def _flow(self, flat_mask):
+        values = list(self._trainable)
+        masked = []
+        for i, mask, shape in zip(self._positions, tf.split(flat_mask, self.sizes), self.shapes):
+            values[i] = self._trainable[i] * tf.reshape(mask, shape)
+            masked.append(values[i])
+        inputs = self._inputs[0] if len(self._inputs) == 1 else self._inputs
+        with tf.GradientTape() as tape:
+            tape.watch(masked)
+            outputs, _ = self._target.stateless_call(values, self._non_trainable, inputs, training=False)
+            flow = tf.add_n([tf.reduce_sum(tf.cast(o, self.dtype)) for o in tf.nest.flatten(outputs)])
+        grads = tape.gradient(flow, masked, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return flow, tf.concat([tf.reshape(tf.abs(w * g), [-1]) for w, g in zip(masked, grads)], 0)
+
+    def flow_and_scores(self, flat_mask):
+        """``R`` and the flat scores ``|w * dR/dw|`` (in ``dtype``) under a flat 0/1 mask."""
+        flow, scores = self._step(tf.constant(flat_mask, self.dtype))
+        return float(flow.numpy()), scores.numpy()
+
+    def unflatten(self, flat):
+        """Splits a flat array into ``{path: array of the weight's shape}``."""
+        parts = np.split(flat, np.cumsum(self.sizes)[:-1])
+        return {p: a.reshape(shape) for p, a, shape in zip(self.paths, parts, self.shapes)}
+
+
+def _input_shape(tensor, input_shape):
+    shape = tuple(tensor.shape[1:])
+    if None not in shape:
+        return shape
+    if input_shape is None:
+        raise ValueError(
+            f"Input {tensor.name!r} has undefined dimensions {shape}; pass "
+            "input_shape=(height, width, channels) to synflow."
+        )
+    input_shape = tuple(input_shape)
+    if len(input_shape) != len(shape) or any(d is not None and d != s for d, s in zip(shape, input_shape)):
+        raise ValueError(f"input_shape {input_shape} does not fit the model input shape {shape}.")
+    return input_shape
+
+
+class _Scorer:
+    """Scores with a float32 linearized copy while its flow fits, float64 otherwise."""
+
+    def __init__(self, model, paths, input_shape, dtype):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}.")
+        self._args = (model, paths, input_shape)
+        self._auto = dtype == "auto"
+        self.linearized = _LinearizedModel(*self._args, "float32" if self._auto else dtype)
+
+    def scores(self, flat_mask):
+        flow, scores = self.linearized.flow_and_scores(flat_mask)
+        if self._auto and self.linearized.dtype == "float32":
+            low, high = _FLOAT32_FLOW_RANGE
+            if not (low <= flow <= high and np.isfinite(scores).all()):
+                self.linearized = _LinearizedModel(*self._args, "float64")
+                flow, scores = self.linearized.flow_and_scores(flat_mask)
+        if not (np.isfinite(flow) and np.isfinite(scores).all()):
+            raise FloatingPointError(
+                f"SynFlow's linearized output R = {flow} or its gradients are not "
+                f"finite in {self.linearized.dtype}: the network is too deep or its "
+                "weights too large for synaptic flow to be represented"
+                + ("; try dtype='float64'." if self.linearized.dtype == "float32" else ".")
+            )
+        return scores
+
+
+def _keep_round(scores, alive, density, sizes, scope):
+    """Indices (a subset of ``alive``) kept after one round at ``density``.
+
+    Only alive weights compete, so a pruned weight never returns; ``alive``
+    is sorted, so ties still go to the weight that comes first.
+    """
+    if scope == "global":
+        keep = common.top_k(scores[alive], common.num_kept(density, sum(sizes), "the prunable weights"))
+        return alive[keep]
+    bounds = np.searchsorted(alive, np.cumsum([0, *sizes]))
+    kept = []
+    for size, lo, hi in zip(sizes, bounds[:-1], bounds[1:]):
+        segment = alive[lo:hi]
+        kept.append(segment[common.top_k(scores[segment], common.num_kept(density, size, "a weight"))])
+    return np.concatenate(kept)
+
+
+def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=False, input_shape=None, dtype="auto"):
+    """One round of SynFlow scores, ``|w * dR/dw|`` of the linearized network.
+
+    Args:
+        model: a built Functional or Sequential Keras model.
+        masks: optional ``{path: 0/1 array}``; masked weights are zero while
+            scoring (and score zero). Missing paths are unmasked.
+        include_bias: also score biases.
+        include_batchnorm: also score BatchNorm gamma and beta.
+        input_shape: per-example input shape, needed only when the model's
+            input has undefined dimensions.
+        dtype: ``"auto"`` (float32 while the flow fits, else float64),
+            ``"float32"`` or ``"float64"``.
+
+    Returns:
+        ``{path: float64 array}`` for every prunable weight.
+    """
+    paths = list(common.prunable_weights(model, include_bias, include_batchnorm))
+    scorer = _Scorer(model, paths, input_shape, dtype)
+    masks = masks or {}
+    shapes = scorer.linearized.shapes
+    flat = np.concatenate(
+        [np.broadcast_to(np.asarray(masks.get(p, 1.0), np.float64), s).ravel() for p, s in zip(paths, shapes)]
+    )
+    scores = scorer.scores(flat).astype(np.float64)
+    return scorer.linearized.unflatten(scores)
+
+
+def synflow(
+    model,
+    density,
+    iterations=100,
+    schedule="exponential",
+    scope="global",
+    include_bias=False,
+    include_batchnorm=False,
+    input_shape=None,
+    dtype="auto",
+    verbose=1,
+):
+    """Prunes ``model``'s weights to ``density`` with SynFlow; no data needed.
+
+    Deterministic: the same weights give the same masks (no randomness is
+    involved; the model's initialization seed decides the result).
+
+    Args:
+        model: a built Functional or Sequential Keras model (not modified).
+        density: fraction of prunable weights kept, in (0, 1].
+        iterations: pruning rounds (the reference's 100).
+        schedule: ``"exponential"`` (density ``d ** (k / iterations)`` after
+            round ``k``, the reference's default) or ``"linear"``.
+        scope: ``"global"`` (one threshold over all weights) or ``"local"``.
+        include_bias: also prune biases.
+        include_batchnorm: also prune BatchNorm gamma and beta.
+        input_shape: per-example input shape, needed only when the model's
+            input has undefined dimensions.
+        dtype: precision of the linearized network: ``"auto"`` (float32 while
+            the flow stays within ``[1e-30, 1e30]``, else float64),
+            ``"float32"`` (the reference's) or ``"float64"``.
+        verbose: 0 silent, 1 progress bar, 2 one line at the end.
+
+    Returns:
+        ``{weight path: float32 0/1 array}`` keeping exactly
+        ``round(density * n)`` of the ``n`` prunable weights (per weight with
+        ``scope="local"``).
+
+    Raises:
+        ValueError: for a density outside (0, 1], a bad schedule, scope or
+            dtype, or a model that cannot be cloned.
+        FloatingPointError: if the synaptic flow overflows float64.
+    """
+    density = common.check_density(density)
+    densities = common.density_schedule(density, iterations, schedule)
+    common.check_scope(scope)
+    paths = list(common.prunable_weights(model, include_bias, include_batchnorm))
+    scorer = _Scorer(model, paths, input_shape, dtype)
+    sizes = scorer.linearized.sizes
+    alive = np.arange(sum(sizes))
+    flat_mask = np.ones(alive.size)
+    progress = keras.utils.Progbar(iterations, verbose=verbose, stateful_metrics=["density"])
+    for k, round_density in enumerate(densities):
+        scores = scorer.scores(flat_mask)
+        alive = _keep_round(scores, alive, round_density, sizes, scope)
+        flat_mask[:] = 0.0
+        flat_mask[alive] = 1.0
+        progress.update(k + 1, [("density", round_density)])
+    return {p: m.astype(np.float32) for p, m in scorer.linearized.unflatten(flat_mask).items()}
