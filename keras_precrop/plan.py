@@ -147,7 +147,7 @@ class Plan:
 
 
 def _resolve_budget(name, ratio, absolute, original):
-    """Absolute budget from a ratio of the original or an absolute value."""
+    """Absolute (integer) budget from a ratio of the original or an absolute value."""
     if ratio is not None and absolute is not None:
         raise ValueError(f"Give either {name} (a ratio) or max_{name} (absolute), not both.")
     value = ratio if ratio is not None else absolute
@@ -157,7 +157,9 @@ def _resolve_budget(name, ratio, absolute, original):
         raise TypeError(f"{name} budget must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} budget must be a positive finite number, got {value!r}")
-    return float(value) * original if ratio is not None else float(value)
+    budget = float(value) * original if ratio is not None else float(value)
+    # Params and MACs are integers: round away float noise (0.9999999999999999 * 393).
+    return float(math.floor(budget * (1 + 1e-12)))
 
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
