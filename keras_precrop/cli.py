@@ -24,7 +24,10 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     def model_args(p):
-        p.add_argument("model", help="a zoo model name (see `keras-precrop list`) or a .keras file")
+        p.add_argument("model", nargs="?",
+                       help="a zoo model name (see `keras-precrop list`) or a .keras file")
+        p.add_argument("--model", dest="model_flag", metavar="MODEL",
+                       help="the same, as a flag")
         p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
         p.add_argument("--num_classes", type=int, help="classes for zoo models")
         p.add_argument("--ignore", default="", help="comma-separated layers whose channels stay fixed")
@@ -61,6 +64,9 @@ def _load_model(args):
 
     from keras_precrop import models
 
+    if (args.model is None) == (args.model_flag is None):
+        raise ValueError("give the model once: `keras-precrop CMD resnet20` or `--model resnet20`")
+    args.model = args.model or args.model_flag
     if args.model.endswith(".keras") or os.path.exists(args.model):
         if not os.path.exists(args.model):
             raise FileNotFoundError(f"no such model file: {args.model}")
