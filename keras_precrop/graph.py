@@ -77,11 +77,7 @@ class LayerRecord:
     terms: list = dataclasses.field(default_factory=list)
     objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
     out_segment: int | None = None  # the segment a source layer creates
-    readers: list = dataclasses.field(default_factory=list)  # (call, arg, seg)
-
-    @property
-    def name(self):
-        return self.path
+    readers: list = dataclasses.field(default_factory=list)  # segments read
 
     @property
     def class_name(self):
@@ -256,10 +252,8 @@ class ModelGraph:
         return _resolve(self)
 
     def find(self, seg):
+        """Representative segment of ``seg``'s channel group."""
         return self.ctx.find(seg)
-
-    def segment(self, seg) -> _Segment:
-        return self.ctx.segments[self.ctx.find(seg)]
 
 
 def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
@@ -462,7 +456,7 @@ def _resolve(graph: ModelGraph) -> Structure:
         for rec in ctx.order:
             if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
                 continue
-            for root in dict.fromkeys(ctx.find(seg) for _, seg in rec.readers):
+            for root in dict.fromkeys(ctx.find(seg) for seg in rec.readers):
                 if root not in streams:
                     continue
                 if root not in read:

@@ -122,7 +122,7 @@ class _Source(Handler):
     def _reads(self, rec, ins):
         """Record the input segments this layer reads (for residual views)."""
         for p in ins[0]:
-            rec.readers.append((rec.calls, p.group))
+            rec.readers.append(p.group)
 
     def configure(self, rec, config, width):
         config[self.width_key] = width(rec.out_segment)

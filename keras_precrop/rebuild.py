@@ -47,7 +47,7 @@ class _Rebuilder:
                 rec = self.graph.ctx.records[id(op)]
                 call = self.calls.get(id(op), 0)
                 self.calls[id(op)] = call + 1
-                args = self._slice_readers(rec, call, node, args)
+                args = self._slice_readers(rec, call, args)
                 if isinstance(op, (keras.layers.Add, _layers.PrefixAdd)):
                     new_op = self._merge(op, args)
                 outs = new_op(*args, **kwargs)
@@ -88,7 +88,7 @@ class _Rebuilder:
         channels = self.graph.tensor_channels[id(t)]
         return sum(self.width(p.group) * p.mult for p in channels)
 
-    def _slice_readers(self, rec, call, node, args):
+    def _slice_readers(self, rec, call, args):
         """Put a ChannelSlice in front of a reader whose view is narrower."""
         views = self.graph.structure.views
         ctx = self.graph.ctx
