@@ -1,0 +1,230 @@
+"""Timing helpers shared by the benchmark scripts (not part of the library).
+
+Wall-clock measurement on a shared, noisy machine: compiled ``tf.function``
+forward and SGD train steps with fixed input signatures (no ``model.predict``
+or ``fit`` overhead), calibrated inner loops, round-robin interleaving over
+variants so load spikes hit every variant alike, and medians.
+"""
+
+import collections
+import math
+import os
+import pathlib
+import platform
+import statistics
+import tempfile
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def machine_info():
+    """CPU model, core count, library versions and TF thread settings."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    threading = tf.config.threading
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        # 0 means TensorFlow's default: one thread per usable core.
+        "intra_op_threads": threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": threading.get_inter_op_parallelism_threads(),
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _example_shape(model):
+    shape = tuple(model.inputs[0].shape[1:])
+    if any(d is None for d in shape):
+        raise ValueError(f"Model {model.name!r} has an undefined input shape {shape}; "
+                         "benchmarks need a fixed one.")
+    return shape
+
+
+def forward(model, batch, seed=0):
+    """A no-argument callable running one compiled inference forward pass.
+
+    The pass is ``model(x, training=False)`` inside a ``tf.function`` with a
+    fixed input signature, on a fixed random batch. The callable returns a
+    scalar (the logits' sum, fetched to host) so the work cannot be skipped.
+    """
+    shape = (batch,) + _example_shape(model)
+    x = tf.random.stateless_normal(shape, seed=(seed, 1))
+
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32)])
+    def run(inputs):
+        return tf.reduce_sum(model(inputs, training=False))
+
+    return lambda: float(run(x))
+
+
+def train_step(model, batch, learning_rate=1e-3, seed=0):
+    """A no-argument callable running one compiled SGD training step.
+
+    Forward in training mode, sparse softmax cross-entropy on logits, gradient
+    tape and ``keras.optimizers.SGD(momentum=0.9).apply`` (which also applies
+    weight constraints, e.g. SynFlow masks) in one ``tf.function`` on a fixed
+    random batch. Returns the loss; the model's weights change with each call.
+    """
+    shape = (batch,) + _example_shape(model)
+    classes = model.outputs[0].shape[-1]
+    x = tf.random.stateless_normal(shape, seed=(seed, 2))
+    y = tf.random.stateless_uniform((batch,), seed=(seed, 3), maxval=classes, dtype=tf.int32)
+    optimizer = keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32),
+                                  tf.TensorSpec((batch,), tf.int32)])
+    def step(inputs, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(inputs, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return lambda: float(step(x, y))
+
+
+def _inner_count(fn, target_s):
+    """How many back-to-back calls make one sample last about ``target_s``."""
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    return max(1, math.ceil(target_s / max(once, 1e-6)))
+
+
+def interleaved(fns, repeats, warmup=2, target_s=0.2):
+    """Times several callables round-robin; returns seconds per call per round.
+
+    Each callable is first called ``warmup`` times (tracing, allocator and
+    oneDNN primitive caches), then its inner loop length is calibrated so a
+    sample lasts about ``target_s``. Then ``repeats`` rounds each time every
+    callable once, in an order rotated by one each round, so slow phases of a
+    shared machine hit all variants alike and no variant always runs first.
+
+    Args:
+        fns: ``{name: no-argument callable}``.
+        repeats: number of rounds (samples per callable).
+        warmup: untimed calls per callable before calibrating.
+        target_s: approximate duration of one sample.
+
+    Returns:
+        ``{name: [seconds per call, one entry per round]}``.
+    """
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    inner = {name: _inner_count(fns[name], target_s) for name in names}
+    samples = {name: [] for name in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            fn, n = fns[name], inner[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - start) / n)
+    return samples
+
+
+def _profile_ops(fn, calls):
+    """Per-op-type kernel time of ``calls`` calls of ``fn`` (ms per call), one profiler session."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            tf.profiler.experimental.stop()
+        paths = list(pathlib.Path(logdir).rglob("*.xplane.pb"))
+        if len(paths) != 1:
+            raise RuntimeError(f"Expected one profiler trace under {logdir}, found {paths}.")
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(paths[0].read_bytes())
+    totals = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                # Kernels are "op_name:OpType"; "Process" events wrap them.
+                op_type = name.rsplit(":", 1)[1] if ":" in name else None
+                if op_type and op_type != "Process" and event.duration_ps:
+                    totals[op_type] += event.duration_ps * 1e-9 / calls
+    return totals
+
+
+def op_times(fns, rounds=5, calls=2):
+    """Per-op-type time of several callables from the TensorFlow profiler.
+
+    Each round profiles ``calls`` calls of every callable (rotated order, as in
+    :func:`interleaved`); the result per op type is the median over rounds of
+    its kernel time summed over TensorFlow's compute threads, so ops that ran
+    concurrently both count and a column can exceed wall time.
+
+    Returns:
+        ``{name: {op type: ms per call}}``, op types by decreasing time.
+    """
+    names = list(fns)
+    per_round = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            per_round[name].append(_profile_ops(fns[name], calls))
+    out = {}
+    for name, samples in per_round.items():
+        ops = set().union(*samples)
+        medians = {op: statistics.median(s.get(op, 0.0) for s in samples) for op in ops}
+        out[name] = dict(sorted(medians.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def timed(fn, repeats, setup=None):
+    """Runs ``fn`` ``repeats`` times; returns (seconds per run, last result).
+
+    ``setup`` (untimed) runs before each repeat, e.g. to clear the Keras session.
+    """
+    times, result = [], None
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return times, result
+
+
+def summary(seconds):
+    """Median, quartiles and count of a list of timings (seconds)."""
+    q = np.percentile(seconds, [25, 50, 75])
+    return {"median": float(q[1]), "q1": float(q[0]), "q3": float(q[2]), "n": len(seconds)}
+
+
+def paired_speedup(baseline, variant):
+    """Median over rounds of baseline/variant time (same-round pairs).
+
+    Pairs from the same interleaved round saw the same machine load, so their
+    ratio is steadier than a ratio of overall medians.
+    """
+    if len(baseline) != len(variant):
+        raise ValueError(f"Need as many baseline as variant samples, got "
+                         f"{len(baseline)} and {len(variant)}.")
+    return statistics.median(b / v for b, v in zip(baseline, variant))
