@@ -71,25 +71,34 @@ class CostModel:
             [-1 if v.bound is None else v.bound for v in self.variables], dtype=np.int64
         )
 
-    def _term_values(self, widths):
-        w = np.append(np.asarray(widths, dtype=np.float64), 1.0)
-        return self.coef * (w[self.a] * w[self.b])[:, None]
+    def _factors(self, widths):
+        """``w_a * w_b`` of every term, for widths of shape (..., V)."""
+        w = np.asarray(widths, dtype=np.float64)
+        w = np.concatenate([w, np.ones(w.shape[:-1] + (1,))], axis=-1)
+        return w[..., self.a] * w[..., self.b]
 
     def totals(self, widths):
-        """(params, MACs) at the given widths (one per variable)."""
-        return self._term_values(widths).sum(axis=0)
+        """(params, MACs) at the given widths (one per variable).
+
+        ``widths`` may also be a (n, V) batch; the result is then (n, 2).
+        """
+        return self._factors(widths) @ self.coef
 
     def per_layer(self, widths):
         """(L, 2) params and MACs of every layer at the given widths."""
-        values = self._term_values(widths)
         out = np.zeros((self.n_layers, 2))
-        np.add.at(out, self.layer, values)
+        np.add.at(out, self.layer, self.coef * self._factors(widths)[:, None])
         return out
 
     def objective(self, widths):
-        """SynExp objective: sum over kernels of log density vs. the original."""
+        """SynExp objective: sum over kernels of log density vs. the original.
+
+        A float for one width vector, an (n,) array for a (n, V) batch.
+        """
         w = np.asarray(widths, dtype=np.float64)
-        return float(np.sum(self.obj_weight * np.log(w[self.obj_var] / self.widths[self.obj_var])))
+        logs = np.log(w[..., self.obj_var] / self.widths[self.obj_var])
+        total = np.sum(self.obj_weight * logs, axis=-1)
+        return float(total) if total.ndim == 0 else total
 
     def width_problem(self, min_widths, upper):
         """The solver's program over the free variables.

@@ -255,17 +255,6 @@ def _optional(budget):
     return None if np.isinf(budget) else float(budget)
 
 
-def _objective_matrix(cm, W):
-    """SynExp objective for each row of a width matrix ``W`` (n, V)."""
-    return np.sum(cm.obj_weight * np.log(W[:, cm.obj_var] / cm.widths[cm.obj_var]), axis=1)
-
-
-def _cost_matrix(cm, W):
-    """(n, 2) params and MACs for each row of a width matrix ``W``."""
-    Wx = np.concatenate([W, np.ones((len(W), 1))], axis=1)
-    return (Wx[:, cm.a] * Wx[:, cm.b]) @ cm.coef
-
-
 def _repair(grid, w, budgets):
     """Greedy integer repair: shrink until feasible, then grow while feasible.
 
@@ -278,7 +267,7 @@ def _repair(grid, w, budgets):
     free = np.flatnonzero(~cm.fixed)
     steps = 0
     while True:
-        cost = _cost_matrix(cm, w[None])[0]
+        cost = cm.totals(w)
         over = cost > budgets * (1 + 1e-12)
         if not over.any():
             break
@@ -291,13 +280,13 @@ def _repair(grid, w, budgets):
                 f"widths (params {cost[0]:,.0f}, MACs {cost[1]:,.0f}); raise the "
                 "budget or lower min_channels/round_to.")
         cand = np.stack([grid.enforce(c) for c in cand[ok]])
-        gain = np.sum(np.where(over, (cost - _cost_matrix(cm, cand)) / budgets, 0), axis=1)
-        loss = _objective_matrix(cm, w[None])[0] - _objective_matrix(cm, cand)
+        gain = np.sum(np.where(over, (cost - cm.totals(cand)) / budgets, 0), axis=1)
+        loss = cm.objective(w) - cm.objective(cand)
         best = np.argmax(gain / np.maximum(loss, 1e-12))
         w = cand[best]
         steps += 1
     while True:
-        cost = _cost_matrix(cm, w[None])[0]
+        cost = cm.totals(w)
         cand = np.repeat(w[None], len(free), axis=0)
         cand[np.arange(len(free)), free] += grid.step[free]
         ok = cand[np.arange(len(free)), free] <= grid.hi[free]
@@ -306,12 +295,12 @@ def _repair(grid, w, budgets):
         if not ok.any():
             break
         cand = cand[ok]
-        new_cost = _cost_matrix(cm, cand)
+        new_cost = cm.totals(cand)
         fits = np.all(new_cost <= budgets * (1 + 1e-12), axis=1)
         if not fits.any():
             break
         spend = np.sum((new_cost - cost) / budgets, axis=1)  # an unset budget is inf
-        gain = _objective_matrix(cm, cand) - _objective_matrix(cm, w[None])[0]
+        gain = cm.objective(cand) - cm.objective(w)
         score = np.where(fits, gain / np.maximum(spend, 1e-15), -np.inf)
         w = cand[np.argmax(score)]
         steps += 1

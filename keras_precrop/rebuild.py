@@ -15,7 +15,12 @@ import keras
 import numpy as np
 
 from keras_precrop import layers as _layers
-from keras_precrop.graph import ModelGraph, _functional_of, _topological_nodes
+from keras_precrop.graph import (
+    ModelGraph,
+    _all_layer_names,
+    _functional_of,
+    _topological_nodes,
+)
 
 
 class _Rebuilder:
@@ -26,7 +31,7 @@ class _Rebuilder:
         self.widths = np.asarray(widths)
         self.new_ops = {}
         self.calls = {}
-        self.names = {layer.name for layer in _all_ops(graph.model)}
+        self.names = set(_all_layer_names(_functional_of(graph.model), ""))
 
     def width(self, seg):
         """New width of a segment's group."""
@@ -118,14 +123,6 @@ class _Rebuilder:
             name, i = f"{base}_{i}", i + 1
         self.names.add(name)
         return name
-
-
-def _all_ops(model):
-    fn = _functional_of(model)
-    for op in fn.operations:
-        yield op
-        if isinstance(op, keras.Model):
-            yield from _all_ops(op)
 
 
 def rebuild(graph: ModelGraph, widths) -> keras.Model:
