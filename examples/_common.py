@@ -11,6 +11,8 @@ flags resumes after its last finished epoch.
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 from absl import app
@@ -27,7 +29,7 @@ from keras_precrop import pai  # noqa: E402
 from keras_precrop import train  # noqa: E402
 
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
-UNSTRUCTURED = ("synflow", "snip", "grasp", "random")
+UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
 METHODS = ("baseline", *UNSTRUCTURED, *STRUCTURED)
 
 FLAGS = flags.FLAGS
@@ -64,6 +66,33 @@ def define_flags(default_model):
         "eval_steps", None, "Evaluation batches, for short runs; default: the whole test split."
     )
     flags.DEFINE_integer("steps_per_execution", 1, "Training steps per tf.function call (e.g. 64 on TPUs).")
+    flags.DEFINE_enum(
+        "mode",
+        None,
+        ["exact", "layerwise", "paper"],
+        "Width translation of precrop_*/preconfig; default: the library's (precrop: exact, "
+        "reconfigure: layerwise).",
+    )
+    flags.DEFINE_integer("round_to", None, "Channel multiple of precrop_*/preconfig widths; default 1.")
+    flags.DEFINE_enum(
+        "residual", None, ["prefix", "tie"], "Residual semantics of precrop_*/preconfig; default prefix."
+    )
+    flags.DEFINE_enum(
+        "granularity",
+        "weight",
+        ["weight", "filter", "channel"],
+        "Unit of --method=random: single weights, k x k filters or whole channels.",
+    )
+    flags.DEFINE_enum(
+        "densities",
+        None,
+        ["synexp", "synflow"],
+        "Per-layer densities of --method=random at --params: SynExp's optimum (the paper's "
+        "density program) or the densities of SynFlow's masks; default: --params in every layer.",
+    )
+    flags.DEFINE_bool(
+        "save_model", False, "Also keep the trained model as final_model.keras in --model_dir."
+    )
 
 
 def _check_flags():
@@ -89,17 +118,46 @@ def _check_flags():
         raise app.UsageError("--method=preconfig needs --params and/or --flops.")
     if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
         raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
+    structural = [f"--{name}" for name in ("mode", "round_to", "residual") if getattr(FLAGS, name) is not None]
+    if structural and method not in STRUCTURED:
+        raise app.UsageError(f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
+    if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
+        raise app.UsageError(f"--densities and --granularity apply to --method=random, not --method={method}.")
+
+
+def _plan_options():
+    """The structural flags that were given, as ``precrop``/``reconfigure`` keywords."""
+    names = ("mode", "round_to", "residual")
+    return {name: getattr(FLAGS, name) for name in names if getattr(FLAGS, name) is not None}
 
 
 def _plan(reference):
-    """Plans PreCrop/PreConfig widths with the library's own defaults for each."""
-    if FLAGS.method == "precrop_params":
-        compressed = kp.precrop(reference, params=FLAGS.params)
-    elif FLAGS.method == "precrop_flops":
-        compressed = kp.precrop(reference, flops=FLAGS.flops)
+    """Plans PreCrop/PreConfig widths; unset flags keep the library's defaults.
+
+    ``precrop_params`` and ``precrop_flops`` differ only in the budget they
+    require; given both ``--params`` and ``--flops``, either meets both.
+    """
+    options = _plan_options()
+    if FLAGS.method in ("precrop_params", "precrop_flops"):
+        compressed = kp.precrop(reference, params=FLAGS.params, flops=FLAGS.flops, **options)
     else:
-        compressed = kp.reconfigure(reference, params=FLAGS.params, flops=FLAGS.flops)
+        compressed = kp.reconfigure(reference, params=FLAGS.params, flops=FLAGS.flops, **options)
     return compressed.precrop_plan
+
+
+def _random_densities(reference):
+    """Per-weight densities for ``--method=random``: a number, or ``{kernel path: density}``.
+
+    ``synexp`` takes the solved layer densities of the paper's density program
+    (``plan(mode="paper")`` at ``--params``); ``synflow`` those of SynFlow's
+    masks at ``--params``, so granularity is the only difference to SynFlow.
+    """
+    if FLAGS.densities is None:
+        return FLAGS.params
+    if FLAGS.densities == "synflow":
+        return pai.layer_densities(pai.synflow(reference, FLAGS.params, verbose=0))
+    solved = kp.plan(reference, params=FLAGS.params, mode="paper").solver["layer_densities_solved"]
+    return {f"{name}/kernel": density for name, density in solved.items()}
 
 
 def _masks(reference, train_ds, num_classes, batch_size):
@@ -116,7 +174,13 @@ def _masks(reference, train_ds, num_classes, batch_size):
         return pai.snip(reference, train_ds, density, num_batches=num_batches)
     if FLAGS.method == "grasp":
         return pai.grasp(reference, train_ds, density, num_batches=num_batches)
-    return pai.random(reference, density, seed=FLAGS.seed)
+    if FLAGS.method == "magnitude":
+        return pai.magnitude(reference, density)
+    if FLAGS.densities is None and FLAGS.granularity == "weight":
+        return pai.random(reference, density, seed=FLAGS.seed)
+    return pai.random_masks(
+        reference, _random_densities(reference), granularity=FLAGS.granularity, seed=FLAGS.seed
+    )
 
 
 def _copy_of(reference):
@@ -174,6 +238,25 @@ def _costs(model, reference, masks):
     }
 
 
+def _git_commit():
+    """``(commit, dirty)`` of the checkout these scripts run from, or ``(None, None)``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "keras_precrop", "examples"],
+            cwd=os.path.dirname(here),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return commit, bool(status.strip())
+
+
 def run(dataset):
     """Trains ``FLAGS.model`` on ``dataset`` (``"cifar10"`` or ``"imagenet2012"``) as the flags say.
 
@@ -222,12 +305,25 @@ def run(dataset):
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
     )
+    if FLAGS.save_model:
+        tf.io.gfile.copy(
+            os.path.join(result.model_dir, "last.keras"),
+            os.path.join(result.model_dir, "final_model.keras"),
+            overwrite=True,
+        )
+    commit, dirty = _git_commit()
     results = {
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "dataset": dataset,
         "model": FLAGS.model,
         "method": FLAGS.method,
         "params_budget": FLAGS.params,
         "flops_budget": FLAGS.flops,
+        "plan_options": _plan_options(),
+        "granularity": FLAGS.granularity if FLAGS.method == "random" else None,
+        "densities": FLAGS.densities,
         "recipe": recipe.name,
         "epochs": epochs,
         "batch_size": batch_size,

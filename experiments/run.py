@@ -1,0 +1,187 @@
+"""Trains every run of one or more experiment grids, one process at a time, resumably.
+
+A grid (``experiments/grids/<name>.json``) lists runs of
+``examples/train_cifar.py``::
+
+    {"name": "cifar-a", "description": "...",
+     "defaults": {"model": "resnet20", "epochs": 10},
+     "seeds": [0, 1],
+     "runs": [{"method": "synflow", "params": 0.3},
+              {"method": "precrop_params", "params": 0.308, "mode": "exact"}]}
+
+Each (run, seed) gets a directory ``experiments/runs/<run id>/`` whose name is
+made of its flags alone, so grids that share a run (figure 3 reuses figure
+2's SynFlow runs) train it once. The driver
+
+* skips a run whose ``results.json`` exists,
+* restarts an interrupted run with the same flags, which resumes after its
+  last finished epoch (``BackupAndRestore`` in ``keras_precrop.train.fit``),
+* trains seed-major: every run's first seed before any run's second, so a
+  partial grid already answers every question once,
+* with ``--commit``, commits each finished run's small files (results,
+  history, log and, where the grid asks, the final model) to git.
+
+Stop it at any time (Ctrl-C, ``kill``); run the same command to go on. To
+take a timing on a quiet machine, pause the training instead:
+``kill -STOP -<pgid>`` and ``kill -CONT -<pgid>``, with the process group id
+that the driver writes to ``experiments/runs/driver.pid``.
+
+Example:
+  python experiments/run.py --grid experiments/grids/core.json \
+      --data_dir ../shared/tfds --commit
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "experiments" / "runs"
+
+# Flags a grid entry may set, in the order they appear in a run id.
+_ID_FLAGS = (
+    "method",
+    "params",
+    "flops",
+    "mode",
+    "round_to",
+    "residual",
+    "granularity",
+    "densities",
+    "batch_size",
+    "steps_per_epoch",
+)
+_OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
+_COMMITTED = ("results.json", "history.csv", "train.log", "final_model.keras")
+
+
+def _fmt(value):
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def run_id(flags):
+    """A directory name made of the run's flags: ``resnet20-synflow-params0.3-ep10-s0``."""
+    parts = [flags["model"], flags["method"]]
+    parts += [f"{key}{_fmt(flags[key])}" for key in _ID_FLAGS[1:] if flags.get(key) is not None]
+    parts += [f"ep{flags['epochs']}", f"s{flags['seed']}"]
+    return "-".join(parts)
+
+
+def load_grid(path):
+    """The grid's runs as flag dicts, one per (entry, seed), seed-major.
+
+    Raises:
+        ValueError: naming the grid file and entry for an unknown key or a
+            missing ``method``/``model``/``epochs``.
+    """
+    with open(path) as f:
+        grid = json.load(f)
+    allowed = set(_ID_FLAGS) | set(_OTHER_FLAGS)
+    runs = []
+    for index, entry in enumerate(grid["runs"]):
+        flags = {**grid.get("defaults", {}), **entry}
+        unknown = sorted(set(flags) - allowed)
+        if unknown:
+            raise ValueError(f"{path}: run {index} has unknown keys {unknown}; allowed: {sorted(allowed)}.")
+        for key in ("model", "method", "epochs"):
+            if key not in flags:
+                raise ValueError(f"{path}: run {index} ({entry}) sets no {key!r}, nor do the defaults.")
+        runs.append(flags)
+    return [{**flags, "seed": seed, "grid": grid["name"]} for seed in grid["seeds"] for flags in runs]
+
+
+def _command(flags, model_dir, data_dir, code_dir):
+    command = [sys.executable, str(code_dir / "examples" / "train_cifar.py"), f"--model_dir={model_dir}"]
+    if data_dir:
+        command.append(f"--data_dir={data_dir}")
+    for key, value in flags.items():
+        if key in ("grid",) or value is None:
+            continue
+        if isinstance(value, bool):
+            command.append(f"--{key}" if value else f"--no{key}")
+        else:
+            command.append(f"--{key}={_fmt(value)}")
+    return command
+
+
+def _commit(run_dir):
+    """Commits the run's small files alone (other staged work is left as it is)."""
+    paths = [str(run_dir / name) for name in _COMMITTED if (run_dir / name).exists()]
+    for attempt in range(5):  # another git command may hold the index lock for a moment
+        added = subprocess.run(["git", "add", "-f", *paths], cwd=REPO, capture_output=True, text=True)
+        done = added.returncode == 0 and subprocess.run(
+            ["git", "commit", "-q", "--only", "-m", f"experiments: {run_dir.name}", "--", *paths],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).returncode == 0
+        if done:
+            return True
+        time.sleep(2 + 3 * attempt)
+    print(f"[run.py] could not commit {run_dir.name}; commit it by hand", flush=True)
+    return False
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--grid", action="append", required=True, help="grid JSON file (repeatable)")
+    parser.add_argument("--data_dir", default=str(REPO.parent / "shared" / "tfds"), help="TFDS data_dir")
+    parser.add_argument("--commit", action="store_true", help="git-commit each finished run")
+    parser.add_argument("--dry_run", action="store_true", help="list the runs and their state, train none")
+    parser.add_argument(
+        "--code_dir",
+        type=Path,
+        default=REPO,
+        help="checkout whose examples/ and keras_precrop/ train (e.g. a git worktree pinned to a "
+        "commit, so editing this checkout cannot change a run midway); default: this one",
+    )
+    parser.add_argument("--max_runs", type=int, default=None, help="stop after training this many runs")
+    args = parser.parse_args(argv)
+
+    todo, seen = [], set()
+    for path in args.grid:
+        for flags in load_grid(path):
+            name = run_id(flags)
+            if name not in seen:
+                seen.add(name)
+                todo.append((name, flags))
+    todo.sort(key=lambda item: item[1]["seed"])  # stable: every grid's first seed first
+    RUNS.mkdir(parents=True, exist_ok=True)
+    done = [name for name, _ in todo if (RUNS / name / "results.json").exists()]
+    print(f"[run.py] {len(todo)} runs, {len(done)} done, {len(todo) - len(done)} to train", flush=True)
+    if args.dry_run:
+        for name, flags in todo:
+            state = "done" if name in done else ("started" if (RUNS / name).exists() else "todo")
+            print(f"{state:8s} {flags['grid']:12s} {name}")
+        return 0
+    (RUNS / "driver.pid").write_text(f"{os.getpgrp()}\n")
+    trained = 0
+    for name, flags in todo:
+        run_dir = RUNS / name
+        if (run_dir / "results.json").exists():
+            continue
+        if args.max_runs is not None and trained >= args.max_runs:
+            break
+        run_dir.mkdir(exist_ok=True)
+        command = _command(flags, run_dir, args.data_dir, args.code_dir.resolve())
+        print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
+        with open(run_dir / "train.log", "a") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            env = {**os.environ, "PYTHONPATH": str(args.code_dir.resolve())}
+            code = subprocess.call(command, cwd=args.code_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+        trained += 1
+        if code != 0:
+            print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
+            continue
+        if args.commit:
+            _commit(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
