@@ -5,6 +5,7 @@ Public API (everything else is private):
 * ``profile(model)``: per-layer parameters, MACs and channel-coupling groups.
 * ``solve_densities`` / ``solve_widths``: the SynExp convex programs.
 * ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig.
+* ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
 * ``register_handler``: teach the graph walker a custom layer.
 * Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
   ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies).
@@ -27,6 +28,11 @@ from keras_precrop import data, models, pai, train  # noqa: E402
 from keras_precrop.costs import ModelProfile, profile  # noqa: E402
 from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
 from keras_precrop.handlers import Handler, register_handler  # noqa: E402
+from keras_precrop.latency import (  # noqa: E402
+    LatencyModel,
+    LatencyModelMismatchError,
+    latency_model,
+)
 from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
 from keras_precrop.plan import (  # noqa: E402
     Plan,
@@ -50,6 +56,8 @@ __all__ = [
     "ChannelSlice",
     "Handler",
     "InfeasibleBudgetError",
+    "LatencyModel",
+    "LatencyModelMismatchError",
     "ModelProfile",
     "Plan",
     "PlanMismatchError",
@@ -60,6 +68,7 @@ __all__ = [
     "WidthProblem",
     "apply_plan",
     "data",
+    "latency_model",
     "models",
     "pai",
     "plan",

@@ -6,6 +6,8 @@ Examples::
     keras-precrop precrop resnet20 --params 0.3 --out small.keras
     keras-precrop reconfigure efficientnet_b0 --params 0.8 --flops 1.0 --plan plan.json
     keras-precrop precrop model.keras --apply plan.json --out small.keras
+    keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
+    keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
 """
 
 from __future__ import annotations
@@ -34,7 +36,21 @@ def _parser():
         p.add_argument("--residual", choices=("prefix", "tie"), default="prefix",
                        help="residual-stream semantics (default: prefix)")
 
+    def timing_args(p):
+        p.add_argument("--batch_size", type=int, default=32,
+                       help="examples per timed call (default 32)")
+        p.add_argument("--runtime", choices=("tf", "tflite"), default="tf",
+                       help="time TensorFlow (default) or the TFLite interpreter")
+        p.add_argument("--training", action="store_true",
+                       help="time a training step instead of inference")
+        p.add_argument("--variants", type=int, default=20, help="models timed (default 20)")
+        p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+
     sub.add_parser("list", help="list the zoo's model names")
+    p = sub.add_parser("latency", help="time width variants of a model and fit a latency model")
+    model_args(p)
+    timing_args(p)
+    p.add_argument("--json", help="write the latency model as JSON here")
     p = sub.add_parser("profile", help="print per-layer params, MACs and channel groups")
     model_args(p)
     p.add_argument("--json", help="also write the profile as JSON to this file")
@@ -46,6 +62,11 @@ def _parser():
         p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
         p.add_argument("--max_params", type=float, help="absolute parameter budget")
         p.add_argument("--max_macs", type=float, help="absolute MAC budget")
+        p.add_argument("--latency", type=float,
+                       help="time budget, ratio of the original's predicted time")
+        p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
+                       "without it one is measured now with the timing flags below")
+        timing_args(p)
         p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
                        help="width translation (default: exact for precrop, "
                        "layerwise for reconfigure)")
@@ -84,6 +105,12 @@ def _ignore(args):
     return [n for n in args.ignore.split(",") if n]
 
 
+def _timing(args):
+    """Options of ``kp.latency_model`` from the timing flags."""
+    return {"batch_size": args.batch_size, "runtime": args.runtime, "training": args.training,
+            "variants": args.variants, "rounds": args.rounds}
+
+
 def _run(args):
     import keras_precrop as kp
 
@@ -91,6 +118,14 @@ def _run(args):
         print("\n".join(kp.models.list()))
         return
     model = _load_model(args)
+    if args.command == "latency":
+        fitted = kp.latency_model(model, **_timing(args), ignore=_ignore(args),
+                                  residual=args.residual)
+        fitted.summary()
+        if args.json:
+            fitted.to_json(args.json)
+            print(f"Latency model written to {args.json}")
+        return
     if args.command == "profile":
         prof = kp.profile(model, ignore=_ignore(args), residual=args.residual)
         prof.summary()
@@ -106,7 +141,8 @@ def _run(args):
             max_macs=args.max_macs, round_to=args.round_to,
             mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
-            upper=1.0 if args.command == "precrop" else None,
+            upper=1.0 if args.command == "precrop" else None, latency=args.latency,
+            latency_model=args.latency_model or (_timing(args) if args.latency else None),
         )
     the_plan.summary(only_changed=not args.all_layers)
     if args.plan:

@@ -9,6 +9,7 @@ prediction of the rebuilt model).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -34,10 +35,33 @@ class LayerCost:
     prunable: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class CostRow:
+    """One more budget row over a :class:`CostModel`'s width variables.
+
+    ``value(w) = sum_t coef[t] * r(w)[a[t]] * r(w)[b[t]]``: the same bilinear
+    form as params and MACs (index ``V`` is a factor of one, so a term may be
+    linear or constant), where ``r`` rounds the widths of free variables up
+    to multiples of ``block`` (hardware that computes in blocks of channels,
+    e.g. 16 for oneDNN's AVX-512 kernels). The continuous width program sees
+    the unrounded form. A predicted latency is such a row (see
+    ``keras_precrop.latency``).
+    """
+
+    name: str
+    coef: np.ndarray   # (T,) cost of a term per unit of w_a * w_b
+    a: np.ndarray      # (T,) int variable index, V for a factor of one
+    b: np.ndarray      # (T,) int variable index, V for a factor of one
+    layer: np.ndarray  # (T,) int index of the layer the term belongs to
+    block: int = 1
+
+
 class CostModel:
     """``const + sum_t coef_t * w[a_t] * w[b_t]`` for params and MACs.
 
     Index ``V`` (one past the last variable) stands for a factor of one.
+    :meth:`with_rows` adds further budget rows (:class:`CostRow`), whose
+    values follow params and MACs in :meth:`totals` and :meth:`per_layer`.
     """
 
     def __init__(self, graph: _graph.ModelGraph):
@@ -70,6 +94,26 @@ class CostModel:
         self.bound = np.array(
             [-1 if v.bound is None else v.bound for v in self.variables], dtype=np.int64
         )
+        self.rows = ()
+
+    def with_rows(self, rows):
+        """A copy of this cost model with extra budget rows (:class:`CostRow`)."""
+        new = copy.copy(self)
+        new.rows = tuple(rows)
+        return new
+
+    @property
+    def row_names(self):
+        """Names of the columns of :meth:`totals`: params, MACs, then the extra rows."""
+        return ("params", "macs", *(row.name for row in self.rows))
+
+    def _row_factors(self, row, widths):
+        """``r(w)_a * r(w)_b`` of every term of an extra row (free widths rounded up)."""
+        w = np.asarray(widths, dtype=np.float64)
+        if row.block > 1:
+            w = np.where(self.fixed, w, np.ceil(w / row.block - 1e-9) * row.block)
+        w = np.concatenate([w, np.ones(w.shape[:-1] + (1,))], axis=-1)
+        return w[..., row.a] * w[..., row.b]
 
     def _factors(self, widths):
         """``w_a * w_b`` of every term, for widths of shape (..., V)."""
@@ -78,16 +122,20 @@ class CostModel:
         return w[..., self.a] * w[..., self.b]
 
     def totals(self, widths):
-        """(params, MACs) at the given widths (one per variable).
+        """(params, MACs, extra rows...) at the given widths (one per variable).
 
-        ``widths`` may also be a (n, V) batch; the result is then (n, 2).
+        ``widths`` may also be a (n, V) batch; the result is then (n, 2 + rows).
         """
-        return self._factors(widths) @ self.coef
+        out = self._factors(widths) @ self.coef
+        extra = [self._row_factors(row, widths) @ row.coef for row in self.rows]
+        return np.concatenate([out, np.stack(extra, axis=-1)], axis=-1) if extra else out
 
     def per_layer(self, widths):
-        """(L, 2) params and MACs of every layer at the given widths."""
-        out = np.zeros((self.n_layers, 2))
-        np.add.at(out, self.layer, self.coef * self._factors(widths)[:, None])
+        """(L, 2 + rows) params, MACs and extra rows of every layer at the given widths."""
+        out = np.zeros((self.n_layers, 2 + len(self.rows)))
+        np.add.at(out[:, :2], self.layer, self.coef * self._factors(widths)[:, None])
+        for k, row in enumerate(self.rows, start=2):
+            np.add.at(out[:, k], row.layer, row.coef * self._row_factors(row, widths))
         return out
 
     def objective(self, widths):
@@ -116,8 +164,9 @@ class CostModel:
         index = np.full(len(self.widths) + 1, -1)
         index[free] = np.arange(len(free))
         c = np.append(self.widths, 1.0)
-        coef = self.coef * (c[self.a] * c[self.b])[:, None]
-        term_vars = np.stack([index[self.a], index[self.b]], axis=1)
+        a, b, coef = self._all_terms()
+        coef = coef * (c[a] * c[b])[:, None]
+        term_vars = np.stack([index[a], index[b]], axis=1)
         const_rows = np.all(term_vars < 0, axis=1)
         keep = np.isin(self.obj_var, free)
         log_upper = np.full(len(free), np.inf if upper is None else math.log(upper))
@@ -143,8 +192,23 @@ class CostModel:
             obj_weight=self.obj_weight[keep],
             leq=np.asarray(leq, dtype=np.int64).reshape(-1, 2),
             lower=lower,
+            rows=("params", "flops", *(row.name for row in self.rows)),
         )
         return problem, log_upper
+
+    def _all_terms(self):
+        """``(a, b, coef)`` of params/MACs terms and extra rows' terms, one column per row."""
+        if not self.rows:
+            return self.a, self.b, self.coef
+        k = 2 + len(self.rows)
+        blocks = [np.pad(self.coef, ((0, 0), (0, k - 2)))]
+        for j, row in enumerate(self.rows, start=2):
+            block = np.zeros((len(row.coef), k))
+            block[:, j] = row.coef
+            blocks.append(block)
+        return (np.concatenate([self.a, *(row.a for row in self.rows)]),
+                np.concatenate([self.b, *(row.b for row in self.rows)]),
+                np.concatenate(blocks))
 
     def layer_densities(self, widths):
         """Per-layer kernel density implied by the widths (product of ratios)."""

@@ -33,12 +33,14 @@ own method; ``precrop`` (widths capped at the original) defaults to
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
 import numpy as np
 
 from keras_precrop import costs as _costs
+from keras_precrop import latency as _latency
 from keras_precrop import solver as _solver
 from keras_precrop.graph import walk
 from keras_precrop.rebuild import rebuild
@@ -63,6 +65,10 @@ class Plan:
         predicted: ``{"params", "macs"}`` of the rebuilt model (exact integers).
         budgets: absolute ``{"params", "macs"}`` targets (``None`` if unset).
         solver: diagnostics (objective, continuous optimum, deviation, ...).
+
+    With a latency model, ``original``, ``predicted`` and ``budgets`` also
+    hold ``"latency"`` (seconds per batch, as the latency model predicts) and
+    ``solver["latency_model"]`` says what was timed.
     """
 
     model_name: str
@@ -85,6 +91,11 @@ class Plan:
     def macs(self):
         """MACs per example of the rebuilt model."""
         return self.predicted["macs"]
+
+    @property
+    def latency(self):
+        """Predicted seconds per batch of the rebuilt model (None without a latency model)."""
+        return self.predicted.get("latency")
 
     @property
     def widths(self):
@@ -137,17 +148,28 @@ class Plan:
         print_fn(f'Plan ({self.mode}, residual={self.residual}): "{self.model_name}"')
         for line in _costs._table(rows):
             print_fn(line)
-        for key, label in (("params", "Params"), ("macs", "MACs")):
+        totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]
+        if "latency" in self.predicted:
+            timed = self.solver["latency_model"]
+            what = "training step" if timed["training"] else "inference"
+            totals.append(("latency", f"Latency ({what}, {timed['runtime']}, batch "
+                           f"{timed['batch_size']}, predicted; ms)", "{:,.3f}"))
+        for key, label, fmt in totals:
+            scale = 1e3 if key == "latency" else 1
             before, after = self.original[key], self.predicted[key]
-            budget = self.budgets[key]
-            text = f"{label}: {before:,} -> {after:,} ({after / before:.1%})"
+            budget = self.budgets.get(key)
+            text = (f"{label}: {fmt.format(before * scale)} -> {fmt.format(after * scale)} "
+                    f"({after / before:.1%})")
             if budget is not None:
-                text += f"   budget {budget:,.0f} ({budget / before:.1%})"
+                text += f"   budget {fmt.format(budget * scale)} ({budget / before:.1%})"
             print_fn(text)
 
 
-def _resolve_budget(name, ratio, absolute, original):
-    """Absolute (integer) budget from a ratio of the original or an absolute value."""
+def _resolve_budget(name, ratio, absolute, original, integer=True):
+    """Absolute budget from a ratio of the original or an absolute value.
+
+    ``integer`` budgets (params, MACs) are rounded down to whole numbers.
+    """
     if ratio is not None and absolute is not None:
         raise ValueError(f"Give either {name} (a ratio) or max_{name} (absolute), not both.")
     value = ratio if ratio is not None else absolute
@@ -158,13 +180,15 @@ def _resolve_budget(name, ratio, absolute, original):
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} budget must be a positive finite number, got {value!r}")
     budget = float(value) * original if ratio is not None else float(value)
+    if not integer:
+        return budget
     # Params and MACs are integers: round away float noise (0.9999999999999999 * 393).
     return float(math.floor(budget * (1 + 1e-12)))
 
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="exact", upper=1.0, round_to=1, min_channels=1, ignore=(),
-         residual="prefix"):
+         residual="prefix", latency=None, latency_model=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -183,6 +207,13 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         min_channels: no group is narrower than this.
         ignore: layer names whose channels stay fixed.
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
+        latency: time budget as a ratio of the original model's time as
+            ``latency_model`` predicts it (e.g. 0.5).
+        latency_model: a :class:`~keras_precrop.latency.LatencyModel` fitted
+            on this model (or a path to its JSON, or a dict of
+            :func:`~keras_precrop.latency_model` options); None with
+            ``latency`` set measures one now (about a minute). Given without
+            ``latency``, the plan only reports the predicted time.
 
     Returns:
         A :class:`Plan`.
@@ -194,14 +225,23 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if upper is not None and (not math.isfinite(upper) or upper <= 0):
         raise ValueError(f"upper must be a positive ratio or None, got {upper!r}")
+    latency_ratio = _resolve_budget("latency", latency, None, 1.0, integer=False)
     prof = _costs.profile(model, ignore=ignore, residual=residual)
     budgets = np.array([
         np.inf if b is None else b for b in (
             _resolve_budget("params", params, max_params, prof.total_params),
             _resolve_budget("macs", flops, max_macs, prof.total_macs))])
-    if np.all(np.isinf(budgets)):
-        raise ValueError("Give at least one budget: params=, flops=, max_params= or max_macs=.")
+    if np.all(np.isinf(budgets)) and latency_ratio is None:
+        raise ValueError("Give at least one budget: params=, flops=, latency=, max_params= or "
+                         "max_macs=.")
     cm = prof.cost
+    timed = {}
+    if latency_ratio is not None or latency_model is not None:
+        lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore))
+        cm = cm.with_rows([lm.cost_row(prof.graph)])
+        budgets = np.append(budgets, np.inf if latency_ratio is None
+                            else latency_ratio * cm.totals(cm.widths)[2])
+        timed = {"latency_model": lm.describe()}
     grid = _Grid(cm, round_to, min_channels, upper)
     if cm.fixed.all():
         if np.any(cm.totals(cm.widths) > budgets):
@@ -212,7 +252,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         widths, info = cm.widths.copy(), {"note": "nothing prunable"}
     else:
         widths, info = _MODES[mode](prof, grid, budgets, upper)
-    return _make_plan(prof, widths, budgets, mode, residual, list(ignore), info)
+    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
 
 
 class _Grid:
@@ -309,12 +349,11 @@ def _repair(grid, w, budgets):
 
 def _exact(prof, grid, budgets, upper):
     """Width program, then integer rounding and greedy repair."""
-    cm = prof.cost
+    cm = grid.cm
     problem, bounds = cm.width_problem(grid.lo, upper)
     res = _solver.solve_widths(
         problem,
-        params_budget=_optional(budgets[0]),
-        flops_budget=_optional(budgets[1]),
+        budgets=dict(zip(problem.rows, map(_optional, budgets))),
         upper=bounds,
     )
     widths = cm.widths.copy()
@@ -322,8 +361,8 @@ def _exact(prof, grid, budgets, upper):
     w, steps = _repair(grid, grid.round(widths), budgets)
     info = {
         "objective_continuous": float(res.objective),
-        "params_continuous": float(res.params),
-        "macs_continuous": float(res.flops),
+        **{f"{name}_continuous": res.costs[row]
+           for name, row in zip(cm.row_names, problem.rows)},
         "success": bool(res.success),
         "repair_steps": int(steps),
     }
@@ -334,20 +373,20 @@ class _LayerwiseRule:
     """The paper's translation: per-layer densities, then sqrt(p) widths.
 
     Layer densities solve the density program with each layer's own params
-    and MACs as alpha/beta (layers without kernels, e.g. BN, are charged at
-    their original cost). A group takes ``sqrt(p) * C`` channels from the
-    density of the layer that produces it (a residual reader's view from
-    the reader's density).
+    and MACs as alpha/beta (and its predicted time for a latency row; layers
+    without kernels, e.g. BN, are charged at their original cost). A group
+    takes ``sqrt(p) * C`` channels from the density of the layer that
+    produces it (a residual reader's view from the reader's density).
     """
 
-    def __init__(self, prof, upper):
-        cm = prof.cost
+    def __init__(self, prof, cm, upper):
         graph = prof.graph
         self.cm, self.upper = cm, upper
         per_layer = cm.per_layer(cm.widths)
         self.layers = np.unique(cm.obj_layer[np.isin(cm.obj_var, np.flatnonzero(~cm.fixed))])
-        self.alpha, self.beta = per_layer[self.layers, 0], per_layer[self.layers, 1]
-        self.rest = per_layer.sum(axis=0) - np.array([self.alpha.sum(), self.beta.sum()])
+        self.costs = per_layer[self.layers]  # (layers, rows): params, MACs, extra rows
+        self.alpha, self.beta = self.costs[:, 0], self.costs[:, 1]
+        self.rest = per_layer.sum(axis=0) - self.costs.sum(axis=0)
         self.names = [graph.layers[i].path for i in self.layers]
         structure, ctx = graph.structure, graph.ctx
         position = {layer: k for k, layer in enumerate(self.layers.tolist())}
@@ -377,6 +416,8 @@ class _LayerwiseRule:
             params_budget=_optional(effective[0]),
             flops_budget=_optional(effective[1]),
             upper=self.upper,
+            rows={name: (self.costs[:, k], _optional(effective[k]))
+                  for k, name in enumerate(self.cm.row_names[2:], start=2)},
         )
 
     def widths(self, p):
@@ -388,17 +429,17 @@ class _LayerwiseRule:
 
 def _paper(prof, grid, budgets, upper):
     """The paper's rule as published: floor(sqrt(p) * C); deviation reported."""
-    rule = _LayerwiseRule(prof, upper)
+    rule = _LayerwiseRule(prof, grid.cm, upper)
     res = rule.densities(budgets)
     step = np.where(grid.step > 0, grid.step, 1)
     widths = np.floor(rule.widths(res.densities) / step) * step
     widths = grid.enforce(np.clip(widths, grid.lo, grid.hi))
-    achieved = prof.cost.totals(widths)
+    achieved = grid.cm.totals(widths)
     info = {
         "layer_densities_solved": dict(zip(rule.names, map(float, res.densities))),
         "deviation": {
             key: None if np.isinf(b) else float(a / b - 1)
-            for key, a, b in zip(("params", "macs"), achieved, budgets)
+            for key, a, b in zip(grid.cm.row_names, achieved, budgets)
         },
         "success": bool(res.success),
     }
@@ -409,44 +450,43 @@ def _layerwise(prof, grid, budgets, upper):
     """The paper's rule, calibrated to meet the budgets exactly.
 
     The density program's KKT solution has the form
-    ``p_l = min(1 / (mu1 * alpha_l + mu2 * beta_l), upper)``. Its linear cost
-    estimate differs from the realized cost of sqrt(p) widths, so the
-    multipliers are chosen against the *realized* cost instead: along each
-    direction ``(mu1, mu2) = m * (cos t, sin t)`` bisection on ``m`` meets the
-    binding budget, and with two budgets the direction ``t`` (searched on a
-    grid) that maximizes the SynExp objective wins. Widths are then rounded
-    and repaired like exact mode.
+    ``p_l = min(1 / sum_k mu_k cost_lk, upper)`` (params, MACs and any
+    latency row). Its linear cost estimate differs from the realized cost of
+    sqrt(p) widths, so the multipliers are chosen against the *realized*
+    cost instead: along each direction ``mu = m * d`` bisection on ``m``
+    meets the binding budget, and with several budgets the direction ``d``
+    (searched on a grid of angles, each budget's price in units of the
+    budget) that maximizes the SynExp objective wins. Widths are then
+    rounded and repaired like exact mode.
     """
-    rule = _LayerwiseRule(prof, upper)
-    cm = prof.cost
+    cm = grid.cm
+    rule = _LayerwiseRule(prof, cm, upper)
     finite = ~np.isinf(budgets)
     cap = np.inf if upper is None else upper
 
-    def densities(log_m, angle):
-        price = math.cos(angle) * rule.alpha + math.sin(angle) * rule.beta
+    def densities(log_m, direction):
+        price = rule.costs @ direction
         with np.errstate(divide="ignore"):
             return np.clip(np.exp(-log_m) / price, 1e-12, cap)
 
-    def ratios(log_m, angle):
-        return cm.totals(rule.widths(densities(log_m, angle))) / budgets
+    def ratios(log_m, direction):
+        return cm.totals(rule.widths(densities(log_m, direction))) / budgets
 
-    def scale(angle):
+    def scale(direction):
         lo, hi = -80.0, 80.0  # log multiplier: small m = dense, large = sparse
         for _ in range(60):
             mid = 0.5 * (lo + hi)
-            if np.max(ratios(mid, angle)[finite]) > 1:
+            if np.max(ratios(mid, direction)[finite]) > 1:
                 lo = mid
             else:
                 hi = mid
         return hi
 
-    if finite.all():  # both budgets: the direction with the best proxy
-        angles = np.linspace(0.0, math.pi / 2, 33)
-        scores = [cm.objective(rule.widths(densities(scale(t), t))) for t in angles]
-        angle = float(angles[int(np.argmax(scores))])
-    else:
-        angle = 0.0 if finite[0] else math.pi / 2
-    p = densities(scale(angle), angle)
+    directions = _directions(budgets)
+    scores = [cm.objective(rule.widths(densities(scale(d), d))) for d in directions] \
+        if len(directions) > 1 else [0.0]
+    direction = directions[int(np.argmax(scores))]
+    p = densities(scale(direction), direction)
     w, steps = _repair(grid, grid.round(rule.widths(p)), budgets)
     info = {
         "layer_densities_solved": dict(zip(rule.names, map(float, p))),
@@ -455,11 +495,30 @@ def _layerwise(prof, grid, budgets, upper):
     return w, info
 
 
+def _directions(budgets):
+    """Price directions for the layerwise rule: a grid on the positive unit sphere.
+
+    One direction per angle (33 per angle for two finite budgets, 9 x 9 for
+    three), each budget's component divided by the budget so the grid is
+    even whatever the units; unset budgets get 0.
+    """
+    finite = np.flatnonzero(~np.isinf(budgets))
+    k = len(finite)
+    steps = {1: 1, 2: 33}.get(k, 9)
+    out = []
+    for angles in itertools.product(np.linspace(0.0, math.pi / 2, steps), repeat=k - 1):
+        sines = np.concatenate([[1.0], np.cumprod(np.sin(angles))])
+        unit = sines * np.append(np.cos(angles), 1.0)
+        d = np.zeros(len(budgets))
+        d[finite] = unit / budgets[finite]
+        out.append(d)
+    return out
+
+
 _MODES = {"exact": _exact, "layerwise": _layerwise, "paper": _paper}
 
 
-def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
-    cm = prof.cost
+def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
     widths = np.asarray(widths, dtype=np.float64)
     before = cm.per_layer(cm.widths)
     after = cm.per_layer(widths)
@@ -481,15 +540,18 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
         })
     total = cm.totals(widths)
     info = dict(info, objective=float(cm.objective(widths)))
+    extra = cm.row_names[2:]  # e.g. latency: seconds, not counts
     return Plan(
         model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,
         groups=[{"name": v.name, "kind": v.kind, "width": int(v.width),
                  "new": int(widths[i]), "fixed": bool(v.fixed)}
                 for i, v in enumerate(cm.variables)],
         layers=layers,
-        original={"params": prof.total_params, "macs": prof.total_macs},
-        predicted={"params": int(round(total[0])), "macs": int(round(total[1]))},
-        budgets={k: None if np.isinf(b) else float(b) for k, b in zip(("params", "macs"), budgets)},
+        original={"params": prof.total_params, "macs": prof.total_macs,
+                  **dict(zip(extra, map(float, cm.totals(cm.widths)[2:])))},
+        predicted={"params": int(round(total[0])), "macs": int(round(total[1])),
+                   **dict(zip(extra, map(float, total[2:])))},
+        budgets={k: None if np.isinf(b) else float(b) for k, b in zip(cm.row_names, budgets)},
         solver=info,
     )
 
@@ -525,8 +587,10 @@ def precrop(model, params=None, flops=None, **options):
         model: functional or Sequential Keras model with a defined input shape.
         params: parameter budget as a ratio of the original (e.g. 0.5).
         flops: FLOP budget as a ratio of the original.
-        **options: see :func:`plan` (``max_params``, ``max_macs``, ``mode``,
-            ``round_to``, ``min_channels``, ``ignore``, ``residual``).
+        **options: see :func:`plan` (``latency``, ``latency_model``,
+            ``max_params``, ``max_macs``, ``mode``, ``round_to``,
+            ``min_channels``, ``ignore``, ``residual``); e.g.
+            ``precrop(model, latency=0.5)`` halves the predicted time.
 
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
@@ -543,7 +607,10 @@ def reconfigure(model, params=None, flops=None, **options):
 
     Same arguments as :func:`precrop`, with no cap on widths by default
     (``upper=None``) and ``mode="layerwise"`` (see the module docstring for
-    why); e.g. ``reconfigure(model, params=0.8, flops=1.0)``.
+    why); e.g. ``reconfigure(model, params=0.8, flops=1.0)`` or
+    ``reconfigure(model, params=0.8, latency=1.0)``. A latency model is
+    fitted on narrower copies of the model, so widths beyond the original
+    are extrapolated.
     """
     options.setdefault("upper", None)
     options.setdefault("mode", "layerwise")

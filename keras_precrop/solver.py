@@ -11,6 +11,11 @@ Two convex programs from the paper (Sec. 3.3, Appendix A):
   ratios of a whole network (:class:`WidthProblem`); a convex geometric
   program solved with SLSQP in log space.
 
+Besides params and FLOPs, both take further budget rows of the same form
+(e.g. a predicted latency, linear in densities or bilinear in widths):
+``rows=`` for densities, extra ``WidthProblem.rows`` columns and
+``budgets=`` for widths.
+
 Only numpy and scipy are imported so that this module loads fast.
 """
 
@@ -28,6 +33,7 @@ _ACTIVE_RTOL = 1e-6  # a budget is "active" when the cost is within this of it
 _FEASIBLE_RTOL = 1e-12  # roundoff allowed when comparing a cost with a budget
 _KKT_TOL = 1e-5  # solve_widths succeeds when its KKT residual is at most this
 _BUDGET_NAMES = ("params", "flops")
+_UNITS = {"params": "params", "flops": "MACs"}  # what a row's cost counts, for messages
 _MAX_LOG_GROWTH = 64.0  # search limit for uncapped log ratios (e^64 ~ 6e27)
 
 
@@ -141,7 +147,7 @@ def _check_bounds_order(lower, upper, names):
 
 
 def solve_densities(alpha, beta=None, *, params_budget=None, flops_budget=None,
-                    upper=1.0, lower=None, method="auto"):
+                    upper=1.0, lower=None, method="auto", rows=None):
     """Layer densities that maximize the SynExp objective under budgets.
 
     Solves ``max sum_l log p_l`` s.t. ``sum_l alpha_l p_l <= params_budget``,
@@ -164,23 +170,28 @@ def solve_densities(alpha, beta=None, *, params_budget=None, flops_budget=None,
             ``log p`` finite and never binds for sane budgets.
         method: "kkt" (exact closed form / root find), "slsqp"
             (``scipy.optimize.minimize``; an independent check, slower) or
-            "auto" (the fastest exact one, "kkt").
+            "auto" ("kkt" for up to two budgets, else "slsqp").
+        rows: further budgets, ``{name: (cost per layer (N,), budget)}``
+            (e.g. ``{"latency": (seconds per layer, seconds)}``); a budget
+            of None leaves the row unconstrained (only reported).
 
     Returns:
         SolveResult with ``densities``, ``objective`` (sum log p), ``params``,
-        ``flops`` (None without beta), ``active`` (dict: does each budget hold
+        ``flops`` (None without beta), ``costs`` (dict: cost of every row,
+        ``rows`` included), ``active`` (dict: does each budget hold
         with equality, to 1e-6 relative), ``multipliers`` (dict with mu1, mu2,
         the Lagrange multipliers of the params / flops budgets in
-        ``1 / p_l = mu1 alpha_l + mu2 beta_l``; 0 for an absent or slack
-        budget), ``success``, ``message``, ``method``, ``nit`` and
+        ``1 / p_l = mu1 alpha_l + mu2 beta_l``, and one per row; 0 for an
+        absent or slack budget), ``success``, ``message``, ``method``, ``nit`` and
         ``kkt_residual`` (largest relative violation of stationarity,
         complementary slackness and primal/dual feasibility).
 
     Raises:
         ValueError: NaN/inf, negative costs, mismatched lengths, empty input,
-            no budget, a budget <= 0, lower > upper, an unknown method, or a
-            layer that costs nothing under the given budgets while
-            ``upper`` is None (its density would be unbounded).
+            no budget, a budget <= 0, lower > upper, an unknown method, "kkt"
+            with more than two budgets, or a layer that costs nothing under
+            the given budgets while ``upper`` is None (its density would be
+            unbounded).
         InfeasibleBudgetError: a budget below ``sum(cost * lower)``.
     """
     alpha = _vector("alpha", alpha)
@@ -191,10 +202,18 @@ def solve_densities(alpha, beta=None, *, params_budget=None, flops_budget=None,
         _check_nonnegative("beta", beta)
     params_budget = _budget("params_budget", params_budget)
     flops_budget = _budget("flops_budget", flops_budget)
-    if params_budget is None and flops_budget is None:
-        raise ValueError("solve_densities needs params_budget and/or flops_budget")
     if flops_budget is not None and beta is None:
         raise ValueError("flops_budget was given without beta (per-layer FLOPs/MACs)")
+    named = [("params", alpha, params_budget), ("flops", beta, flops_budget)]
+    for name, (coef, budget) in (rows or {}).items():
+        if name in _BUDGET_NAMES:
+            raise ValueError(f"rows[{name!r}]: give the {name} budget as {name}_budget")
+        coef = _vector(f"rows[{name!r}]", coef, n)
+        _check_nonnegative(f"rows[{name!r}]", coef)
+        named.append((name, coef, _budget(f"rows[{name!r}] budget", budget)))
+    if all(b is None for _, _, b in named):
+        raise ValueError(
+            "solve_densities needs params_budget and/or flops_budget (or a rows budget)")
     if method not in ("auto", "kkt", "slsqp"):
         raise ValueError(f"method={method!r} is unknown; use 'auto', 'kkt' or 'slsqp'")
 
@@ -209,14 +228,17 @@ def solve_densities(alpha, beta=None, *, params_budget=None, flops_budget=None,
         raise ValueError(f"upper[{i}] = {hi[i]} must be > 0")
     _check_bounds_order(lo, hi, layer)
 
-    pairs = ((alpha, params_budget), (beta, flops_budget))
-    given = [(k, coef, b) for k, (coef, b) in enumerate(pairs) if b is not None]
-    for k, coef, b in given:
+    given = [(name, coef, b) for name, coef, b in named if b is not None]
+    if method == "kkt" and len(given) > 2:
+        raise ValueError(f"method='kkt' solves up to two budgets, got {len(given)}; "
+                         "use 'slsqp' or 'auto'")
+    for name, coef, b in given:
         minimum = float(coef @ lo)
         if b < minimum * (1 - _FEASIBLE_RTOL):
+            label = f"{name}_budget" if name in _BUDGET_NAMES else f"rows[{name!r}] budget"
             raise InfeasibleBudgetError(
-                f"{_BUDGET_NAMES[k]}_budget = {b:.6g} is infeasible: the minimum feasible "
-                f"{_BUDGET_NAMES[k]} is {minimum:.6g} (every density at its lower bound)")
+                f"{label} = {b:.6g} is infeasible: the minimum feasible "
+                f"{name} is {minimum:.6g} (every density at its lower bound)")
     rows = np.stack([coef / b for _, coef, b in given])  # normalized: budgets are 1
     free = ~rows.any(axis=0)
     if np.isinf(hi[free]).any():
@@ -224,23 +246,26 @@ def solve_densities(alpha, beta=None, *, params_budget=None, flops_budget=None,
         raise ValueError(f"layer {i} costs nothing under the given budgets and upper is None, "
                          "so its density is unbounded; give it a finite upper bound")
 
-    if method == "slsqp":
+    if method == "slsqp" or len(given) > 2:
+        method = "slsqp"
         p, nu, nit, success, message = _densities_slsqp(rows, lo, hi)
     else:
         method = "kkt"
         p, nu, nit = _densities_kkt(rows, lo, hi)
         success, message = True, "KKT conditions solved exactly"
 
-    multipliers = {name: 0.0 for name in _BUDGET_NAMES}
-    active = {name: False for name in _BUDGET_NAMES}
-    for (k, coef, b), nu_k in zip(given, nu):
-        multipliers[_BUDGET_NAMES[k]] = float(nu_k) / b
-        active[_BUDGET_NAMES[k]] = bool(coef @ p >= b * (1 - _ACTIVE_RTOL))
+    multipliers = {name: 0.0 for name, _, _ in named}
+    active = {name: False for name, _, _ in named}
+    for (name, coef, b), nu_k in zip(given, nu):
+        multipliers[name] = float(nu_k) / b
+        active[name] = bool(coef @ p >= b * (1 - _ACTIVE_RTOL))
+    costs = {name: float(coef @ p) for name, coef, _ in named if coef is not None}
     return SolveResult(
         densities=p,
         objective=float(np.sum(np.log(p))),
-        params=float(alpha @ p),
-        flops=None if beta is None else float(beta @ p),
+        params=costs["params"],
+        flops=costs.get("flops"),
+        costs=costs,
         active=active,
         multipliers=multipliers,
         success=success,
@@ -427,8 +452,9 @@ class WidthProblem:
 
         cost[k] = const[k] + sum_t term_coef[t, k] * r[term_vars[t, 0]] * r[term_vars[t, 1]]
 
-    with ``k = 0`` params and ``k = 1`` MACs, so ``cost(0)`` are the original
-    totals. The objective ``sum_k obj_weight[k] * x[obj_var[k]]`` is the SynExp
+    with one column ``k`` per budget row named in ``rows``: by default
+    ``k = 0`` params and ``k = 1`` MACs; more rows (e.g. ``"latency"``) add
+    columns. ``cost(0)`` are the original totals. The objective ``sum_k obj_weight[k] * x[obj_var[k]]`` is the SynExp
     ``sum_l log p_l`` up to a constant (a layer's density is the product of
     its input and output ratios). Arrays are converted and checked on
     construction.
@@ -436,13 +462,14 @@ class WidthProblem:
 
     names: list[str]          # (V,) a readable name per variable (a channel group or a residual view)
     widths: np.ndarray        # (V,) original channel counts C_v (float > 0)
-    term_coef: np.ndarray     # (T, 2) cost of each bilinear term at the ORIGINAL widths: column 0 params, column 1 MACs
+    term_coef: np.ndarray     # (T, R) cost of each bilinear term at the ORIGINAL widths, one column per row (params, MACs, ...)
     term_vars: np.ndarray     # (T, 2) int: the (at most two) variables whose ratios multiply the term; -1 = no factor
-    const: np.ndarray         # (2,) params and MACs that do not depend on any variable
+    const: np.ndarray         # (R,) cost of each row that does not depend on any variable
     obj_var: np.ndarray       # (K,) int: objective = sum_k obj_weight[k] * x[obj_var[k]]
     obj_weight: np.ndarray    # (K,) float > 0
     leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual view is never wider than its stream)
     lower: np.ndarray         # (V,) lower bounds on x (log ratio), e.g. log(min_channels / C_v)
+    rows: tuple = _BUDGET_NAMES  # (R,) names of the cost columns, the budgets' names in solve_widths
 
     def __post_init__(self):
         self.names = [str(name) for name in self.names]
@@ -454,12 +481,16 @@ class WidthProblem:
             i = int(np.argmax(self.widths <= 0))
             raise ValueError(f"WidthProblem.widths[{i}] ({self.names[i]!r}) = {self.widths[i]} "
                              "must be > 0")
-        self.term_coef = self._array("term_coef", self.term_coef, np.float64, (-1, 2))
+        self.rows = tuple(str(row) for row in self.rows)
+        if not self.rows or len(set(self.rows)) != len(self.rows):
+            raise ValueError(f"WidthProblem.rows must be distinct names, got {self.rows}")
+        r = len(self.rows)
+        self.term_coef = self._array("term_coef", self.term_coef, np.float64, (-1, r))
         _check_nonnegative("WidthProblem.term_coef", self.term_coef)
         t = len(self.term_coef)
         self.term_vars = self._array("term_vars", self.term_vars, np.int64, (t, 2))
         self._check_index("term_vars", self.term_vars, allow_none=True)
-        self.const = self._array("const", self.const, np.float64, (2,))
+        self.const = self._array("const", self.const, np.float64, (r,))
         _check_nonnegative("WidthProblem.const", self.const)
         self.obj_var = self._array("obj_var", self.obj_var, np.int64, (-1,))
         self._check_index("obj_var", self.obj_var, allow_none=False)
@@ -514,27 +545,28 @@ class WidthProblem:
         return np.exp(padded[self.term_vars].sum(axis=1))
 
     def cost(self, x):
-        """(params, MACs) at log ratios ``x`` (shape (V,))."""
+        """Cost of every row (params, MACs, ...) at log ratios ``x`` (shape (V,)), a tuple."""
         total = self.const + self._term_costs(x).sum(axis=0)
-        return float(total[0]), float(total[1])
+        return tuple(map(float, total))
 
     def _term_costs(self, x):
-        """(T, 2) params and MACs of each term at log ratios ``x``."""
+        """(T, R) cost of each term in each row at log ratios ``x``."""
         return self.term_coef * self._term_values(x)[:, None]
 
     def cost_jacobian(self, x):
-        """(2, V) derivative of (params, MACs) with respect to the log ratios ``x``."""
+        """(R, V) derivative of the rows' costs with respect to the log ratios ``x``."""
         weighted = self._term_costs(x)
         v = self.num_variables
         index = np.where(self.term_vars < 0, v, self.term_vars)  # -1 -> a dropped bin
-        jac = np.empty((2, v))
-        for k in range(2):
+        jac = np.empty((len(self.rows), v))
+        for k in range(len(self.rows)):
             jac[k] = (np.bincount(index[:, 0], weighted[:, k], minlength=v + 1)
                       + np.bincount(index[:, 1], weighted[:, k], minlength=v + 1))[:v]
         return jac
 
 
-def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, method="slsqp"):
+def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, method="slsqp",
+                 budgets=None):
     """Continuous channel widths that maximize the SynExp objective under budgets.
 
     In the log ratios ``x`` the objective is linear, the budgets are sums of
@@ -555,20 +587,26 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
             variable (PreCrop), None (or +inf entries) means no cap
             (PreConfig).
         method: "slsqp" (or "auto", the same).
+        budgets: ``{row name: absolute budget or None}`` for any row of
+            ``problem.rows`` (e.g. ``{"latency": 0.01}``); ``params_budget``
+            and ``flops_budget`` are the same as ``budgets={"params": ...,
+            "flops": ...}``.
 
     Returns:
         SolveResult with ``log_ratios`` (x), ``ratios`` (exp x), ``widths``
         (continuous channel counts), ``objective``, ``params``, ``flops``
-        (MACs), ``active`` (dict: budget met with equality to 1e-6
-        relative), ``multipliers`` (SLSQP's estimates of the budgets'
-        Lagrange multipliers, objective units per param / per MAC),
+        (MACs; None for a problem without such a row), ``costs`` (dict: the
+        cost of every row), ``active`` (dict: budget met with equality to
+        1e-6 relative), ``multipliers`` (SLSQP's estimates of the budgets'
+        Lagrange multipliers, objective units per param / per MAC / ...),
         ``kkt_residual`` (largest relative violation of stationarity,
         complementary slackness and feasibility), ``success`` (the KKT
         residual is at most 1e-5; SLSQP's own verdict is in ``message``),
         ``message``, ``method`` and ``nit``.
 
     Raises:
-        ValueError: no budget, a budget <= 0, bad ``upper``, lower > upper,
+        ValueError: no budget, a budget <= 0, a budget for a row the problem
+            does not have or given twice, bad ``upper``, lower > upper,
             ``leq`` constraints that contradict the bounds, or a variable
             with positive objective weight that nothing bounds (no cap and
             no cost under the given budgets).
@@ -578,11 +616,11 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
         raise TypeError(f"problem must be a WidthProblem, got {type(problem).__name__}")
     if method not in ("auto", "slsqp"):
         raise ValueError(f"method={method!r} is unknown for solve_widths; use 'slsqp'")
-    budgets = np.array([_budget("params_budget", params_budget) or np.inf,
-                        _budget("flops_budget", flops_budget) or np.inf])
+    budgets = _row_budgets(problem.rows, budgets, params_budget, flops_budget)
     given = np.flatnonzero(np.isfinite(budgets))
     if given.size == 0:
-        raise ValueError("solve_widths needs params_budget and/or flops_budget")
+        raise ValueError(
+            "solve_widths needs params_budget and/or flops_budget (or budgets={row: value})")
     name = lambda i: repr(problem.names[i])  # noqa: E731 - names for error messages
     hi = _upper_vector(upper, problem.num_variables, name)
     _check_bounds_order(problem.lower, hi, name)
@@ -596,9 +634,10 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
     minimum = np.array(problem.cost(least))
     for k in given:
         if budgets[k] < minimum[k] * (1 - _FEASIBLE_RTOL):
+            row = problem.rows[k]
             raise InfeasibleBudgetError(
-                f"{_BUDGET_NAMES[k]}_budget = {budgets[k]:.6g} is infeasible: the minimum "
-                f"feasible {('params', 'MACs')[k]} is {minimum[k]:.6g} (every width at its "
+                f"{row}_budget = {budgets[k]:.6g} is infeasible: the minimum "
+                f"feasible {_UNITS.get(row, row)} is {minimum[k]:.6g} (every width at its "
                 "lower bound)")
     weights = problem.objective_weights
     bounded = _bounded_variables(problem, greatest, given)
@@ -629,21 +668,22 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
         success = residual <= _KKT_TOL
         message = f"{message}; KKT residual {residual:.1e}"
 
-    params, macs = problem.cost(x)
-    cost = np.array([params, macs])
-    active = {n: False for n in _BUDGET_NAMES}
-    multipliers = {n: 0.0 for n in _BUDGET_NAMES}
+    cost = np.array(problem.cost(x))
+    costs = dict(zip(problem.rows, map(float, cost)))
+    active = {n: False for n in problem.rows}
+    multipliers = {n: 0.0 for n in problem.rows}
     for k, nu_k in zip(given, nu):
-        active[_BUDGET_NAMES[k]] = bool(cost[k] >= budgets[k] * (1 - _ACTIVE_RTOL))
-        multipliers[_BUDGET_NAMES[k]] = float(nu_k / budgets[k])
+        active[problem.rows[k]] = bool(cost[k] >= budgets[k] * (1 - _ACTIVE_RTOL))
+        multipliers[problem.rows[k]] = float(nu_k / budgets[k])
     ratios = np.exp(x)
     return SolveResult(
         log_ratios=x,
         ratios=ratios,
         widths=ratios * problem.widths,
         objective=problem.objective(x),
-        params=params,
-        flops=macs,
+        params=costs.get("params"),
+        flops=costs.get("flops"),
+        costs=costs,
         active=active,
         multipliers=multipliers,
         success=success,
@@ -652,6 +692,22 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
         nit=nit,
         kkt_residual=residual,
     )
+
+
+def _row_budgets(rows, budgets, params_budget, flops_budget):
+    """(R,) absolute budget per row of a WidthProblem, +inf where unset."""
+    merged = dict(budgets or {})
+    for row, value in (("params", params_budget), ("flops", flops_budget)):
+        if value is None:
+            continue
+        if merged.get(row) is not None:
+            raise ValueError(f"the {row} budget is given twice: as {row}_budget and in budgets")
+        merged[row] = value
+    unknown = sorted(set(merged) - set(rows))
+    if any(merged[row] is not None for row in unknown):
+        raise ValueError(f"budgets name rows {unknown} that the problem does not have; "
+                         f"its rows are {list(rows)}")
+    return np.array([_budget(f"{row}_budget", merged.get(row)) or np.inf for row in rows])
 
 
 def _raise_to_leq(x, leq):

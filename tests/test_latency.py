@@ -1,0 +1,282 @@
+"""Latency models and latency budgets: fits of synthetic timings, plans, errors, CLI.
+
+The default tests replace the clock with synthetic timings: a cost with known
+coefficients computed from the Keras layers of each timed variant (kernel
+shapes and output shapes), independently of the library's feature code.
+Tests marked slow time real models (tiny settings: they check code paths,
+not speed).
+"""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import layers as L
+
+import keras_precrop as kp
+from keras_precrop.cli import main
+
+CONV, BN, CONST = 2e-9, 3e-8, 1e-5  # seconds per conv MAC, per BN element, per layer call
+
+
+def _small_cnn(name="small_cnn"):
+    """Stem, two residual blocks (so plans add ChannelSlice/PrefixAdd), depthwise, head."""
+    inputs = keras.Input((16, 16, 3))
+    x = L.Conv2D(16, 3, padding="same", name="stem")(inputs)
+    x = L.BatchNormalization(name="stem_bn")(x)
+    x = L.ReLU(name="stem_relu")(x)
+    for i in range(2):
+        y = L.Conv2D(16, 3, padding="same", name=f"b{i}_conv1")(x)
+        y = L.BatchNormalization(name=f"b{i}_bn1")(y)
+        y = L.ReLU(name=f"b{i}_relu")(y)
+        y = L.Conv2D(16, 3, padding="same", name=f"b{i}_conv2")(y)
+        y = L.BatchNormalization(name=f"b{i}_bn2")(y)
+        x = L.Add(name=f"b{i}_add")([x, y])
+    x = L.DepthwiseConv2D(3, strides=2, padding="same", name="dw")(x)
+    x = L.Conv2D(32, 1, name="expand")(x)
+    x = L.BatchNormalization(name="expand_bn")(x)
+    x = L.ReLU(name="expand_relu")(x)
+    x = L.GlobalAveragePooling2D(name="gap")(x)
+    return keras.Model(inputs, L.Dense(10, name="head")(x), name=name)
+
+
+def _synthetic_seconds(model, block=1, bn=BN):
+    """Known cost of one model from its Keras layers.
+
+    ``CONV`` per Conv2D MAC (channels other than the image's rounded up to
+    ``block``), ``bn`` per BatchNormalization output element, ``CONST`` per
+    layer (a rebuild's ChannelSlice layers excepted: the library charges
+    them to their readers).
+    """
+    def up(c):
+        return math.ceil(c / block) * block
+
+    total = 0.0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer) or isinstance(layer, kp.ChannelSlice):
+            continue
+        total += CONST
+        if type(layer) is L.Conv2D:
+            kh, kw, cin, cout = layer.kernel.shape
+            cin = cin if layer.name == "stem" else up(cin)
+            total += CONV * kh * kw * cin * up(cout) * math.prod(layer.output.shape[1:-1])
+        elif isinstance(layer, L.BatchNormalization):
+            total += bn * math.prod(layer.output.shape[1:])
+    return total
+
+
+def _timer(**kwargs):
+    return lambda models: {k: _synthetic_seconds(m, **kwargs) for k, m in models.items()}
+
+
+@pytest.fixture(scope="module")
+def small():
+    return _small_cnn()
+
+
+@pytest.fixture(scope="module")
+def fitted(small):
+    return kp.latency_model(small, batch_size=4, variants=16, timer=_timer(), verbose=0)
+
+
+@pytest.fixture(scope="module")
+def fitted_block(small):
+    return kp.latency_model(small, batch_size=4, variants=16, timer=_timer(block=8, bn=0.0),
+                            verbose=0)
+
+
+def test_fit_recovers_synthetic_cost(small, fitted):
+    assert fitted.block == 1 and fitted.ridge == 0.0
+    assert fitted.error["worst"] < 1e-9 and fitted.error["train_worst"] < 1e-9
+    assert sum(v["held_out"] for v in fitted.variants) >= 2
+    coef = dict(zip(fitted.columns, fitted.coef))
+    assert coef["macs:Conv2D"] == pytest.approx(CONV, rel=1e-9)
+    # Unseen widths: a plan's rebuilt model (with ChannelSlice/PrefixAdd layers).
+    new = kp.precrop(small, params=0.4)
+    assert any(isinstance(layer, kp.ChannelSlice) for layer in new.layers)
+    assert fitted.predict(new) == pytest.approx(_synthetic_seconds(new), rel=1e-9)
+    assert fitted.predict(small) == pytest.approx(_synthetic_seconds(small), rel=1e-9)
+    assert fitted.seconds == pytest.approx(_synthetic_seconds(small), rel=1e-9)
+
+
+def test_fit_detects_block_rounding(small, fitted_block):
+    assert fitted_block.block == 8
+    assert fitted_block.error["worst"] < 1e-9
+    new = kp.precrop(small, flops=0.5)
+    assert fitted_block.predict(new) == pytest.approx(_synthetic_seconds(new, 8, 0.0), rel=1e-9)
+
+
+def test_json_round_trip_predicts_the_same(tmp_path, small, fitted):
+    path = tmp_path / "lm.json"
+    fitted.to_json(path)
+    again = kp.LatencyModel.from_json(str(path))
+    assert again == kp.LatencyModel.from_json(fitted.to_json())
+    plan = kp.plan(small, params=0.5, latency_model=fitted)
+    assert again.predict(plan) == fitted.predict(plan) == pytest.approx(plan.latency, rel=1e-12)
+    assert json.loads(path.read_text())["signature"] == fitted.signature
+
+
+@pytest.mark.parametrize("mode", ["exact", "layerwise"])
+@pytest.mark.parametrize("ratio,params", [(0.3, None), (0.5, None), (0.8, None), (0.5, 0.5)])
+def test_plans_never_exceed_the_latency_budget(small, fitted, fitted_block, mode, ratio, params):
+    for lm in (fitted, fitted_block):
+        plan = kp.plan(small, params, latency=ratio, latency_model=lm, mode=mode)
+        original = lm.predict(small)
+        assert plan.original["latency"] == pytest.approx(original, rel=1e-12)
+        assert plan.budgets["latency"] == pytest.approx(ratio * original, rel=1e-12)
+        assert plan.latency <= plan.budgets["latency"]
+        new = kp.apply_plan(small, plan)
+        assert lm.predict(new) == pytest.approx(plan.latency, rel=1e-9)
+        assert lm.predict(plan) == pytest.approx(plan.latency, rel=1e-12)
+        if params is not None:
+            assert new.count_params() == plan.params <= params * small.count_params()
+        usage = [plan.latency / plan.budgets["latency"]]
+        if params is not None:
+            usage.append(plan.params / plan.budgets["params"])
+        assert max(usage) >= 0.9, usage  # a budget binds
+
+
+def test_precrop_reconfigure_and_paper_mode_take_latency(small, fitted):
+    new = kp.precrop(small, latency=0.5, latency_model=fitted)
+    assert new.precrop_plan.latency <= 0.5 * fitted.predict(small)
+    assert fitted.predict(new) == pytest.approx(new.precrop_plan.latency, rel=1e-9)
+    wide = kp.reconfigure(small, params=1.0, latency=1.0, latency_model=fitted)
+    assert wide.precrop_plan.latency <= fitted.predict(small) * (1 + 1e-12)
+    assert wide.count_params() <= small.count_params()
+    paper = kp.plan(small, latency=0.5, latency_model=fitted, mode="paper")
+    assert paper.solver["deviation"]["latency"] == pytest.approx(
+        paper.latency / paper.budgets["latency"] - 1)
+
+
+def test_plan_reports_latency_without_a_latency_budget(small, fitted, capsys):
+    plan = kp.plan(small, flops=0.5, latency_model=fitted)
+    assert plan.budgets["latency"] is None
+    assert plan.latency == pytest.approx(fitted.predict(kp.apply_plan(small, plan)), rel=1e-9)
+    assert plan.solver["latency_model"]["signature"] == fitted.signature
+    plan.summary()
+    out = capsys.readouterr().out
+    assert "Latency (inference, tf, batch 4, predicted; ms)" in out
+    again = kp.Plan.from_json(plan.to_json())
+    assert again.latency == plan.latency
+    assert kp.plan(small, flops=0.5).latency is None
+
+
+@pytest.mark.parametrize("latency,error,match", [
+    (0, ValueError, "latency budget must be a positive finite number, got 0"),
+    (-0.5, ValueError, "latency budget must be a positive finite number"),
+    (float("nan"), ValueError, "latency budget must be a positive finite number, got nan"),
+    (float("inf"), ValueError, "latency budget must be a positive finite number"),
+    ("0.5", TypeError, "latency budget must be a number"),
+])
+def test_bad_latency_budget(small, fitted, latency, error, match):
+    with pytest.raises(error, match=match):
+        kp.plan(small, latency=latency, latency_model=fitted)
+    with pytest.raises(error, match=match):  # checked before measuring anything
+        kp.precrop(small, latency=latency)
+
+
+def test_latency_model_of_another_model_is_refused(fitted):
+    other = _small_cnn("other_cnn")  # same layers, another model name
+    assert kp.plan(other, latency=0.5, latency_model=fitted).latency > 0
+    resnet = kp.models.get("resnet20")
+    with pytest.raises(kp.LatencyModelMismatchError,
+                       match=r"latency_model was fitted on model 'small_cnn'.*not on model "
+                             r"'resnet20'"):
+        kp.plan(resnet, latency=0.5, latency_model=fitted)
+    with pytest.raises(kp.LatencyModelMismatchError, match="predict's model"):
+        fitted.predict(resnet)
+    with pytest.raises(TypeError, match="latency_model must be a LatencyModel"):
+        kp.plan(resnet, latency=0.5, latency_model=3)
+    tied = kp.plan(_small_cnn(), latency=0.5, latency_model=fitted, residual="tie")
+    with pytest.raises(kp.LatencyModelMismatchError, match="pass the rebuilt model instead"):
+        fitted.predict(tied)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(runtime="onnx"), "runtime must be one of"),
+    (dict(runtime="tflite", training=True), "training=True times a training step"),
+    (dict(variants=3), "variants must be an integer >= 6"),
+    (dict(rounds=0), "rounds must be a positive integer"),
+    (dict(holdout=1.0), "holdout must be a share"),
+    (dict(scale_range=(0.5, 1.5)), "scale_range must be"),
+    (dict(blocks=(0,)), "blocks must be positive integers"),
+])
+def test_bad_latency_model_arguments(small, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kp.latency_model(small, timer=_timer(), verbose=0, **kwargs)
+
+
+def test_solver_takes_a_third_budget_row():
+    """solve_densities/solve_widths with a latency row: the KKT point of three budgets."""
+    alpha, beta, gamma = np.array([1.0, 2.0, 3.0]), np.array([3.0, 1.0, 1.0]), np.ones(3)
+    res = kp.solve_densities(alpha, beta, params_budget=3.0, flops_budget=2.5,
+                             rows={"latency": (gamma, 1.2)})
+    assert res.method == "slsqp"
+    p = res.densities
+    assert alpha @ p <= 3.0 * (1 + 1e-9) and beta @ p <= 2.5 * (1 + 1e-9)
+    assert gamma @ p <= 1.2 * (1 + 1e-9) and res.costs["latency"] == pytest.approx(gamma @ p)
+    price = sum(res.multipliers[k] * c for k, c in (("params", alpha), ("flops", beta),
+                                                  ("latency", gamma)))
+    assert p == pytest.approx(np.minimum(1.0 / price, 1.0), rel=1e-5)
+    with pytest.raises(ValueError, match="'kkt' solves up to two budgets"):
+        kp.solve_densities(alpha, beta, params_budget=3.0, flops_budget=2.5,
+                           rows={"latency": (gamma, 1.2)}, method="kkt")
+    problem = kp.WidthProblem(
+        names=["a", "b"], widths=[4.0, 4.0], term_coef=[[16.0, 0.0, 1.0], [0.0, 8.0, 2.0]],
+        term_vars=[[0, 1], [1, -1]], const=[0.0, 0.0, 0.5], obj_var=[0, 1],
+        obj_weight=[1.0, 1.0], leq=np.zeros((0, 2)), lower=np.log([0.25, 0.25]),
+        rows=("params", "flops", "latency"))
+    sol = kp.solve_widths(problem, budgets={"latency": 1.5})
+    assert sol.costs["latency"] == pytest.approx(1.5, rel=1e-9) and sol.active["latency"]
+    with pytest.raises(ValueError, match="does not have"):
+        kp.solve_widths(problem, budgets={"energy": 1.0})
+
+
+def test_cli_latency_budget_with_a_saved_latency_model(tmp_path, capsys):
+    resnet = kp.models.get("resnet20")
+    lm = kp.latency_model(resnet, batch_size=8, variants=6, timer=_timer(), verbose=0)
+    lm.to_json(tmp_path / "lm.json")
+    assert main(["precrop", "resnet20", "--latency", "0.5", "--latency_model",
+                 str(tmp_path / "lm.json"), "--plan", str(tmp_path / "plan.json")]) == 0
+    assert "Latency (inference, tf, batch 8, predicted; ms)" in capsys.readouterr().out
+    plan = kp.Plan.from_json(str(tmp_path / "plan.json"))
+    assert plan.latency <= plan.budgets["latency"] == pytest.approx(0.5 * lm.seconds)
+    assert main(["precrop", "resnet20", "--latency", "nan"]) == 1
+    assert "latency budget must be a positive finite number" in capsys.readouterr().err
+    assert main(["precrop", "vgg16", "--latency", "0.5", "--latency_model",
+                 str(tmp_path / "lm.json")]) == 1
+    assert "latency_model was fitted on model 'resnet20'" in capsys.readouterr().err
+
+
+# -- real timing (slow): code paths of the clock, the runtimes and the CLI -----------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime,training", [("tf", False), ("tf", True), ("tflite", False)])
+def test_real_timing_smoke(small, runtime, training, capsys):
+    lm = kp.latency_model(small, batch_size=2, runtime=runtime, training=training, variants=6,
+                          rounds=2)
+    assert "preparing variant 6/6" in capsys.readouterr().err
+    assert all(v["seconds"] > 0 for v in lm.variants)
+    assert lm.seconds > 0 and math.isfinite(lm.error["worst"])
+    # A tiny model is mostly fixed cost, so ask for what a FLOPs plan reaches (feasible).
+    ratio = kp.plan(small, flops=0.5, latency_model=lm).latency / lm.seconds
+    new = kp.precrop(small, latency=ratio, latency_model=lm)
+    assert new.precrop_plan.latency <= ratio * lm.seconds
+
+
+@pytest.mark.slow
+def test_real_timing_cli(tmp_path, capsys):
+    small = _small_cnn()
+    small.save(tmp_path / "small.keras")
+    assert main(["latency", str(tmp_path / "small.keras"), "--batch_size", "2", "--variants",
+                 "6", "--rounds", "1", "--json", str(tmp_path / "lm.json")]) == 0
+    assert "Held-out error" in capsys.readouterr().out
+    assert main(["precrop", str(tmp_path / "small.keras"), "--latency", "0.99", "--batch_size",
+                 "2", "--variants", "6", "--rounds", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "Latency (inference, tf, batch 2" in captured.out
+    assert "latency model: preparing variant 1/6 (original)" in captured.err
