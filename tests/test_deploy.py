@@ -1,0 +1,91 @@
+"""Deployment: rebuilt models export to SavedModel and TFLite and serve without keras_precrop.
+
+Each test prunes a model (so it holds ``ChannelSlice`` and ``PrefixAdd``
+layers), exports it with ``model.export`` and converts the export with
+``tf.lite.TFLiteConverter``, as the README's Deployment section shows. A
+subprocess in which importing ``keras_precrop`` raises ImportError loads both
+(``tf.saved_model.load``, ``tf.lite.Interpreter``) and runs them on the same
+batch; their outputs must match the Keras model's.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_precrop as kp
+
+_SERVE = textwrap.dedent('''
+    import sys
+
+    class _NoKerasPrecrop:
+        """Make `import keras_precrop` fail, as on a machine without it."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "keras_precrop":
+                raise ImportError(f"{name} is not installed here")
+            return None
+
+    sys.meta_path.insert(0, _NoKerasPrecrop())
+    try:
+        import keras_precrop  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("keras_precrop was importable")
+
+    import numpy as np
+    import tensorflow as tf
+
+    folder = sys.argv[1]
+    x = np.load(f"{folder}/x.npy")
+    loaded = tf.saved_model.load(f"{folder}/saved_model")  # keep it: .serve needs its variables
+    served = loaded.serve(tf.constant(x)).numpy()
+    interpreter = tf.lite.Interpreter(model_path=f"{folder}/model.tflite")
+    index = interpreter.get_input_details()[0]["index"]
+    interpreter.resize_tensor_input(index, x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(index, x)
+    interpreter.invoke()
+    lite = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    np.savez(f"{folder}/outputs.npz", saved_model=served, tflite=lite)
+    assert not any(m.split(".")[0] == "keras_precrop" for m in sys.modules)
+''')
+
+
+def _round_trip(model, folder, batch=3):
+    """Export, convert, serve in a subprocess without keras_precrop; return (keras, sm, tflite)."""
+    model.export(str(folder / "saved_model"), verbose=False)
+    lite = tf.lite.TFLiteConverter.from_saved_model(str(folder / "saved_model")).convert()
+    (folder / "model.tflite").write_bytes(lite)
+    x = np.random.default_rng(0).normal(size=(batch,) + tuple(model.input_shape[1:]))
+    x = x.astype("float32")
+    np.save(folder / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", _SERVE, str(folder)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = np.load(folder / "outputs.npz")
+    return np.asarray(model(x, training=False)), outputs["saved_model"], outputs["tflite"]
+
+
+def _check(model, tmp_path):
+    kinds = {type(layer).__name__ for layer in model.layers}
+    assert {"ChannelSlice", "PrefixAdd"} <= kinds, kinds
+    reference, served, lite = _round_trip(model, tmp_path)
+    scale = np.abs(reference).max()
+    np.testing.assert_allclose(served, reference, rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(lite, reference, rtol=0, atol=1e-4 * scale)
+
+
+def test_rebuilt_resnet20_serves_without_keras_precrop(tmp_path):
+    _check(kp.precrop(kp.models.get("resnet20"), flops=0.5), tmp_path)
+
+
+@pytest.mark.slow
+def test_rebuilt_mobilenet_v2_serves_without_keras_precrop(tmp_path):
+    base = keras.applications.MobileNetV2(input_shape=(64, 64, 3), weights=None)
+    _check(kp.precrop(base, flops=0.5), tmp_path)
