@@ -3,11 +3,13 @@
 Wall-clock measurement on a shared, noisy machine: compiled ``tf.function``
 forward and SGD train steps with fixed input signatures (no ``model.predict``
 or ``fit`` overhead), calibrated inner loops, round-robin interleaving over
-variants so load spikes hit every variant alike, and medians.
+variants so load spikes hit every variant alike, and medians. The steps and
+the interleaving are the library's own (``keras_precrop.latency``), which
+latency models are fitted with; this module adds machine info, profiles and
+summaries.
 """
 
 import collections
-import math
 import os
 import pathlib
 import platform
@@ -18,6 +20,8 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+
+from keras_precrop import latency
 
 
 def machine_info():
@@ -46,100 +50,39 @@ def machine_info():
     }
 
 
-def _example_shape(model):
-    shape = tuple(model.inputs[0].shape[1:])
-    if any(d is None for d in shape):
-        raise ValueError(f"Model {model.name!r} has an undefined input shape {shape}; "
-                         "benchmarks need a fixed one.")
-    return shape
-
-
 def forward(model, batch, seed=0):
     """A no-argument callable running one compiled inference forward pass.
 
-    The pass is ``model(x, training=False)`` inside a ``tf.function`` with a
-    fixed input signature, on a fixed random batch. The callable returns a
-    scalar (the logits' sum, fetched to host) so the work cannot be skipped.
+    The library's timing step (``keras_precrop.latency.runner``): a
+    ``tf.function`` with a fixed input signature on a fixed random batch,
+    returning the logits' sum fetched to host so the work cannot be skipped.
     """
-    shape = (batch,) + _example_shape(model)
-    x = tf.random.stateless_normal(shape, seed=(seed, 1))
-
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32)])
-    def run(inputs):
-        return tf.reduce_sum(model(inputs, training=False))
-
-    return lambda: float(run(x))
+    return latency.runner(model, batch, seed=seed)
 
 
-def train_step(model, batch, learning_rate=1e-3, seed=0):
+def train_step(model, batch, seed=0):
     """A no-argument callable running one compiled SGD training step.
 
-    Forward in training mode, sparse softmax cross-entropy on logits, gradient
-    tape and ``keras.optimizers.SGD(momentum=0.9).apply`` (which also applies
-    weight constraints, e.g. SynFlow masks) in one ``tf.function`` on a fixed
-    random batch. Returns the loss; the model's weights change with each call.
+    The library's training step (``keras_precrop.latency.runner(...,
+    training=True)``): forward in training mode, mean-square loss, gradient
+    tape and ``SGD(momentum=0.9).apply`` (which also applies weight
+    constraints, e.g. SynFlow masks) in one ``tf.function`` on a fixed random
+    batch. Returns the loss; the model's weights change with each call.
     """
-    shape = (batch,) + _example_shape(model)
-    classes = model.outputs[0].shape[-1]
-    x = tf.random.stateless_normal(shape, seed=(seed, 2))
-    y = tf.random.stateless_uniform((batch,), seed=(seed, 3), maxval=classes, dtype=tf.int32)
-    optimizer = keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32),
-                                  tf.TensorSpec((batch,), tf.int32)])
-    def step(inputs, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(inputs, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    return lambda: float(step(x, y))
-
-
-def _inner_count(fn, target_s):
-    """How many back-to-back calls make one sample last about ``target_s``."""
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    return max(1, math.ceil(target_s / max(once, 1e-6)))
+    return latency.runner(model, batch, training=True, seed=seed)
 
 
 def interleaved(fns, repeats, warmup=2, target_s=0.2):
     """Times several callables round-robin; returns seconds per call per round.
 
-    Each callable is first called ``warmup`` times (tracing, allocator and
-    oneDNN primitive caches), then its inner loop length is calibrated so a
-    sample lasts about ``target_s``. Then ``repeats`` rounds each time every
-    callable once, in an order rotated by one each round, so slow phases of a
-    shared machine hit all variants alike and no variant always runs first.
-
-    Args:
-        fns: ``{name: no-argument callable}``.
-        repeats: number of rounds (samples per callable).
-        warmup: untimed calls per callable before calibrating.
-        target_s: approximate duration of one sample.
+    ``keras_precrop.latency.interleaved`` with ``repeats`` rounds: warm-up,
+    inner loops calibrated to about ``target_s`` per sample, the order rotated
+    by one each round.
 
     Returns:
         ``{name: [seconds per call, one entry per round]}``.
     """
-    names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
-    inner = {name: _inner_count(fns[name], target_s) for name in names}
-    samples = {name: [] for name in names}
-    for r in range(repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            fn, n = fns[name], inner[name]
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples[name].append((time.perf_counter() - start) / n)
-    return samples
+    return latency.interleaved(fns, repeats, warmup=warmup, target_s=target_s)
 
 
 def _profile_ops(fn, calls):

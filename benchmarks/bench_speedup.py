@@ -2,20 +2,23 @@
 
 For each model: the baseline, PreCrop at ``flops`` in {0.75, 0.5, 0.25}
 (exact mode, ``round_to`` 1, 8 and 16; 16 because oneDNN's AVX-512 fp32
-kernels work on blocks of 16 channels), and the baseline architecture with
-SynFlow masks at the parameter count of the PreCrop ``flops=0.5`` model
-(its kernels stay dense, with zeros inside). Measures inference latency
-(batch 1), inference throughput and SGD training step time, each a compiled
-``tf.function``; variants run round-robin (interleaved) after warm-up and the
-speedup is the median over rounds of the same-round time ratio to the
-baseline. The ideal speedup is the MACs ratio. Then profiles (TF profiler)
-the per-op-type times of the baseline, the ``flops=0.5`` models and the
+kernels work on blocks of 16 channels), PreCrop at ``latency`` in {0.75,
+0.5, 0.25} (a latency model fitted here first, TF runtime at the throughput
+batch), and the baseline architecture with SynFlow masks at the parameter
+count of the PreCrop ``flops=0.5`` model (its kernels stay dense, with zeros
+inside). Measures inference latency (batch 1), inference throughput in
+TensorFlow and in the TFLite interpreter, and SGD training step time;
+variants run round-robin (interleaved) after warm-up and the speedup is the
+median over rounds of the same-round time ratio to the baseline. The ideal
+speedup is the MACs ratio; each plan's SynExp objective (the accuracy proxy)
+and predicted time ratio are reported next to it. Then profiles (TF
+profiler) the per-op-type times of the baseline, the 0.5 models and the
 SynFlow model, to show where the time goes.
 
 Usage::
 
-    python benchmarks/bench_speedup.py            # all models, full repeats
-    python benchmarks/bench_speedup.py --quick    # resnet20, few repeats
+    python benchmarks/bench_speedup.py            # all models, full repeats (~40 min)
+    python benchmarks/bench_speedup.py --quick    # resnet20, few repeats (~4 min)
     python benchmarks/bench_speedup.py --models resnet20 mobilenet_v2
     python benchmarks/bench_speedup.py --render-only   # redraw .md/.png from .json
 
@@ -42,6 +45,7 @@ import keras_precrop as kp  # noqa: E402
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 FLOPS = (0.75, 0.5, 0.25)
 ROUNDINGS = (1, 8, 16)
+LATENCY = (0.75, 0.5, 0.25)  # latency-budget plans (round_to=1: the latency model rounds)
 SYNFLOW_AT = 0.5  # SynFlow keeps as many parameters as PreCrop at this FLOP ratio
 OPS_AT = 0.5  # per-op profiles of the PreCrop models at this FLOP ratio
 OPS_SHOWN = 0.97  # op tables list the op types making up this share of the baseline
@@ -54,12 +58,16 @@ MODELS = {
 }
 GOAL_MODELS = ("resnet20", "mobilenet_v2")
 GOAL_FLOPS, GOAL_SPEEDUP = 0.5, 1.6  # CPU throughput at 50% MACs, 0.8 of the ideal 2x
+GOAL_LATENCY, GOAL_LATENCY_SPEEDUP = 0.5, 1.8  # issue 11: latency=0.5, TF and TFLite
 # measurement -> (rounds full, rounds quick, seconds per sample)
 MEASUREMENTS = {
     "latency": (20, 5, 0.2),
     "throughput": (12, 3, 0.3),
+    "tflite": (8, 2, 0.3),
     "train": (8, 3, 0.3),
 }
+# latency model fits: (variants, rounds) full and quick
+FIT = {False: (20, 5), True: (8, 2)}
 
 
 def _log(*args):
@@ -111,16 +119,32 @@ def _synflow_variant(name, base_prof, target_params, iterations):
         saved += layer_macs[layer] * (1.0 - float(mask.mean()))
     return _variant(
         f"synflow@precrop{SYNFLOW_AT}", "synflow", model, base_prof, base_prof,
-        flops=None, round_to=None, density=density, synflow_iterations=iterations,
+        flops=None, round_to=None, latency_budget=None, density=density,
+        synflow_iterations=iterations,
         synflow_seconds=seconds, nonzero_params=nonzero,
         nonzero_macs_ratio=(base_prof.total_macs - saved) / base_prof.total_macs)
 
 
-def _variants(name, synflow_iterations):
-    """The baseline, the PreCrop models and the SynFlow-masked model of one zoo model."""
+def _planned(label, kind, model, base_prof, lm, **extra):
+    """A PreCrop variant with its plan's SynExp objective and predicted time ratio."""
+    plan = model.precrop_plan
+    return _variant(label, kind, model, kp.profile(model), base_prof,
+                    objective=plan.solver["objective"],
+                    predicted_time_ratio=lm.predict(model) / lm.seconds, **extra)
+
+
+def _variants(name, synflow_iterations, quick):
+    """The baseline, the PreCrop models (FLOPs and latency budgets) and the SynFlow model.
+
+    Returns ``(variants, infeasible, latency model summary)``.
+    """
     base = kp.models.get(name)
     base_prof = kp.profile(base)
-    out = [_variant("baseline", "baseline", base, base_prof, base_prof, flops=1.0, round_to=1)]
+    variants, rounds = FIT[quick]
+    _log(f"  latency model (batch {MODELS[name][0]}, {variants} variants, {rounds} rounds) ...")
+    lm = kp.latency_model(base, batch_size=MODELS[name][0], variants=variants, rounds=rounds)
+    out = [_variant("baseline", "baseline", base, base_prof, base_prof, flops=1.0, round_to=1,
+                    latency_budget=None, objective=0.0, predicted_time_ratio=1.0)]
     infeasible = []
     for flops in FLOPS:
         for round_to in ROUNDINGS:
@@ -129,8 +153,16 @@ def _variants(name, synflow_iterations):
             except kp.InfeasibleBudgetError as err:
                 infeasible.append({"flops": flops, "round_to": round_to, "error": str(err)})
                 continue
-            out.append(_variant(f"precrop{flops}/r{round_to}", "precrop", model,
-                                kp.profile(model), base_prof, flops=flops, round_to=round_to))
+            out.append(_planned(f"precrop{flops}/r{round_to}", "precrop", model, base_prof, lm,
+                                flops=flops, round_to=round_to, latency_budget=None))
+    for ratio in LATENCY:
+        try:
+            model = kp.precrop(base, latency=ratio, latency_model=lm)
+        except kp.InfeasibleBudgetError as err:
+            infeasible.append({"latency_budget": ratio, "error": str(err)})
+            continue
+        out.append(_planned(f"latency{ratio}", "latency", model, base_prof, lm, flops=None,
+                            round_to=1, latency_budget=ratio))
     target = next(v for v in out if v["flops"] == SYNFLOW_AT and v["round_to"] == 1)["params"]
     try:
         out.append(_synflow_variant(name, base_prof, target, synflow_iterations))
@@ -139,30 +171,45 @@ def _variants(name, synflow_iterations):
         infeasible.append({"variant": "synflow", "error": f"{type(err).__name__}: {err}"})
     for v in out:
         v["activations_ratio"] = v["activations"] / out[0]["activations"]
-    return out, infeasible
+    fit = {"batch_size": lm.batch_size, "block": lm.block, "error": lm.error,
+           "fit_seconds": lm.fit_seconds, "variants": len(lm.variants)}
+    return out, infeasible, fit
+
+
+_MAKERS = {
+    "latency": _timing.forward,
+    "throughput": _timing.forward,
+    "tflite": lambda model, batch: kp.latency.runner(model, batch, runtime="tflite"),
+    "train": _timing.train_step,
+}
+
+
+def _profiled(v):
+    """Whether the per-op profiles include a variant: the baseline, SynFlow and the 0.5 plans."""
+    return v["kind"] in ("baseline", "synflow") or OPS_AT in (v["flops"], v["latency_budget"])
 
 
 def _measure(name, variants, quick, ops_rounds):
     """Times every variant for each measurement; adds results to the variants.
 
-    With ``ops_rounds`` > 0 also profiles per-op times of the baseline and the
-    ``flops=0.5`` PreCrop models and the SynFlow-masked model (batched
-    inference and training); returns
+    With ``ops_rounds`` > 0 also profiles per-op times of the baseline, the
+    0.5 PreCrop models (FLOPs and latency budgets) and the SynFlow-masked
+    model (TF batched inference and training); returns
     ``(batches, {measurement: {variant: {op type: ms per call}}})``.
     """
     throughput_batch, train_batch = MODELS[name]
-    batches = {"latency": 1, "throughput": throughput_batch, "train": train_batch}
+    batches = {"latency": 1, "throughput": throughput_batch, "tflite": throughput_batch,
+               "train": train_batch}
     ops = {}
     for what, (full, short, target_s) in MEASUREMENTS.items():
-        make = _timing.train_step if what == "train" else _timing.forward
-        fns = {v["label"]: make(v["model"], batches[what]) for v in variants}
         _log(f"  {what} (batch {batches[what]}) ...")
+        fns = {v["label"]: _MAKERS[what](v["model"], batches[what]) for v in variants}
         samples = _timing.interleaved(fns, short if quick else full, target_s=target_s)
-        if ops_rounds and what != "latency":
+        if ops_rounds and what in ("throughput", "train"):
             _log(f"  {what}: per-op profile ...")
             ops[what] = _timing.op_times(
-                {v["label"]: fns[v["label"]] for v in variants
-                 if v["kind"] != "precrop" or v["flops"] == OPS_AT}, rounds=ops_rounds)
+                {v["label"]: fns[v["label"]] for v in variants if _profiled(v)},
+                rounds=ops_rounds)
         base = samples["baseline"]
         for v in variants:
             v[what] = {"batch": batches[what], "seconds": _timing.summary(samples[v["label"]]),
@@ -178,14 +225,14 @@ def _measure(name, variants, quick, ops_rounds):
 def _bench_model(name, quick, synflow_iterations, ops_rounds):
     _log(f"{name}: building variants ...")
     start = time.perf_counter()
-    variants, infeasible = _variants(name, synflow_iterations)
+    variants, infeasible, fit = _variants(name, synflow_iterations, quick)
     _log(f"  built in {time.perf_counter() - start:.0f} s")
     batches, ops = _measure(name, variants, quick, ops_rounds)
     for v in variants:
         v.pop("model")
     keras.backend.clear_session()
     return {"model": name, "batches": batches, "variants": variants, "infeasible": infeasible,
-            "ops": ops}
+            "ops": ops, "latency_model": fit}
 
 
 def _goal_rows(rows):
@@ -195,10 +242,16 @@ def _goal_rows(rows):
             continue
         for v in row["variants"]:
             if v["kind"] == "precrop" and v["flops"] == GOAL_FLOPS:
-                s = v["throughput"]["speedup"]
-                out.append({"model": row["model"], "variant": v["label"],
+                goal, what = GOAL_SPEEDUP, ("throughput",)
+            elif v["kind"] == "latency" and v["latency_budget"] == GOAL_LATENCY:
+                goal, what = GOAL_LATENCY_SPEEDUP, ("throughput", "tflite")
+            else:
+                continue
+            for w in what:
+                s = v[w]["speedup"]
+                out.append({"model": row["model"], "variant": v["label"], "runtime": w,
                             "macs_ratio": v["macs_ratio"], "throughput_speedup": s,
-                            "met": s >= GOAL_SPEEDUP})
+                            "goal": goal, "met": s >= goal})
     return out
 
 
@@ -300,19 +353,31 @@ def _markdown(result):
         "executes the baseline's MACs (column 'nonzero MACs' is what a perfect sparse kernel "
         "would execute). Activations ratio: layer output elements per example vs the "
         "baseline, the scale of the memory-bound elementwise work (batch norm, activations, "
-        "padding, adds), which is linear in width while convolution MACs are quadratic.",
+        "padding, adds), which is linear in width while convolution MACs are quadratic. "
+        "latencyR: PreCrop with latency=R (a latency model fitted first on this machine: TF "
+        "inference at the throughput batch; exact mode, round_to=1). Pred. time: the plan's "
+        "time as that latency model predicts it, vs the baseline. Objective: the plan's SynExp "
+        "objective (sum over kernels of log density; 0 = unpruned; higher keeps more of the "
+        "accuracy proxy). TFLite: batched inference in the TFLite interpreter (one thread per "
+        "core) of the same models.",
     ]
     for row in result["models"]:
         b = row["batches"]
+        fit = row["latency_model"]
         lines += [
             "",
             f"## {row['model']}",
             "",
-            f"Batches: latency {b['latency']}, throughput {b['throughput']}, train {b['train']}.",
+            f"Batches: latency {b['latency']}, throughput {b['throughput']}, TFLite "
+            f"{b['tflite']}, train {b['train']}. Latency model: {fit['variants']} variants at "
+            f"batch {fit['batch_size']}, block {fit['block']}, held-out error median "
+            f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%}, fitted in "
+            f"{fit['fit_seconds']:.0f} s.",
             "",
-            "| variant | params | MACs | MACs ratio | ideal | activations ratio | latency ms | "
-            "speedup | throughput img/s | speedup | train step ms | speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| variant | params | MACs | MACs ratio | ideal | activations ratio | pred. time | "
+            "objective | latency ms | speedup | throughput img/s | speedup | TFLite img/s | "
+            "speedup | train step ms | speedup |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for v in row["variants"]:
             ideal = 1.0 / v["macs_ratio"]
@@ -323,31 +388,71 @@ def _markdown(result):
             else:
                 params = f"{v['params']:,}"
             tput = b["throughput"] / v["throughput"]["seconds"]["median"]
+            lite = b["tflite"] / v["tflite"]["seconds"]["median"]
+            if "objective" in v:  # a planned variant
+                planned = f"{v['predicted_time_ratio']:.3f} | {v['objective']:.1f}"
+            else:
+                planned = "- | -"
             lines.append(
                 f"| {v['label']} | {params} | {macs} | {v['macs_ratio']:.3f} | {ideal:.2f}x | "
-                f"{v['activations_ratio']:.3f} | {_fmt_ms(v, 'latency')} | "
+                f"{v['activations_ratio']:.3f} | {planned} | {_fmt_ms(v, 'latency')} | "
                 f"{v['latency']['speedup']:.2f}x | {tput:.1f} | "
-                f"{v['throughput']['speedup']:.2f}x | {_fmt_ms(v, 'train')} | "
-                f"{v['train']['speedup']:.2f}x |")
+                f"{v['throughput']['speedup']:.2f}x | {lite:.1f} | {v['tflite']['speedup']:.2f}x | "
+                f"{_fmt_ms(v, 'train')} | {v['train']['speedup']:.2f}x |")
         for bad in row["infeasible"]:
-            what = ("SynFlow masks: FAILED" if bad.get("variant") == "synflow" else
-                    f"PreCrop flops={bad['flops']}, round_to={bad['round_to']}: infeasible")
+            if bad.get("variant") == "synflow":
+                what = "SynFlow masks: FAILED"
+            elif "latency_budget" in bad:
+                what = f"PreCrop latency={bad['latency_budget']}: infeasible"
+            else:
+                what = f"PreCrop flops={bad['flops']}, round_to={bad['round_to']}: infeasible"
             lines.append(f"\n{what} ({bad['error']}).")
+    lines += _budgets_markdown(result["models"])
     for row in result["models"]:
         lines += _ops_summary_markdown(row)
     for row in result["models"]:
         lines += _ops_markdown(row)
     goals = result["goals"]
     if goals:
-        lines += ["", f"## Goal: PreCrop at 50% MACs, CPU throughput speedup >= {GOAL_SPEEDUP}x",
-                  "", "| model | variant | MACs ratio | throughput speedup | goal |",
-                  "|---|---|---|---|---|"]
+        lines += ["", f"## Goals: PreCrop at 50% MACs, CPU throughput >= {GOAL_SPEEDUP}x; "
+                  f"latency={GOAL_LATENCY}, >= {GOAL_LATENCY_SPEEDUP}x (TF and TFLite)",
+                  "", "| model | variant | runtime | MACs ratio | throughput speedup | goal | "
+                  "met? |", "|---|---|---|---|---|---|---|"]
         for g in goals:
-            lines.append(f"| {g['model']} | {g['variant']} | {g['macs_ratio']:.3f} | "
-                         f"{g['throughput_speedup']:.2f}x | {'met' if g['met'] else 'NOT met'} |")
+            lines.append(f"| {g['model']} | {g['variant']} | {g['runtime']} | "
+                         f"{g['macs_ratio']:.3f} | {g['throughput_speedup']:.2f}x | "
+                         f">= {g['goal']}x | {'met' if g['met'] else 'NOT met'} |")
     lines += ["", f"Command: `{result['command']}`; total {result['seconds']:.0f} s.", "",
               "![speedup vs ideal](speedup.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _budgets_markdown(rows):
+    """FLOPs-planned vs latency-planned models at the same budget ratio."""
+    lines = ["", "## FLOPs budget vs latency budget at the same ratio", "",
+             "Same ratio R: `precrop(flops=R)` (round_to 1 and 16) vs `precrop(latency=R)`. "
+             "Objective: SynExp (sum of log densities; closer to 0 keeps more); the "
+             "difference to the FLOPs plan (round_to=1) is what the latency plan gives up "
+             "(negative) or keeps extra (positive).", "",
+             "| model | R | variant | MACs ratio | pred. time | TF speedup | TFLite speedup | "
+             "train speedup | objective | vs flops plan |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        by_label = {v["label"]: v for v in row["variants"]}
+        for ratio in sorted(set(FLOPS) & set(LATENCY), reverse=True):
+            ref = by_label.get(f"precrop{ratio}/r1")
+            for label in (f"precrop{ratio}/r1", f"precrop{ratio}/r16", f"latency{ratio}"):
+                v = by_label.get(label)
+                if v is None:
+                    continue
+                diff = ("-" if ref is None or v is ref
+                        else f"{v['objective'] - ref['objective']:+.1f}")
+                lines.append(
+                    f"| {row['model']} | {ratio} | {label} | {v['macs_ratio']:.3f} | "
+                    f"{v['predicted_time_ratio']:.3f} | {v['throughput']['speedup']:.2f}x | "
+                    f"{v['tflite']['speedup']:.2f}x | {v['train']['speedup']:.2f}x | "
+                    f"{v['objective']:.1f} | {diff} |")
+    return lines
 
 
 def _plot(result, path):
@@ -358,7 +463,7 @@ def _plot(result, path):
     from matplotlib import pyplot as plt
 
     whats = list(MEASUREMENTS)
-    markers = {**{f"r{r}": m for r, m in zip(ROUNDINGS, "os^")}, "synflow": "x"}
+    markers = {**{f"r{r}": m for r, m in zip(ROUNDINGS, "os^")}, "latency": "D", "synflow": "x"}
     fig, axes = plt.subplots(1, len(whats), figsize=(5 * len(whats), 4.8), sharey=True)
     top = 1.0
     for ax, what in zip(axes, whats):
@@ -368,7 +473,7 @@ def _plot(result, path):
                     continue
                 synflow = v["kind"] == "synflow"
                 x = 1.0 / (v["nonzero_macs_ratio"] if synflow else v["macs_ratio"])
-                marker = markers["synflow" if synflow else f"r{v['round_to']}"]
+                marker = markers[v["kind"] if v["kind"] in markers else f"r{v['round_to']}"]
                 ax.scatter(x, v[what]["speedup"], marker=marker, color=f"C{i}", s=36)
                 top = max(top, x, v[what]["speedup"])
         ax.set_title(what)
@@ -385,8 +490,9 @@ def _plot(result, path):
     handles += [plt.Line2D([], [], color=f"C{i}", marker="o", ls="", label=row["model"])
                 for i, row in enumerate(result["models"])]
     handles += [plt.Line2D([], [], color="k", marker=m, ls="",
-                           label=f"PreCrop round_to={k[1:]}" if k != "synflow" else
-                           "SynFlow masks (x: nonzero MACs)") for k, m in markers.items()]
+                           label={"synflow": "SynFlow masks (x: nonzero MACs)",
+                                  "latency": "PreCrop latency budget"}.get(
+                               k, f"PreCrop round_to={k[1:]}")) for k, m in markers.items()]
     axes[0].legend(handles=handles, fontsize=7, loc="upper left")
     fig.suptitle(f"PreCrop vs SynFlow masks: CPU speedup vs MACs ratio "
                  f"({result['machine']['cpu']}, {result['machine']['usable_cpus']} CPUs)")

@@ -43,6 +43,7 @@ import keras
 import numpy as np
 from scipy import optimize
 
+from keras_precrop import _json
 from keras_precrop import costs as _costs
 from keras_precrop import graph as _graph
 from keras_precrop.rebuild import rebuild
@@ -310,9 +311,15 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
         ``{name: [seconds per call, one per round]}``.
     """
     names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # a compiled step per model is not "retracing"
+    try:
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+    finally:
+        tf_logger.setLevel(level)
     inner = {name: _calls_per_sample(fns[name], target_s) for name in names}
     samples = {name: [] for name in names}
     for r in range(rounds):
@@ -332,17 +339,11 @@ def _timer(batch_size, runtime, training, rounds, log):
     """The default timer: median seconds per call of each model, interleaved."""
 
     def measure(models):
-        tf_logger = logging.getLogger("tensorflow")
-        level = tf_logger.level
-        tf_logger.setLevel(logging.ERROR)  # one function per variant is not "retracing"
-        try:
-            fns = {}
-            for i, (name, model) in enumerate(models.items(), start=1):
-                log(f"preparing variant {i}/{len(models)} ({name})")
-                fns[name] = runner(model, batch_size, runtime, training)
-            samples = interleaved(fns, rounds, log=log)
-        finally:
-            tf_logger.setLevel(level)
+        fns = {}
+        for i, (name, model) in enumerate(models.items(), start=1):
+            log(f"preparing variant {i}/{len(models)} ({name})")
+            fns[name] = runner(model, batch_size, runtime, training)
+        samples = interleaved(fns, rounds, log=log)
         return {name: statistics.median(s) for name, s in samples.items()}
 
     return measure
@@ -536,7 +537,7 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
 
 
 @dataclasses.dataclass
-class LatencyModel:
+class LatencyModel(_json.JsonDataclass):
     """A fitted latency model: predicted seconds per batch of one model at any widths.
 
     Attributes:
@@ -589,7 +590,7 @@ class LatencyModel:
                 "units": "seconds per batch"}
 
     def check(self, graph, argument="latency_model"):
-        """Raise :class:`LatencyModelMismatchError` unless ``graph`` is this model's architecture."""
+        """Raise :class:`LatencyModelMismatchError` unless ``graph`` is this architecture."""
         signature = _signature(graph)
         if signature != self.signature:
             raise LatencyModelMismatchError(
@@ -662,35 +663,11 @@ class LatencyModel:
         for line in _costs._table(rows):
             print_fn(line)
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
-
-    def to_json(self, path=None, **kwargs):
-        """The latency model as JSON text; also written to ``path`` if given."""
-        text = json.dumps(self.to_dict(), indent=kwargs.pop("indent", 1), **kwargs)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        return text
-
     @classmethod
     def from_dict(cls, data):
-        fields = {f.name for f in dataclasses.fields(cls) if f.name != "format"}
-        missing = fields - set(data)
-        if missing:
-            raise ValueError(f"latency model data lacks fields {sorted(missing)}")
         if data.get("format", _FORMAT) != _FORMAT:
             raise ValueError(f"latency model format {data['format']} is not {_FORMAT}; refit it")
-        return cls(**{k: data[k] for k in fields})
-
-    @classmethod
-    def from_json(cls, text_or_path):
-        """Load a latency model from JSON text or from a ``.json`` file path."""
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
+        return super().from_dict(data)
 
 
 def resolve(latency_model_arg, model, argument="latency_model", **defaults):

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 
 import numpy as np
 
+from keras_precrop import _json
 from keras_precrop import costs as _costs
 from keras_precrop import latency as _latency
 from keras_precrop import solver as _solver
@@ -51,7 +51,7 @@ class PlanMismatchError(ValueError):
 
 
 @dataclasses.dataclass
-class Plan:
+class Plan(_json.JsonDataclass):
     """Channel widths for a model, with the costs they imply.
 
     Attributes:
@@ -101,34 +101,6 @@ class Plan:
     def widths(self):
         """``{group name: new width}``."""
         return {g["name"]: g["new"] for g in self.groups}
-
-    def to_dict(self):
-        return dataclasses.asdict(self)
-
-    def to_json(self, path=None, **kwargs):
-        """The plan as JSON text; also written to ``path`` if given."""
-        text = json.dumps(self.to_dict(), indent=kwargs.pop("indent", 1), **kwargs)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        return text
-
-    @classmethod
-    def from_dict(cls, data):
-        fields = {f.name for f in dataclasses.fields(cls)}
-        missing = fields - set(data)
-        if missing:
-            raise ValueError(f"Plan data lacks fields {sorted(missing)}")
-        return cls(**{k: data[k] for k in fields})
-
-    @classmethod
-    def from_json(cls, text_or_path):
-        """Load a plan from JSON text or from a ``.json`` file path."""
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
 
     def summary(self, print_fn=print, only_changed=False):
         """Print a before/after table of layers, then totals vs. budgets."""

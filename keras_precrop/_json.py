@@ -1,0 +1,39 @@
+"""JSON input and output shared by the library's records (plans, latency models)."""
+
+import dataclasses
+import json
+
+
+class JsonDataclass:
+    """Mixin for dataclasses of JSON-ready fields: ``to_json`` and ``from_json``."""
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_json(self, path=None, **kwargs):
+        """The record as JSON text; also written to ``path`` if given."""
+        text = json.dumps(self.to_dict(), indent=kwargs.pop("indent", 1), **kwargs)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data):
+        """The record from a dict; every field without a default is required."""
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        missing = required - set(data)
+        if missing:
+            raise ValueError(f"{cls.__name__} data lacks fields {sorted(missing)}")
+        return cls(**{f.name: data[f.name] for f in fields if f.name in data})
+
+    @classmethod
+    def from_json(cls, text_or_path):
+        """Load the record from JSON text or from a ``.json`` file path."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
