@@ -619,6 +619,12 @@ class LatencyModel(_json.JsonDataclass):
                 width vector in the order of ``template["names"]``.
         """
         if isinstance(x, keras.Model):
+            known = set(_graph._all_layer_names(_graph._functional_of(x), ""))
+            if not known.issuperset(self.ignore):
+                raise LatencyModelMismatchError(
+                    f"predict's model {x.name!r} lacks the layers "
+                    f"{sorted(set(self.ignore) - known)[:5]} this latency model was fitted "
+                    f"with as ignore=; it was fitted on model {self.model_name!r}.")
             graph = _graph.walk(x, ignore=self.ignore, residual=self.residual)
             self.check(graph, "predict's model")
             cm = _costs.CostModel(graph)

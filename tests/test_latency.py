@@ -194,6 +194,18 @@ def test_latency_model_of_another_model_is_refused(fitted):
         fitted.predict(tied)
 
 
+def test_fit_with_tied_residuals_and_ignored_layers(small):
+    lm = kp.latency_model(small, batch_size=4, variants=8, timer=_timer(), residual="tie",
+                          ignore=["b0_conv1"], verbose=0)
+    assert lm.error["worst"] < 1e-9
+    plan = kp.plan(small, latency=0.75, latency_model=lm, residual="tie", ignore=["b0_conv1"])
+    new = kp.apply_plan(small, plan)
+    assert lm.predict(plan) == pytest.approx(plan.latency, rel=1e-12)
+    assert lm.predict(new) == pytest.approx(_synthetic_seconds(new), rel=1e-9)
+    with pytest.raises(kp.LatencyModelMismatchError, match=r"lacks the layers \['b0_conv1'\]"):
+        lm.predict(kp.models.get("resnet20"))
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size must be a positive integer"),
     (dict(runtime="onnx"), "runtime must be one of"),
