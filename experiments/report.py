@@ -212,18 +212,112 @@ def _section(title, grid, runs, x_key=None, xlabel=None, budget_keys=("params", 
     return lines + [""], entries
 
 
+def _find(entries, **flags):
+    """The summaries of the entries whose flags include ``flags``."""
+    return [(e, _summary(e)) for e in entries if all(e["flags"].get(k) == v for k, v in flags.items())]
+
+
+def _one(entries, **flags):
+    """The summary of the one entry whose flags include ``flags`` (None if absent or unfinished)."""
+    found = _find(entries, **flags)
+    return found[0][1] if found else None
+
+
+def _compare(a, b):
+    """``(difference of means, tolerance, n_a, n_b)`` of two summaries (None if either is missing).
+
+    The tolerance is the sum of the two standard deviations: a difference within
+    it is "no difference" at this number of seeds.
+    """
+    if a is None or b is None:
+        return None
+    return a["acc"] - b["acc"], a["std"] + b["std"], a["n"], b["n"]
+
+
+def _verdict(rows, want):
+    """Joins per-point comparisons into one verdict.
+
+    ``want`` is ``"match"`` (every difference >= -tolerance) or ``"beat"``
+    (every difference > 0 and at least one > tolerance). Needs two seeds on
+    both sides of every point, else "pending".
+    """
+    if not rows or any(r is None or min(r[2], r[3]) < 2 for r in rows):
+        return "pending (fewer than 2 seeds on some point)"
+    if want == "match":
+        ok = all(d >= -tol for d, tol, *_ in rows)
+    else:
+        ok = all(d > 0 for d, *_ in rows) and any(d > tol for d, tol, *_ in rows)
+    return "reproduced" if ok else "not reproduced"
+
+
+def _fmt_rows(rows, labels):
+    return "; ".join(
+        f"{label}: {'pending' if r is None else f'{r[0]:+.2f} pp (tol {r[1]:.2f}, n {r[2]}/{r[3]})'}"
+        for label, r in zip(labels, rows)
+    )
+
+
+def _claims(core, thm, preconfig):
+    """One line per paper claim: verdict and the numbers behind it."""
+    lines = [
+        "## The paper's claims on this run",
+        "",
+        "Rule: differences are of mean final accuracy in percentage points (pp); \"tol\" is the sum of the "
+        "two standard deviations. *Matches* = no point below -tol; *beats* = every point above 0 and one "
+        "above tol. Both need 2 or more seeds on each side.",
+        "",
+    ]
+    synflow = {e["flags"]["params"]: s for e, s in _find(core, method="synflow")}
+    pairs = ((0.308, 0.3), (0.1103, 0.1), (0.0411, 0.03))
+    for mode in ("exact", "layerwise"):
+        rows = [_compare(_one(core, method="precrop_params", params=p, mode=mode), synflow.get(q)) for p, q in pairs]
+        lines.append(
+            f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {_verdict(rows, 'match')}. "
+            + _fmt_rows(rows, [f"SynFlow {q}" for _, q in pairs])
+        )
+    flops = ((0.5562, 0.3), (0.2734, 0.1), (0.0884, 0.03))
+    for mode in ("exact", "layerwise"):
+        rows = [_compare(_one(core, method="precrop_flops", flops=f, mode=mode), synflow.get(q)) for f, q in flops]
+        lines.append(
+            f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: {_verdict(rows, 'beat')}. "
+            + _fmt_rows(rows, [f"MACs of SynFlow {q}" for _, q in flops])
+        )
+    granular = [(e["label"], _summary(e)) for e in thm if e["flags"]["method"] != "synflow"]
+    done = [(label, s) for label, s in granular if s is not None and s["n"] >= 2]
+    if len(done) == len(granular) and done:
+        spread = max(s["acc"] for _, s in done) - min(s["acc"] for _, s in done)
+        tol = max(s["std"] for _, s in done) * 2
+        verdict = "reproduced" if spread <= tol else "not reproduced"
+    else:
+        spread, verdict = None, "pending (fewer than 2 seeds on some point)"
+    lines.append(
+        f"- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): {verdict}"
+        + ("" if spread is None else f"; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp")
+        + ". " + "; ".join(f"{label}: {s['acc']:.2f} ± {s['std']:.2f}" for label, s in done)
+    )
+    row = _compare(_one(preconfig, method="preconfig"), _one(preconfig, method="baseline"))
+    lines.append(
+        f"- **PreConfig gives equal or better accuracy at equal cost**: {_verdict([row], 'match')}. "
+        + _fmt_rows([row], ["PreConfig - baseline"])
+    )
+    return lines + [""]
+
+
 def main():
     FIGURES.mkdir(exist_ok=True)
     runs = _load_runs()
     epochs = sorted({r["epochs"] for r in runs.values()}) or [10]
     lines = [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
-    core, _ = _section("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", runs,
-                       "macs_ratio", "MACs ratio of the trained model")
-    lines += core
-    lines += _section("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", runs)[0]
+    body, core = _section("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", runs,
+                          "macs_ratio", "MACs ratio of the trained model")
+    lines += body
+    body, thm = _section("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", runs)
+    lines += body
     lines += _section("Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "pareto", runs,
                       "macs_ratio", "MACs ratio of the trained model")[0]
-    lines += _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)[0]
+    body, preconfig = _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)
+    lines += body
+    lines[3:3] = _claims(core, thm, preconfig)
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"
