@@ -11,7 +11,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import re
 import sys
 
 
@@ -118,13 +120,48 @@ def _run(args):
         print(f"Model written to {args.out} ({new.count_params():,} params)")
 
 
+# The library's keyword arguments that the command line passes on under the
+# flag of the same name. Library errors name an argument as the keyword and its
+# Python value (``flops=0``, ``ignore=['lstm']``); the command line shows them
+# as the flag the user typed (``--flops 0``, ``--ignore lstm``).
+_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "round_to",
+          "min_channels", "ignore", "residual")
+_KEYWORD_VALUE = re.compile(
+    r"(?<![\w.-])(" + "|".join(_FLAGS) + r")="
+    r"(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)|)")
+
+
+def _flag_value(literal):
+    """A Python literal from a library message, as typed on the command line."""
+    if not literal:
+        return ""
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError):  # nan, inf
+        return literal
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # argparse made 0 into 0.0
+    return str(value)
+
+
+def _in_flags(message):
+    """Rewrite a library message's ``keyword=value`` arguments as ``--flag value``."""
+    def flag(match):
+        value = _flag_value(match.group(2))
+        return f"--{match.group(1)}" + (f" {value}" if value else "")
+
+    return _KEYWORD_VALUE.sub(flag, message)
+
+
 def main(argv=None):
     """Entry point of the ``keras-precrop`` console script."""
     args = _parser().parse_args(argv)
     try:
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:
-        print(f"keras-precrop: error: {err}", file=sys.stderr)
+        print(f"keras-precrop: error: {_in_flags(str(err))}", file=sys.stderr)
         return 1
     return 0
 

@@ -146,18 +146,59 @@ class Plan:
             print_fn(text)
 
 
-def _resolve_budget(name, ratio, absolute, original):
-    """Absolute (integer) budget from a ratio of the original or an absolute value."""
+def _spelled(name, value):
+    """``name=value`` as the user wrote the argument (numpy scalars as numbers)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return f"{name}={value!r}"
+
+
+# The budget arguments: (ratio keyword, what the ratio is of, absolute keyword, its unit).
+_BUDGET_ARGS = (("params", "parameters", "max_params", "parameters"),
+                ("flops", "FLOPs", "max_macs", "MACs"))
+
+
+def _resolve_budget(kind, ratio, absolute, original, can_grow):
+    """Absolute (integer) budget from a ratio of the original or an absolute value.
+
+    Args:
+        kind: 0 for the parameter budget, 1 for the FLOP/MAC budget.
+        ratio: the ratio argument (``params`` / ``flops``) or None.
+        absolute: the absolute argument (``max_params`` / ``max_macs``) or None.
+        original: the original model's parameters / MACs.
+        can_grow: whether widths may exceed the original (PreConfig); if
+            not, a budget above the original is refused, since it would
+            silently return the model unchanged.
+
+    Returns:
+        The budget as a float integer, or None when neither argument is given.
+
+    Raises:
+        TypeError, ValueError: naming the argument as the user passed it
+            (``flops=0``), so the command line can translate it to its flag.
+    """
+    ratio_name, ratio_unit, absolute_name, absolute_unit = _BUDGET_ARGS[kind]
     if ratio is not None and absolute is not None:
-        raise ValueError(f"Give either {name} (a ratio) or max_{name} (absolute), not both.")
-    value = ratio if ratio is not None else absolute
-    if value is None:
+        raise ValueError(f"Give either {_spelled(ratio_name, ratio)} (a ratio) or "
+                         f"{_spelled(absolute_name, absolute)} (an absolute count), not both.")
+    if ratio is None and absolute is None:
         return None
+    is_ratio = ratio is not None
+    name, value = (ratio_name, ratio) if is_ratio else (absolute_name, absolute)
+    what = (f"ratio of the original model's {ratio_unit} (e.g. 0.5)" if is_ratio
+            else f"number of {absolute_unit}")
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(f"{name} budget must be a number, got {value!r}")
+        raise TypeError(f"{_spelled(name, value)} must be a {what}.")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} budget must be a positive finite number, got {value!r}")
-    budget = float(value) * original if ratio is not None else float(value)
+        raise ValueError(f"{_spelled(name, value)} must be a positive, finite {what}.")
+    if not can_grow and (value > 1 if is_ratio else value > original):
+        size = (f"{value:.0%} of the original model's {ratio_unit}" if is_ratio
+                else f"more than the original model's {original:,} {absolute_unit}")
+        raise ValueError(
+            f"{_spelled(name, value)} asks for {size}, but PreCrop only removes channels: "
+            "the model would come back unchanged. Use reconfigure (PreConfig) to let "
+            "layers grow.")
+    budget = float(value) * original if is_ratio else float(value)
     # Params and MACs are integers: round away float noise (0.9999999999999999 * 393).
     return float(math.floor(budget * (1 + 1e-12)))
 
@@ -186,19 +227,30 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
 
     Returns:
         A :class:`Plan`.
+
+    Raises:
+        ValueError: for a budget that is not a positive finite number, both
+            forms of one budget, no budget, or (with ``upper <= 1``, i.e.
+            PreCrop) a budget above the original model, which could only
+            return the model unchanged; the message names the argument as
+            passed (``params=1.5``).
+        TypeError: for a budget that is not a number.
+        InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+        raise ValueError(f"{_spelled('mode', mode)} is unknown; use one of {sorted(_MODES)}.")
     for name, value in (("round_to", round_to), ("min_channels", min_channels)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if upper is not None and (not math.isfinite(upper) or upper <= 0):
-        raise ValueError(f"upper must be a positive ratio or None, got {upper!r}")
+            raise ValueError(f"{_spelled(name, value)} must be a positive integer.")
+    if upper is not None and (isinstance(upper, bool) or not isinstance(upper, (int, float, np.number))
+                              or not math.isfinite(upper) or upper <= 0):
+        raise ValueError(f"{_spelled('upper', upper)} must be a positive ratio or None.")
     prof = _costs.profile(model, ignore=ignore, residual=residual)
+    can_grow = upper is None or upper > 1
     budgets = np.array([
         np.inf if b is None else b for b in (
-            _resolve_budget("params", params, max_params, prof.total_params),
-            _resolve_budget("macs", flops, max_macs, prof.total_macs))])
+            _resolve_budget(0, params, max_params, prof.total_params, can_grow),
+            _resolve_budget(1, flops, max_macs, prof.total_macs, can_grow))])
     if np.all(np.isinf(budgets)):
         raise ValueError("Give at least one budget: params=, flops=, max_params= or max_macs=.")
     cm = prof.cost
@@ -523,8 +575,10 @@ def precrop(model, params=None, flops=None, **options):
 
     Args:
         model: functional or Sequential Keras model with a defined input shape.
-        params: parameter budget as a ratio of the original (e.g. 0.5).
-        flops: FLOP budget as a ratio of the original.
+        params: parameter budget as a ratio of the original, in (0, 1]
+            (e.g. 0.5); a larger budget is an error, since PreCrop only
+            removes channels (:func:`reconfigure` lets layers grow).
+        flops: FLOP budget as a ratio of the original, in (0, 1].
         **options: see :func:`plan` (``max_params``, ``max_macs``, ``mode``,
             ``round_to``, ``min_channels``, ``ignore``, ``residual``).
 
