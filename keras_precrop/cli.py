@@ -56,8 +56,8 @@ def _parser():
         p.add_argument("--out", help="save the rebuilt model here (.keras)")
         p.add_argument("--plan", help="write the plan as JSON here")
         p.add_argument("--apply", help="apply this plan JSON instead of solving")
-        p.add_argument("--all_layers", action="store_true",
-                       help="show unchanged layers in the table too")
+        p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
+                       help="show every layer in the table, unchanged ones too")
     return parser
 
 
@@ -110,7 +110,7 @@ def _run(args):
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None,
         )
-    the_plan.summary(only_changed=not args.all_layers)
+    the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")

@@ -58,7 +58,8 @@ class Plan:
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
         ignore: layer names whose channels were kept fixed.
         groups: per width variable: name, kind, original and new width, fixed.
-        layers: per layer: name, class, params/MACs before and after, density.
+        layers: per layer: name, class, input and output channels, params/MACs
+            before and after, density.
         original: ``{"params", "macs"}`` of the original model.
         predicted: ``{"params", "macs"}`` of the rebuilt model (exact integers).
         budgets: absolute ``{"params", "macs"}`` targets (``None`` if unset).
@@ -119,24 +120,43 @@ class Plan:
                 text = f.read()
         return cls.from_dict(json.loads(text))
 
-    def summary(self, print_fn=print, only_changed=False):
-        """Print a before/after table of layers, then totals vs. budgets."""
-        rows = [("Layer (type)", "Channels", "Params", "MACs", "Density")]
+    def summary(self, print_fn=print, only_changed=False, show_all_hint="only_changed=False"):
+        """Print a before/after table of layers, then totals vs. budgets.
+
+        Each layer shows its input and output channels, parameters and MACs,
+        as ``before -> after`` where they change. Layers without parameters
+        or MACs (activations, adds, pooling) are left out.
+
+        Args:
+            print_fn: where each line goes.
+            only_changed: leave out layers whose parameters did not change;
+                a note under the table says how many were left out.
+            show_all_hint: how the caller shows every layer, for that note
+                (the command line passes its ``--all`` flag).
+        """
+        rows = [("Layer (type)", "In channels", "Out channels", "Params", "MACs", "Density")]
+        hidden = 0
         for layer in self.layers:
             if not (layer["params"] or layer["macs"]):
                 continue
             if only_changed and layer["params_new"] == layer["params"]:
+                hidden += 1
                 continue
             rows.append((
                 f"{layer['name']} ({layer['class_name']})",
-                f"{layer['channels']} -> {layer['channels_new']}",
-                f"{layer['params']:,} -> {layer['params_new']:,}",
-                f"{layer['macs']:,} -> {layer['macs_new']:,}",
+                # Plans written before input channels were recorded lack them.
+                _change(layer.get("channels_in", "?"), layer.get("channels_in_new", "?")),
+                _change(layer["channels"], layer["channels_new"]),
+                _change(f"{layer['params']:,}", f"{layer['params_new']:,}"),
+                _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
         print_fn(f'Plan ({self.mode}, residual={self.residual}): "{self.model_name}"')
         for line in _costs._table(rows):
             print_fn(line)
+        if hidden:
+            print_fn(f"{hidden} unchanged layer{'s' * (hidden > 1)} not shown "
+                     f"({show_all_hint} shows every layer).")
         for key, label in (("params", "Params"), ("macs", "MACs")):
             before, after = self.original[key], self.predicted[key]
             budget = self.budgets[key]
@@ -144,6 +164,11 @@ class Plan:
             if budget is not None:
                 text += f"   budget {budget:,.0f} ({budget / before:.1%})"
             print_fn(text)
+
+
+def _change(before, after):
+    """A table cell: ``before -> after``, or one value if it did not change."""
+    return before if before == after else f"{before} -> {after}"
 
 
 def _spelled(name, value):
@@ -519,14 +544,17 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
     has_kernel = set(cm.obj_layer.tolist())
     names = {v.name: i for i, v in enumerate(cm.variables)}
 
-    def channels(layer, w):
-        return "/".join(str(int(w[names[g]])) for g in layer.out_groups) or "-"
+    def channels(groups, w):
+        return "/".join(str(int(w[names[g]])) for g in groups) or "-"
 
     layers = []
     for i, layer in enumerate(prof.layers):
         layers.append({
             "name": layer.name, "class_name": layer.class_name,
-            "channels": channels(layer, cm.widths), "channels_new": channels(layer, widths),
+            "channels": channels(layer.out_groups, cm.widths),
+            "channels_new": channels(layer.out_groups, widths),
+            "channels_in": channels(layer.in_groups, cm.widths),
+            "channels_in_new": channels(layer.in_groups, widths),
             "params": int(round(before[i, 0])), "params_new": int(round(after[i, 0])),
             "macs": int(round(before[i, 1])), "macs_new": int(round(after[i, 1])),
             "density": float(density[i]) if i in has_kernel else None,

@@ -46,6 +46,46 @@ def test_reconfigure_efficientnet_saves_loadable_model(tmp_path):
     assert kp.profile(model).total_macs <= kp.profile(original).total_macs
 
 
+def _table_rows(out):
+    """``{layer name: {column: (before, after)}}`` from a plan table."""
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        changes = [tuple(cell.split(" -> ")) * (2 // len(cell.split(" -> "))) for cell in cells[1:]]
+        rows[cells[0].split(" (")[0]] = dict(zip(header[1:], changes))
+    return rows
+
+
+def test_plan_table_shows_in_and_out_channels_of_the_rebuilt_model(capsys, tmp_path):
+    out_model, out_plan = tmp_path / "m.keras", tmp_path / "plan.json"
+    assert main(["precrop", "resnet20", "--params", "0.5", "--out", str(out_model),
+                 "--plan", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    original, rebuilt = kp.models.get("resnet20"), keras.models.load_model(out_model)
+    convs = [layer for layer in rebuilt.layers if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense))]
+    assert convs and any(layer.name in rows for layer in convs)
+    for layer in convs:
+        before = original.get_layer(layer.name).kernel.shape
+        if layer.name not in rows:  # unchanged, hence hidden
+            assert tuple(layer.kernel.shape) == tuple(before)
+            continue
+        row = rows[layer.name]
+        # The table's channels are the kernels' input and output axes.
+        assert row["In channels"] == (str(before[-2]), str(layer.kernel.shape[-2]))
+        assert row["Out channels"] == (str(before[-1]), str(layer.kernel.shape[-1]))
+        assert row["Params"][1] == f"{layer.count_params():,}"
+    # Hidden rows are announced, and --all shows them.
+    costly = [l for l in kp.Plan.from_json(str(out_plan)).layers if l["params"] or l["macs"]]
+    hidden = len(costly) - len(rows)
+    assert hidden > 0 and f"{hidden} unchanged layers not shown (--all shows every layer)." in out
+    assert main(["precrop", "resnet20", "--apply", str(out_plan), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert len(_table_rows(out)) == len(costly) and "not shown" not in out
+
+
 def _model_with_permute(path):
     """A model whose Permute layer the walker refuses unless it is ignored."""
     inputs = keras.Input((8, 8, 3))

@@ -120,6 +120,29 @@ def test_ignore_keeps_layer_widths():
     assert layer["channels_new"] == layer["channels"]
 
 
+def test_summary_counts_the_layers_it_hides_and_reads_older_plans():
+    model = _model("resnet20")
+    plan = kp.plan(model, params=0.5)
+    changed, everything = [], []
+    plan.summary(print_fn=changed.append, only_changed=True)
+    plan.summary(print_fn=everything.append)
+    costly = [layer for layer in plan.layers if layer["params"] or layer["macs"]]
+    hidden = sum(layer["params"] == layer["params_new"] for layer in costly)
+    assert 0 < hidden < len(costly)
+    assert f"{hidden} unchanged layers not shown (only_changed=False shows every layer)." in changed
+    rows = [line for line in everything if line.startswith("| ")]
+    assert len(rows) == 1 + len(costly) and not any("not shown" in line for line in everything)
+    assert "In channels" in rows[0] and "Out channels" in rows[0]
+    # Plans saved before input channels were recorded still print.
+    old = plan.to_dict()
+    for layer in old["layers"]:
+        del layer["channels_in"], layer["channels_in_new"]
+    lines = []
+    kp.Plan.from_dict(old).summary(print_fn=lines.append)
+    first_row = [line for line in lines if line.startswith("| ")][1]
+    assert first_row.split("|")[2].strip() == "?"
+
+
 def test_deterministic():
     model = _model("mobilenet_v2_cifar")
     a = kp.plan(model, params=0.4, flops=0.6)
