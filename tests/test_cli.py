@@ -8,6 +8,7 @@ import keras
 import pytest
 
 import keras_precrop as kp
+from keras_precrop import cli
 from keras_precrop.cli import main
 
 
@@ -122,6 +123,11 @@ def test_errors_name_the_flags_the_user_typed(argv, message, capsys):
     assert out == ""  # no table of an unchanged model
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"keras-precrop: error: {message}"), lines
+
+
+def test_every_keyword_translated_to_a_flag_is_a_flag_of_that_name():
+    options = vars(cli._parser().parse_args(["precrop", "resnet20"]))
+    assert set(cli._FLAGS) <= set(options)
 
 
 def test_library_hints_speak_flags(capsys, tmp_path):
