@@ -93,6 +93,14 @@ def define_flags(default_model):
     flags.DEFINE_bool(
         "save_model", False, "Also keep the trained model as final_model.keras in --model_dir."
     )
+    flags.DEFINE_integer(
+        "verbose",
+        1,
+        "0: silent training; 1: progress within epochs (a progress bar on a terminal, a plain "
+        "line every 30 s in a log file); 2: one line per epoch. Also SynFlow's pruning rounds.",
+        lower_bound=0,
+        upper_bound=2,
+    )
 
 
 def _check_flags():
@@ -169,7 +177,7 @@ def _masks(reference, train_ds, num_classes, batch_size):
     density = FLAGS.params
     num_batches = math.ceil(10 * num_classes / batch_size)
     if FLAGS.method == "synflow":
-        return pai.synflow(reference, density, verbose=2)
+        return pai.synflow(reference, density, verbose=FLAGS.verbose)
     if FLAGS.method == "snip":
         return pai.snip(reference, train_ds, density, num_batches=num_batches)
     if FLAGS.method == "grasp":
@@ -304,6 +312,7 @@ def run(dataset):
         epochs=epochs,
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
+        verbose=FLAGS.verbose,
     )
     if FLAGS.save_model:
         tf.io.gfile.copy(

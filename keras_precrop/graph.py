@@ -278,8 +278,8 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     missing = sorted(ignore - known)
     if missing:
         raise ValueError(
-            f"ignore names unknown layers {missing}; layers are named as in "
-            "model.summary()."
+            f"ignore={missing!r} names no layer of model {model.name!r}; layers are "
+            "named as in model.summary() (or `keras-precrop profile`)."
         )
     ctx = WalkContext(residual)
     tensors: dict[int, Channels] = {}

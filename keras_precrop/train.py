@@ -24,6 +24,8 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_precrop import progress as _progress
+
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
 
 _logger = logging.getLogger(__name__)
@@ -373,6 +375,25 @@ class _EpochStats(keras.callbacks.Callback):
             logs["epoch_time"] = time.perf_counter() - self._start
 
 
+class _PlainProgressLogger(keras.callbacks.Callback):
+    """Plain progress lines within each epoch, for output that is not a terminal.
+
+    ``fit`` pairs it with Keras' ``verbose=2`` (an ``Epoch i/n`` header and
+    one line at the end of each epoch), so a log shows progress inside long
+    epochs without Keras' progress-bar control characters.
+    """
+
+    def __init__(self, interval):
+        super().__init__()
+        self._interval = interval
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._progress = _progress.PlainProgress(self.params.get("steps"), self._interval, last_line=False)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._progress.update(batch + 1, logs or {})
+
+
 @dataclasses.dataclass
 class TrainResult:
     """What ``fit`` returns.
@@ -490,7 +511,8 @@ def fit(
     eval_steps=None,
     callbacks=(),
     tensorboard=None,
-    verbose=2,
+    verbose=1,
+    log_every=30.0,
 ):
     """Trains a compiled model, resuming from ``model_dir`` if a run was cut short.
 
@@ -514,7 +536,11 @@ def fit(
         tensorboard: write TensorBoard logs; None does so if the
             ``tensorboard`` package is installed (and warns if not), True
             requires it.
-        verbose: ``model.fit`` verbosity (2: one line per epoch).
+        verbose: 0 silent; 1 progress within epochs (Keras' progress bar on
+            a terminal or in a notebook, else a plain line every
+            ``log_every`` seconds, so log files hold no control characters);
+            2 one line per epoch.
+        log_every: seconds between the plain progress lines of ``verbose=1``.
 
     Returns:
         A ``TrainResult``.
@@ -522,6 +548,9 @@ def fit(
     model_dir = _worker_dir(model_dir, model.distribute_strategy)
     tf.io.gfile.makedirs(model_dir)
     monitor = "val_accuracy" if eval_data is not None else "loss"
+    progress = []
+    if verbose == 1 and not _progress.interactive():
+        verbose, progress = 2, [_PlainProgressLogger(log_every)]
     model.fit(
         train_data,
         validation_data=eval_data,
@@ -530,7 +559,8 @@ def fit(
         validation_steps=eval_steps,
         shuffle=False,  # tf.data pipelines shuffle themselves
         callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard))
-        + list(callbacks),
+        + list(callbacks)
+        + progress,
         verbose=verbose,
     )
     return TrainResult(model=model, history=read_history(model_dir), model_dir=model_dir)
