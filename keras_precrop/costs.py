@@ -41,20 +41,18 @@ class CostModel:
     """
 
     def __init__(self, graph: _graph.ModelGraph):
-        structure = graph.structure
-        ctx = graph.ctx
-        self.variables = structure.variables
+        self.variables = graph.variables
         n = len(self.variables)
         coef, a, b, layer = [], [], [], []
         obj_var, obj_weight, obj_layer = [], [], []
         for i, rec in enumerate(graph.layers):
             for t in rec.terms:
                 coef.append((t.params, t.macs))
-                a.append(n if t.a is None else structure.var_of(rec, t.a, ctx))
-                b.append(n if t.b is None else structure.var_of(rec, t.b, ctx))
+                a.append(n if t.a is None else graph.variable(rec, t.a))
+                b.append(n if t.b is None else graph.variable(rec, t.b))
                 layer.append(i)
             for weight, seg in rec.objective:
-                obj_var.append(structure.var_of(rec, seg, ctx))
+                obj_var.append(graph.variable(rec, seg))
                 obj_weight.append(weight)
                 obj_layer.append(i)
         self.coef = np.asarray(coef, dtype=np.float64).reshape(-1, 2)
@@ -173,19 +171,17 @@ class ModelProfile:
         self.cost = CostModel(graph)
         self.groups = self.cost.variables
         self.model_name = graph.model.name
-        self.notes = list(graph.ctx.notes)
+        self.notes = list(graph.notes)
         widths = self.cost.widths
         rows = self.cost.per_layer(widths)
-        structure, ctx = graph.structure, graph.ctx
         self.layers = []
         for rec, (params, macs) in zip(graph.layers, rows):
             def names(channels, rec=rec):
-                return [self.groups[structure.var_of(rec, p.group, ctx)].name
-                        for p in channels]
+                return [self.groups[graph.variable(rec, p.group)].name for p in channels]
             ins = [n for ch in rec.inputs[0] for n in names(ch)]
             outs = [n for ch in rec.outputs[0] for n in names(ch)]
             prunable = any(
-                not self.groups[structure.var_of(rec, s, ctx)].fixed
+                not self.groups[graph.variable(rec, s)].fixed
                 for t in rec.terms for s in (t.a, t.b) if s is not None
             )
             self.layers.append(LayerCost(rec.path, rec.class_name, int(round(params)),

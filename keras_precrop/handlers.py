@@ -18,7 +18,7 @@ from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
 from keras_precrop import layers as _custom
-from keras_precrop.graph import (
+from keras_precrop.channels import (
     Part,
     UnsupportedLayerError,
     as_part,
@@ -369,16 +369,14 @@ def register_handler(layer_class, rule):
 def lookup(op, path, ignored=False):
     """The handler for operation ``op`` (searched along its class's MRO).
 
-    Unknown classes get the opaque ``Fixed`` rule when ``ignored``, and an
-    :class:`UnsupportedLayerError` otherwise (``op=None``: always ``Fixed``).
+    Unknown classes get the opaque rule :data:`OPAQUE` when ``ignored``, and
+    an :class:`UnsupportedLayerError` otherwise.
     """
-    if op is None:
-        return _REGISTRY_FIXED
     for cls in type(op).__mro__:
         if cls in _REGISTRY:
             return _REGISTRY[cls]
     if ignored:
-        return _REGISTRY_FIXED
+        return OPAQUE
     raise UnsupportedLayerError(
         f"Layer {path!r} of class {type(op).__name__} is not supported: the "
         "walker does not know how its channels flow. Either keep its channels "
@@ -387,7 +385,7 @@ def lookup(op, path, ignored=False):
     )
 
 
-_REGISTRY_FIXED = Fixed()
+OPAQUE = Fixed()  # the rule of ignored layers that no handler accepts
 
 for _cls in (L.Conv1D, L.Conv2D, L.Conv3D):
     register_handler(_cls, Conv())

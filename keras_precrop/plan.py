@@ -349,18 +349,11 @@ class _LayerwiseRule:
         self.alpha, self.beta = per_layer[self.layers, 0], per_layer[self.layers, 1]
         self.rest = per_layer.sum(axis=0) - np.array([self.alpha.sum(), self.beta.sum()])
         self.names = [graph.layers[i].path for i in self.layers]
-        structure, ctx = graph.structure, graph.ctx
-        position = {layer: k for k, layer in enumerate(self.layers.tolist())}
         producer = {}
-        for i, rec in enumerate(graph.layers):
-            if i not in position:
-                continue
-            targets = [] if rec.out_segment is None else [
-                structure.seg_var[ctx.find(rec.out_segment)]]
-            targets += [v for (path, _), v in structure.views.items() if path == rec.path]
-            for v in targets:
+        for k, i in enumerate(self.layers.tolist()):
+            for v in graph.produced_variables(graph.layers[i]):
                 if not cm.fixed[v]:
-                    producer.setdefault(v, position[i])
+                    producer.setdefault(v, k)
         self.var = np.array(sorted(producer), dtype=np.int64)
         self.src = np.array([producer[v] for v in self.var], dtype=np.int64)
 
@@ -502,7 +495,7 @@ def apply_plan(model, plan):
     layer names and original widths); otherwise :class:`PlanMismatchError`.
     """
     graph = walk(model, ignore=plan.ignore, residual=plan.residual)
-    variables = graph.structure.variables
+    variables = graph.variables
     planned = {g["name"]: g for g in plan.groups}
     names = [v.name for v in variables]
     if set(names) != set(planned):
