@@ -26,7 +26,7 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
 from keras_precrop import data, models, pai, train  # noqa: E402
 from keras_precrop.costs import ModelProfile, profile  # noqa: E402
 from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
-from keras_precrop.handlers import Handler, register_handler  # noqa: E402
+from keras_precrop.handlers import Handler, WeightSpec, register_handler  # noqa: E402
 from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
 from keras_precrop.plan import (  # noqa: E402
     Plan,
@@ -57,6 +57,7 @@ __all__ = [
     "SolveResult",
     "UnsupportedLayerError",
     "UnsupportedModelError",
+    "WeightSpec",
     "WidthProblem",
     "apply_plan",
     "data",

@@ -36,6 +36,7 @@ from keras_precrop.channels import (
     UnsupportedLayerError,
     UnsupportedModelError,
     WalkContext,
+    width_of,
 )
 
 
@@ -82,6 +83,21 @@ def layer_names(fn, prefix=""):
             yield from layer_names(functional_of(op), f"{prefix}{op.name}/")
 
 
+@dataclasses.dataclass
+class LayerCall:
+    """One call of a layer, in topological order.
+
+    Tensors are named by *keys*: a nested model's input is the key of the
+    outer tensor fed to it and its output the key of the inner tensor it
+    returns, so calls inside and outside nested models connect.
+    """
+
+    record: LayerRecord
+    node: object  # the keras Node of the call
+    inputs: list  # tensor keys
+    outputs: list  # tensor keys
+
+
 class ModelGraph:
     """A walked model: its layers' records, channel groups and width variables.
 
@@ -89,19 +105,26 @@ class ModelGraph:
         model: the walked model.
         residual: the residual mode the width variables were resolved under.
         tensor_channels: ``id(KerasTensor) -> Channels`` for every tensor,
-            those of nested models included.
+            those of nested models included (a tensor key is such an id).
+        calls: every :class:`LayerCall`, in topological order.
+        inputs: the keys of the model's input tensors.
+        outputs: the keys of the model's output tensors.
         layers: a :class:`~keras_precrop.channels.LayerRecord` per layer, in
             the order of their first call.
         variables: the width variables (:class:`Variable`).
         notes: decisions of the walk a user should know about.
     """
 
-    def __init__(self, model, ctx: WalkContext, residual, tensor_channels):
+    def __init__(self, model, walker: _Walker):
         self.model = model
-        self.residual = residual
-        self.tensor_channels = tensor_channels
-        self._ctx = ctx
-        self._structure = _resolve(ctx, residual)
+        self.residual = walker.ctx.residual
+        self.tensor_channels = walker.tensors
+        self.calls = walker.calls
+        fn = functional_of(model)
+        self.inputs = [walker.key(t) for t in fn.inputs]
+        self.outputs = [walker.key(t) for t in fn.outputs]
+        self._ctx = walker.ctx
+        self._structure = _resolve(walker.ctx, walker.ctx.residual)
 
     @property
     def layers(self) -> list[LayerRecord]:
@@ -145,6 +168,10 @@ class ModelGraph:
         """Every name and ``outer/inner`` path of the model's operations."""
         return set(layer_names(functional_of(self.model)))
 
+    def width(self, channels):
+        """Original number of channels of a descriptor (e.g. ``tensor_channels[key]``)."""
+        return width_of(self._ctx, channels)
+
 
 def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     """Walk ``model`` into a :class:`ModelGraph`.
@@ -168,8 +195,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             f"ignore names unknown layers {missing}; layers are named as in "
             "model.summary()."
         )
-    ctx = WalkContext(residual)
-    tensors: dict[int, Channels] = {}
+    walker = _Walker(WalkContext(residual), ignore)
     for t in fn.inputs:
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
@@ -178,12 +204,76 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
                 f"{shape}: MACs depend on spatial size. Build the model with a "
                 "full input shape, e.g. keras.Input((224, 224, 3))."
             )
-        seg = ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
-        tensors[id(t)] = (Part(seg),)
-    _walk_functional(fn, "", tensors, ctx, ignore)
+        seg = walker.ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
+        walker.tensors[id(t)] = (Part(seg),)
+    walker.functional(fn, "")
     for t in fn.outputs:
-        ctx.fix(tensors[id(t)])
-    return ModelGraph(model, ctx, residual, tensors)
+        walker.ctx.fix(walker.tensors[id(t)])
+    return ModelGraph(model, walker)
+
+
+class _Walker:
+    """The state of one walk: the context, tensors' channels and the calls."""
+
+    def __init__(self, ctx: WalkContext, ignore):
+        self.ctx = ctx
+        self.ignore = ignore
+        self.tensors: dict[int, Channels] = {}
+        self.calls: list[LayerCall] = []
+        self._alias: dict[int, int] = {}  # a nested model's tensor -> its key
+
+    def key(self, t):
+        """The key of tensor ``t`` (see :class:`LayerCall`)."""
+        return self._alias.get(id(t), id(t))
+
+    def functional(self, fn, prefix):
+        """Walk the nodes of functional ``fn``, nested models in place."""
+        ctx, tensors = self.ctx, self.tensors
+        depths: dict[int, int] = {}
+        for node in topological_nodes(fn):
+            op = node.operation
+            if isinstance(op, keras.layers.InputLayer):
+                continue
+            args = node.arguments.keras_tensors
+            ins = [tensors[id(t)] for t in args]
+            ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
+            path = prefix + op.name
+            if isinstance(op, keras.Model):
+                inner = functional_of(op)
+                for t_in, t, ch in zip(inner.inputs, args, ins):
+                    tensors[id(t_in)] = ch
+                    self._alias[id(t_in)] = self.key(t)
+                self.functional(inner, path + "/")
+                outs = [tensors[id(t)] for t in inner.outputs]
+                for t, t_inner in zip(node.outputs, inner.outputs):
+                    self._alias[id(t)] = self.key(t_inner)
+            else:
+                outs = self._layer(op, path, node, ins)
+                self.calls.append(LayerCall(ctx.records[id(op)], node,
+                                            [self.key(t) for t in args],
+                                            [self.key(t) for t in node.outputs]))
+            for t, ch in zip(node.outputs, outs):
+                tensors[id(t)] = ch
+                depths[id(t)] = ctx.depth
+
+    def _layer(self, op, path, node, ins):
+        """Walk one call of layer ``op``; returns its outputs' channels."""
+        ctx = self.ctx
+        rec = ctx.records.get(id(op))
+        if rec is None:
+            ignored = op.name in self.ignore or path in self.ignore
+            handler = handlers.lookup(op, path, ignored=ignored)
+            rec = LayerRecord(op, path, handler, ignored)
+            ctx.records[id(op)] = rec
+            ctx.order.append(rec)
+        if rec.calls and getattr(op, "weights", None):  # shared weights
+            for first, now in zip(rec.inputs[0], ins):
+                ctx.tie(first, now, path)
+        outs = _walk_layer(ctx, rec, node, ins)
+        rec.inputs.append(ins)
+        rec.outputs.append(outs)
+        rec.calls += 1
+        return outs
 
 
 def _walk_layer(ctx, rec, node, ins):
@@ -204,42 +294,6 @@ def _walk_layer(ctx, rec, node, ins):
     for ch in list(ins) + list(outs):
         ctx.fix(ch)
     return outs
-
-
-def _walk_functional(fn, prefix, tensors, ctx, ignore):
-    depths: dict[int, int] = {}
-    for node in topological_nodes(fn):
-        op = node.operation
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        args = node.arguments.keras_tensors
-        ins = [tensors[id(t)] for t in args]
-        ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
-        path = prefix + op.name
-        if isinstance(op, keras.Model):
-            inner = functional_of(op)
-            for t_in, ch in zip(inner.inputs, ins):
-                tensors[id(t_in)] = ch
-            _walk_functional(inner, path + "/", tensors, ctx, ignore)
-            outs = [tensors[id(t)] for t in inner.outputs]
-        else:
-            rec = ctx.records.get(id(op))
-            if rec is None:
-                ignored = op.name in ignore or path in ignore
-                handler = handlers.lookup(op, path, ignored=ignored)
-                rec = LayerRecord(op, path, handler, ignored)
-                ctx.records[id(op)] = rec
-                ctx.order.append(rec)
-            if rec.calls and getattr(op, "weights", None):  # shared weights
-                for first, now in zip(rec.inputs[0], ins):
-                    ctx.tie(first, now, path)
-            outs = _walk_layer(ctx, rec, node, ins)
-            rec.inputs.append(ins)
-            rec.outputs.append(outs)
-            rec.calls += 1
-        for t, ch in zip(node.outputs, outs):
-            tensors[id(t)] = ch
-            depths[id(t)] = ctx.depth
 
 
 # ---------------------------------------------------------------------------

@@ -1,18 +1,23 @@
 """How channels flow through each layer class: the handler registry.
 
-A handler has two jobs: while the graph is walked it maps input channel
-descriptors to output descriptors and declares the layer's bilinear cost terms
-(``walk``); when the model is rebuilt it rewrites the layer's config for new
-widths (``configure``). Handlers are looked up along the layer class's MRO, so
-subclasses of built-in layers inherit their rule; ``register_handler`` teaches
-the walker a custom layer.
+This is the one table of layer classes. A handler describes its layer class
+for every part of the package: while the graph is walked it maps input
+channel descriptors to output descriptors and declares the layer's bilinear
+cost terms (``walk``); when the model is rebuilt it rewrites the layer's
+config for new widths (``configure``); for the pruning baselines it names the
+layer's maskable weights (``weight_specs``) and which input channel each
+output channel comes from (``channel_map``). Handlers are looked up along the
+layer class's MRO, so subclasses of built-in layers inherit their rule;
+``register_handler`` teaches the package a custom layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
+import numpy as np
 from keras import layers as L
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
@@ -28,8 +33,33 @@ from keras_precrop.channels import (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """How a maskable weight of a layer class is laid out and persisted.
+
+    Attributes:
+        constraint_attr: the layer attribute that ``get_config`` serializes as
+            this weight's constraint (``kernel_constraint``, ...); the mask
+            constraint is stored there so it survives ``.keras`` save/load.
+        kind: ``"kernel"`` (mixes input into output channels), ``"depthwise"``
+            (one ``k x k x multiplier`` slab per input channel), ``"bias"`` or
+            ``"scale"`` (per-output-channel vectors: biases, BN gamma/beta).
+        in_axis: kernel axis indexing input channels (``None`` for vectors).
+        out_axis: kernel axis indexing output channels, or the depthwise
+            multiplier axis (``None`` for vectors).
+    """
+
+    constraint_attr: str
+    kind: str
+    in_axis: int | None = None
+    out_axis: int | None = None
+
+
+_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
+
+
 class Handler:
-    """Base rule: subclasses implement ``walk`` and, if needed, ``configure``."""
+    """Base rule: subclasses implement ``walk`` and, if needed, the others."""
 
     rule = "base"
 
@@ -40,6 +70,26 @@ class Handler:
     def configure(self, rec, config, width):
         """Return ``config`` updated for new widths (``width(segment)``)."""
         return config
+
+    def weight_specs(self, layer):
+        """``{variable name: WeightSpec}`` of the layer's maskable weights.
+
+        Kernels come in the order the layer applies them (a separable conv's
+        depthwise kernel before its pointwise one). None by default.
+        """
+        return {}
+
+    def channel_map(self, rec, node):
+        """Which input channel each output channel of a call comes from.
+
+        Returns a list with an int array per input tensor of ``node``, of the
+        output's channel count, naming the input channel each output channel
+        reads (``-1``: none of this input's), or ``None`` when every output
+        channel may depend on every input channel (the default, right for
+        kernels and opaque blocks). The pruning baselines follow channels
+        through layers with it.
+        """
+        return None
 
 
 def _weights(op):
@@ -64,6 +114,8 @@ class Tie(Handler):
     rule = "tie"
 
     def walk(self, ctx, rec, node, ins):
+        if getattr(rec.layer, "data_format", None) == "channels_first":
+            raise UnsupportedLayerError(f"{rec.path}: only channels_last layers are supported.")
         channels = ins[0]
         for other in ins[1:]:
             ctx.tie(channels, other, rec.path)
@@ -80,6 +132,30 @@ class Tie(Handler):
                     ctx.add_term(rec, size, 0)
         return [channels] * len(node.outputs)
 
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
+
+class BatchNorm(Tie):
+    """BatchNormalization: tied channels; gamma and beta are maskable."""
+
+    def weight_specs(self, layer):
+        return {"gamma": WeightSpec("gamma_constraint", "scale"),
+                "beta": WeightSpec("beta_constraint", "bias")}
+
+
+class Normalize(Tie):
+    """LayerNormalization, UnitNormalization, Softmax: act along ``axis``.
+
+    When ``axis`` includes the channel axis, every output channel depends on
+    every input channel.
+    """
+
+    def channel_map(self, rec, node):
+        if _acts_on_channels(rec.layer, len(input_shape(node))):
+            return None
+        return _elementwise_map(node)
+
 
 def _acts_on_channels(layer, rank):
     """Whether a layer's weights follow the channel axis (its ``axis`` says)."""
@@ -88,6 +164,25 @@ def _acts_on_channels(layer, rank):
         return True
     axes = [axis] if isinstance(axis, int) else list(axis)
     return any(a % rank == rank - 1 for a in axes)
+
+
+def _elementwise_map(node):
+    """Channel maps of an element-wise op: same channel, broadcast or prefix.
+
+    An input with one channel broadcasts to every channel; a narrower one is
+    added into the leading channels (``PrefixAdd``).
+    """
+    width = output_shape(node)[-1]
+    maps = []
+    for t in node.arguments.keras_tensors:
+        c = t.shape[-1]
+        if c == 1 and width != 1:
+            maps.append(np.zeros(width, np.int64))
+        elif c <= width:
+            maps.append(np.concatenate([np.arange(c), np.full(width - c, -1)]))
+        else:
+            return None
+    return maps
 
 
 class Fixed(Handler):
@@ -133,6 +228,10 @@ class Conv(_Source):
     """Conv1D/2D/3D: ``k * c_in * c_out`` weights, MACs per output pixel."""
 
     transpose = False
+    kernel_spec = WeightSpec("kernel_constraint", "kernel", -2, -1)
+
+    def weight_specs(self, layer):
+        return {"kernel": self.kernel_spec, **_BIAS}
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
@@ -163,15 +262,19 @@ class Conv(_Source):
 
 
 class ConvTranspose(Conv):
-    """Conv*Transpose: MACs per *input* pixel."""
+    """Conv*Transpose: MACs per *input* pixel; kernels are ``(..., out, in)``."""
 
     transpose = True
+    kernel_spec = WeightSpec("kernel_constraint", "kernel", -1, -2)
 
 
 class Dense(_Source):
     """Dense on the last axis; leading axes (beyond batch) multiply MACs."""
 
     width_key = "units"
+
+    def weight_specs(self, layer):
+        return {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1), **_BIAS}
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
@@ -213,9 +316,21 @@ class Depthwise(Handler):
                          math.prod(layer.kernel_size), layer.use_bias)
         return [out]
 
+    def weight_specs(self, layer):
+        return {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1), **_BIAS}
+
+    def channel_map(self, rec, node):
+        channels = input_shape(node)[-1]
+        return [np.repeat(np.arange(channels), rec.layer.depth_multiplier)]
+
 
 class Separable(_Source):
     """SeparableConv: a depthwise kernel then a pointwise one."""
+
+    def weight_specs(self, layer):
+        return {"depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
+                "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
+                **_BIAS}
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
@@ -248,6 +363,9 @@ class Merge(Handler):
         ctx.merges.append((seg, [ch[0].group for ch in ins], rec.path))
         return [(Part(seg),)]
 
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
 
 def _broadcast(ctx, rec, node, ins):
     """Couple the channel axes of element-wise inputs, broadcast-aware."""
@@ -273,6 +391,9 @@ class Broadcast(Handler):
         _const_weights(ctx, rec)
         return _broadcast(ctx, rec, node, ins)
 
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
 
 class Concat(Handler):
     """Concatenate on the channel axis: an ordered composite of the inputs."""
@@ -286,6 +407,19 @@ class Concat(Handler):
             return Tie().walk(ctx, rec, node, ins)
         return [tuple(p for ch in ins for p in ch)]
 
+    def channel_map(self, rec, node):
+        rank = len(output_shape(node))
+        if rec.layer.axis % rank != rank - 1:
+            return _elementwise_map(node)
+        sizes = [t.shape[-1] for t in node.arguments.keras_tensors]
+        starts = np.cumsum([0] + sizes)
+        maps = []
+        for size, start in zip(sizes, starts):
+            m = np.full(starts[-1], -1)
+            m[start:start + size] = np.arange(size)
+            maps.append(m)
+        return maps
+
 
 class Flatten(Handler):
     """Flatten: channel c of every pixel, so each part repeats per pixel."""
@@ -295,6 +429,10 @@ class Flatten(Handler):
     def walk(self, ctx, rec, node, ins):
         pixels = math.prod(input_shape(node)[1:-1])
         return [tuple(Part(p.group, p.mult * pixels) for p in ins[0])]
+
+    def channel_map(self, rec, node):
+        shape = input_shape(node)
+        return [np.tile(np.arange(shape[-1]), math.prod(shape[1:-1]))]
 
 
 class Reshape(Handler):
@@ -319,6 +457,11 @@ class Reshape(Handler):
             f"to other axes. Pass ignore=[{rec.layer.name!r}] to keep it fixed."
         )
 
+    def channel_map(self, rec, node):
+        if len(output_shape(node)) == 2:
+            return Flatten().channel_map(rec, node)
+        return [np.arange(input_shape(node)[-1])]
+
     def configure(self, rec, config, width):
         target = list(config["target_shape"])
         target[-1] = sum(width(p.group) * p.mult for p in rec.outputs[0][0])
@@ -341,6 +484,9 @@ class Slice(Handler):
     def configure(self, rec, config, width):
         config["width"] = width(rec.out_segment)
         return config
+
+    def channel_map(self, rec, node):
+        return [np.arange(rec.layer.width)]
 
 
 _REGISTRY: dict[type, Handler] = {}
@@ -366,15 +512,23 @@ def register_handler(layer_class, rule):
     _REGISTRY[layer_class] = rule
 
 
+def handler_of(op):
+    """The handler registered for ``op``'s class or a base class, or ``None``."""
+    for cls in type(op).__mro__:
+        if cls in _REGISTRY:
+            return _REGISTRY[cls]
+    return None
+
+
 def lookup(op, path, ignored=False):
     """The handler for operation ``op`` (searched along its class's MRO).
 
     Unknown classes get the opaque rule :data:`OPAQUE` when ``ignored``, and
     an :class:`UnsupportedLayerError` otherwise.
     """
-    for cls in type(op).__mro__:
-        if cls in _REGISTRY:
-            return _REGISTRY[cls]
+    handler = handler_of(op)
+    if handler is not None:
+        return handler
     if ignored:
         return OPAQUE
     raise UnsupportedLayerError(
@@ -404,9 +558,11 @@ register_handler(L.Concatenate, Concat())
 register_handler(L.Flatten, Flatten())
 register_handler(L.Reshape, Reshape())
 register_handler(_custom.ChannelSlice, Slice())
+register_handler(L.BatchNormalization, BatchNorm())
+for _cls in (L.LayerNormalization, L.UnitNormalization, L.Softmax):
+    register_handler(_cls, Normalize())
 for _cls in (
-    L.BatchNormalization, L.LayerNormalization, L.UnitNormalization,
-    L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU, L.Softmax,
+    L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU,
     L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
     L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D,
     L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
@@ -429,8 +585,9 @@ for _module, _names in (
                "Clip", "Tanh", "Sign")),
     (_ops_nn, ("Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu",
                "Swish", "HardSwish", "Gelu", "Elu", "Selu", "LeakyRelu",
-               "Softplus", "Softsign", "Softmax", "Mish")),
+               "Softplus", "Softsign", "Mish")),
 ):
     for _name in _names:
         if hasattr(_module, _name):
             register_handler(getattr(_module, _name), Tie())
+register_handler(_ops_nn.Softmax, Normalize())

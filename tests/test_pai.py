@@ -618,14 +618,42 @@ def test_bad_masks_and_arguments_raise(resnet20):
         pai.snip(_tiny_cnn(), (x, y), 0.5)
 
 
+def _se_cnn(seed=0):
+    """A squeeze-excite gate (Multiply) and a 1-channel spatial gate on conv features."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6, 6, 3))
+    a = L.Conv2D(8, 3, padding="same", name="a")(inputs)
+    gate = L.Dense(8, activation="sigmoid", name="gate")(L.GlobalAveragePooling2D(keepdims=True)(a))
+    x = L.Multiply(name="se_multiply")([a, gate])
+    spatial = L.Conv2D(1, 1, activation="sigmoid", name="spatial")(x)
+    x = L.Multiply(name="spatial_multiply")([x, spatial])
+    x = L.Conv2D(6, 3, name="b")(x)
+    return keras.Model(inputs, L.Dense(2, name="fc")(L.Flatten()(x)))
+
+
+def test_gated_models_keep_every_weight_that_carries_flow():
+    model = _se_cnn()
+    for granularity in ("weight", "channel"):
+        masks = pai.random_masks(model, 0.1, granularity, seed=1)
+        cleaned = pai.remove_detached(model, masks)
+        flow = pai.synflow_scores(model, masks)
+        assert _kept(cleaned) < _kept(masks)
+        for path in masks:
+            assert np.all(cleaned[path] <= masks[path]), path
+            assert np.all(cleaned[path][flow[path] > 0] == 1), path
+    masks = pai.random_masks(model, 0.3, "channel", seed=0)
+    # The gate's output channels follow the features it multiplies.
+    a_out, gate_out = masks["a/kernel"].any(axis=(0, 1, 2)), masks["gate/kernel"].any(axis=0)
+    assert np.all(a_out <= gate_out) or np.all(gate_out <= a_out)
+
+
 def test_unsupported_layer_is_named():
     inputs = keras.Input((6, 6, 3))
     a = L.Conv2D(4, 3, name="a")(inputs)
-    gate = L.Dense(4, activation="sigmoid", name="gate")(L.GlobalAveragePooling2D(keepdims=True)(a))
-    x = L.Multiply(name="se_multiply")([a, gate])
+    x = L.Permute((2, 1, 3), name="odd_permute")(a)
     model = keras.Model(inputs, L.Dense(2, name="fc")(L.Flatten()(x)))
-    with pytest.raises(ValueError, match="se_multiply.*Multiply"):
+    with pytest.raises(ValueError, match="odd_permute.*Permute"):
         pai.random_masks(model, 0.5, "channel")
     masks = pai.random_masks(model, 0.5, "weight", seed=0)  # weight level needs no graph
-    with pytest.raises(ValueError, match="se_multiply"):
+    with pytest.raises(ValueError, match="odd_permute"):
         pai.remove_detached(model, masks)
