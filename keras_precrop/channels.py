@@ -72,8 +72,8 @@ class LayerRecord:
     outputs: list = dataclasses.field(default_factory=list)  # Channels per call
     terms: list = dataclasses.field(default_factory=list)
     objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
-    out_segment: int | None = None  # the segment a source layer creates
-    readers: list = dataclasses.field(default_factory=list)  # segments read
+    out_segment: int | None = None  # the segment the layer creates (new_output)
+    read_segments: list = dataclasses.field(default_factory=list)  # inputs of its kernels
 
     @property
     def class_name(self):
@@ -164,9 +164,28 @@ class WalkContext:
         for p in channels:
             self.segments[self.find(p.group)].fixed = True
 
-    # -- costs ----------------------------------------------------------------
+    # -- what handlers declare ---------------------------------------------
+    def new_output(self, rec, width) -> Channels:
+        """The channels layer ``rec`` creates: ``width`` new channels named after it.
+
+        The segment is created on the layer's first call and reused on later
+        calls (a shared layer has one set of weights); it is
+        ``rec.out_segment``, the segment ``Handler.configure`` rewrites.
+        """
+        if rec.out_segment is None:
+            rec.out_segment = self.new_segment(width, rec.path)
+        return (Part(rec.out_segment),)
+
     def add_term(self, rec, params, macs, a=None, b=None):
-        """Add ``coef * width(a) * width(b)``; ``a``/``b`` are Parts or None."""
+        """Add ``coef * width(a) * width(b)``; ``a``/``b`` are Parts or None.
+
+        Parameters belong to the layer and MACs to each call: on a later call
+        of a shared layer the term keeps its MACs only.
+        """
+        if rec.calls:
+            if not macs:
+                return
+            params = 0
         coef = 1
         segs = []
         for p in (a, b):
@@ -176,7 +195,39 @@ class WalkContext:
         segs += [None] * (2 - len(segs))
         rec.terms.append(Term(params * coef, macs * coef, segs[0], segs[1]))
 
-    def add_kernel(self, rec, *factors: Channels):
+    def add_kernel(self, rec, ins: Channels, out: Channels | None = None, *,
+                   params, macs, bias=False):
+        """Declare a prunable kernel: its cost terms and its SynExp objective entry.
+
+        With ``out`` the kernel joins every channel of ``ins`` to every channel
+        of ``out`` (a convolution or dense kernel): ``params`` weights and
+        ``macs`` multiply-accumulates per channel pair, and the layer reads
+        ``ins`` (a layer reading a residual stream may get a view of it).
+        Without ``out`` the kernel is depthwise: ``params`` weights and
+        ``macs`` MACs per channel of ``ins``, which are also its output
+        channels (pass them multiplied by the depth multiplier).
+
+        Args:
+            rec: the layer's record.
+            ins: the channels the kernel reads.
+            out: the channels it writes, or ``None`` for a depthwise kernel.
+            params: weights per channel pair (depthwise: per channel).
+            macs: multiply-accumulates per channel pair and call.
+            bias: the layer adds one bias per output channel.
+        """
+        outs = ins if out is None else out
+        for p in ins:
+            for q in ((None,) if out is None else out):
+                self.add_term(rec, params, macs, p, q)
+        if bias:
+            for q in outs:
+                self.add_term(rec, 1, 0, q)
+        if rec.calls == 0:
+            self._add_objective(rec, ins, *(() if out is None else (out,)))
+            if out is not None:
+                rec.read_segments.extend(p.group for p in ins)
+
+    def _add_objective(self, rec, *factors: Channels):
         """Declare a prunable kernel whose density is the product of factors.
 
         A factor with several parts (a concatenation) contributes the

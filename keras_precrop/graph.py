@@ -362,7 +362,7 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
         for rec in ctx.order:
             if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
                 continue
-            for root in dict.fromkeys(ctx.find(seg) for seg in rec.readers):
+            for root in dict.fromkeys(ctx.find(seg) for seg in rec.read_segments):
                 if root not in streams:
                     continue
                 if root not in read:

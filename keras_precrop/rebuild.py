@@ -89,7 +89,7 @@ class _Rebuilder:
 
     def _slice_readers(self, rec, call, args):
         """Put a ChannelSlice in front of a reader whose view is narrower."""
-        if not rec.readers:
+        if not rec.read_segments:
             return args
         channels = rec.inputs[call][0]
         view = self.graph.view(rec, channels[0].group)

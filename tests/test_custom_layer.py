@@ -8,6 +8,7 @@ checked against an independent reference (Keras' parameter count,
 TensorFlow's graph MACs, synaptic flow, forward passes).
 """
 
+import doctest
 import math
 
 import keras
@@ -16,7 +17,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
-from keras_precrop.channels import Part, output_shape
+from keras_precrop.channels import output_shape
 from tests.test_profile import tf_macs
 
 L = keras.layers
@@ -47,23 +48,15 @@ class TinyConvHandler(kp.Handler):
     """Channels, costs, rebuild and maskable weights of :class:`TinyConv`."""
 
     def walk(self, ctx, rec, node, ins):
-        if rec.out_segment is None:
-            rec.out_segment = ctx.new_segment(rec.layer.filters, rec.path)
-        out = Part(rec.out_segment)
+        out = ctx.new_output(rec, rec.layer.filters)
         pixels = math.prod(output_shape(node)[1:-1])
-        first = rec.calls == 0
-        for p in ins[0]:
-            ctx.add_term(rec, 9 if first else 0, 9 * pixels, p, out)
-        rec.readers.extend(p.group for p in ins[0])
-        if first:
-            ctx.add_kernel(rec, ins[0], (out,))
-        return [(out,)]
+        ctx.add_kernel(rec, ins[0], out, params=9, macs=9 * pixels)
+        return [out]
 
     def configure(self, rec, config, width):
         return {**config, "filters": width(rec.out_segment)}
 
-    def weight_specs(self, layer):
-        return {"kernel": kp.WeightSpec("kernel_constraint", "kernel", in_axis=-2, out_axis=-1)}
+    weight_specs = {"kernel": kp.WeightSpec("kernel_constraint", "kernel", in_axis=-2, out_axis=-1)}
 
 
 kp.register_handler(TinyConv, TinyConvHandler())  # the one place the package learns TinyConv
@@ -144,3 +137,11 @@ def test_masks_of_the_custom_layer_survive_apply_masks(granularity):
     pai.apply_masks(model, masks)
     kernel = model.get_layer("tiny2").kernel.numpy()
     np.testing.assert_array_equal(kernel[masks["tiny2/kernel"] == 0], 0)
+
+
+def test_handler_docstring_example_runs():
+    """The worked example in ``Handler``'s docstring is correct as written."""
+    runner = doctest.DocTestRunner()
+    for test in doctest.DocTestFinder(recurse=False).find(kp.Handler, "Handler", globs={}):
+        runner.run(test)
+    assert runner.tries >= 10 and runner.failures == 0

@@ -19,7 +19,7 @@ def weight_specs(layer):
     empty dict for a layer without maskable weights or without a handler.
     """
     handler = handlers.handler_of(layer)
-    return {} if handler is None else handler.weight_specs(layer)
+    return {} if handler is None else dict(handler.weight_specs)
 
 
 def iter_layers(model):
