@@ -5,7 +5,7 @@ distributions (``tensorflow``, ``tensorflow-cpu``, ``tensorflow[and-cuda]``,
 ``tensorflow-tpu``) that pip treats as different packages, so requiring one of
 them would force a second, conflicting TensorFlow onto users who already have
 another (Colab, TPU VMs, CUDA images). Pick one with an extra: ``[cpu]``,
-``[gpu]`` or ``[tf]``; a clear ImportError is raised on import if none is present.
+``[gpu]`` or ``[tf]``.
 """
 
 from setuptools import find_packages, setup
