@@ -21,7 +21,6 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["keras_precrop", "keras_precrop.*"]),
-    py_modules=["keras_precrop_cli"],
     python_requires=">=3.10",
     install_requires=[
         "keras>=3.4,<4",
@@ -44,7 +43,7 @@ setup(
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },
-    entry_points={"console_scripts": ["keras-precrop=keras_precrop_cli:main"]},
+    entry_points={"console_scripts": ["keras-precrop=keras_precrop.cli:main"]},
     classifiers=[
         "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",

@@ -19,6 +19,10 @@ checkpoints.
 
 import importlib
 
+from keras_precrop import _startup
+
+_startup.quiet_command()  # before Keras is imported (see _startup.py)
+
 from keras_precrop import constraints, models, optimizers  # noqa: F401 (registers serializables)
 from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.costs import ModelProfile, profile

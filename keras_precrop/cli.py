@@ -14,6 +14,10 @@ import argparse
 import os
 import sys
 
+import keras
+
+import keras_precrop as kp
+
 
 def _parser():
     parser = argparse.ArgumentParser(
@@ -60,10 +64,6 @@ def _parser():
 
 
 def _load_model(args):
-    import keras
-
-    from keras_precrop import models
-
     if (args.model is None) == (args.model_flag is None):
         raise ValueError("give the model once: `keras-precrop CMD resnet20` or `--model resnet20`")
     args.model = args.model or args.model_flag
@@ -77,7 +77,7 @@ def _load_model(args):
             shape = tuple(int(d) for d in args.input_shape.split(","))
         except ValueError:
             raise ValueError(f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}")
-    return models.get(args.model, input_shape=shape, num_classes=args.num_classes)
+    return kp.models.get(args.model, input_shape=shape, num_classes=args.num_classes)
 
 
 def _ignore(args):
@@ -85,8 +85,6 @@ def _ignore(args):
 
 
 def _run(args):
-    import keras_precrop as kp
-
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return
@@ -119,7 +117,11 @@ def _run(args):
 
 
 def main(argv=None):
-    """Entry point of the ``keras-precrop`` console script."""
+    """Entry point of ``keras-precrop`` and ``python -m keras_precrop``.
+
+    Both import the package first, which keeps TensorFlow's start-up banners
+    off stderr (see ``keras_precrop/_startup.py``).
+    """
     args = _parser().parse_args(argv)
     try:
         _run(args)

@@ -1,14 +1,29 @@
 """The keras-precrop command line, run in-process and as a console script."""
 
 import json
+import os
+import pathlib
 import shutil
 import subprocess
+import sys
 
 import keras
 import pytest
 
 import keras_precrop as kp
+from keras_precrop import _startup
 from keras_precrop.cli import main
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# What pip writes for the entry point keras-precrop=keras_precrop.cli:main.
+CONSOLE_SCRIPT = """\
+import re
+import sys
+from keras_precrop.cli import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
 
 
 def test_list(capsys):
@@ -67,3 +82,55 @@ def test_console_script_is_quiet_on_errors():
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "keras-precrop: error: params budget must be a positive finite number, got 0.0"]
+
+
+def _both_forms(args, tmp_path):
+    """``(stdout, stderr)`` of ``python -m keras_precrop ARGS`` and of the console script.
+
+    Both run in a fresh interpreter on this checkout, with no TensorFlow log
+    level set, as from a user's shell.
+    """
+    script = tmp_path / "keras-precrop"
+    script.write_text(CONSOLE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    results = []
+    for command in ([sys.executable, "-m", "keras_precrop"], [sys.executable, str(script)]):
+        done = subprocess.run(command + args, capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append((done.stdout, done.stderr))
+    return results
+
+
+def _assert_same_and_quiet(results):
+    (module_out, module_err), (script_out, script_err) = results
+    assert module_out == script_out and module_out
+    assert module_err == script_err == "", module_err + script_err
+
+
+def test_both_command_forms_list_the_zoo_quietly(tmp_path):
+    results = _both_forms(["list"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert results[0][0].split() == kp.models.list()
+
+
+@pytest.mark.slow
+def test_both_command_forms_profile_quietly(tmp_path):
+    results = _both_forms(["profile", "resnet20"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert "Total params: 274,042" in results[0][0]
+
+
+@pytest.mark.parametrize("argv,orig_argv,expected", [
+    (["/usr/bin/keras-precrop", "list"], ["python", "/usr/bin/keras-precrop", "list"], True),
+    ([r"C:\env\Scripts\keras-precrop.exe", "list"], [], True),
+    (["-m", "list"], ["python", "-m", "keras_precrop", "list"], True),
+    (["-m"], ["python", "-W", "ignore", "-mkeras_precrop.cli"], True),
+    (["-m", "-q"], ["python", "-m", "pytest", "-q"], False),
+    (["-c"], ["python", "-c", "import keras_precrop"], False),
+    (["train.py"], ["python", "train.py"], False),
+    ([], [], False),
+])
+def test_only_the_command_is_recognized_as_the_command(argv, orig_argv, expected):
+    assert _startup.is_command(argv, orig_argv) is expected
