@@ -28,7 +28,7 @@ from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.costs import ModelProfile, profile
 from keras_precrop.handlers import Handler, WeightSpec, register_handler
 from keras_precrop.layers import ChannelSlice, PrefixAdd
-from keras_precrop.plan import (
+from keras_precrop.planning import (
     Plan,
     PlanMismatchError,
     apply_plan,

@@ -4,6 +4,7 @@ Each check runs in a fresh interpreter, where only what the package itself
 imports is loaded.
 """
 
+import importlib
 import json
 import os
 import pathlib
@@ -85,3 +86,9 @@ def test_saved_models_load_after_a_bare_import(tmp_path):
     np.testing.assert_allclose(result["rebuilt"], rebuilt(x), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result["masked"], masked(x), rtol=1e-5, atol=1e-6)
     assert result["constraint"] == "MaskConstraint" and result["optimizer"] == "SGDWithL2"
+
+
+def test_the_plan_function_and_the_planning_module_have_their_own_names():
+    planning = importlib.import_module("keras_precrop.planning")
+    assert kp.planning is planning and kp.plan is planning.plan
+    assert isinstance(kp.plan(_residual_model(), params=0.5), kp.Plan)
