@@ -1,17 +1,25 @@
 """The channel data model that layer handlers write into while a model is walked.
 
-Vocabulary (used throughout the package):
+The package's vocabulary, stated once (segment -> group -> width variable / view):
 
 * **segment**: one channel axis as the walk creates it (a model input, the
   output of a layer that makes new channels, a residual merge, an opaque
   block), with its original width. Segments are numbered in creation order.
-* **group**: segments that must keep equal widths (tied through batch norm,
-  activations, depthwise convs, element-wise merges, ...), kept in a
-  union-find; the oldest segment represents and names the group.
-* **width variable**: a width the solver chooses. Every group is one variable
-  (kind ``"channels"``, or ``"stream"`` for a residual stream); under
-  ``residual="prefix"`` a layer reading a stream gets a **view** of it: its
-  own variable (kind ``"view"``), bounded by the stream's width.
+* **group**: segments that must keep one width (tied through batch norm,
+  activations, depthwise convs, element-wise ops, shared layers, ...), kept
+  in a union-find; its oldest segment represents and names it.
+* **width variable**: a width the solver chooses (``graph.Variable``). Each
+  group is one variable: kind ``"channels"``, or ``"stream"`` for a residual
+  stream (a group joined by ``Add`` merges). Under ``residual="tie"`` all
+  of a stream's writers are in its group. Under ``residual="prefix"`` (the
+  paper's PreCrop rule) the writer that creates the stream (a stem conv, a
+  projection shortcut) sets its width, every other writer keeps its own
+  group, bounded by the stream's width, and each layer that reads the stream
+  gets a **view**: a variable of kind ``"view"`` of its own, bounded likewise.
+
+Profiles, plans and their JSON name variables (``ModelProfile.variables``,
+``Plan.variables``); a layer's ``in_variables``/``out_variables`` are the
+variables it reads and writes.
 
 A tensor's channel axis is described by :data:`Channels`, an ordered tuple of
 :class:`Part` s (a concatenation has several); layer costs are bilinear
@@ -35,9 +43,13 @@ class UnsupportedLayerError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """A contiguous block of ``mult * width(group)`` channels of a tensor."""
+    """A contiguous block of ``mult * width(segment)`` channels of a tensor.
 
-    group: int
+    ``mult`` > 1 when a depthwise multiplier or a flatten repeats the
+    segment's channels.
+    """
+
+    segment: int
     mult: int = 1
 
 
@@ -157,12 +169,12 @@ class WalkContext:
                 "kept fixed.")
             return
         for p, q in zip(a, b):
-            self.union(p.group, q.group, where)
+            self.union(p.segment, q.segment, where)
 
     def fix(self, channels: Channels):
         """Mark every group of a descriptor as not prunable."""
         for p in channels:
-            self.segments[self.find(p.group)].fixed = True
+            self.segments[self.find(p.segment)].fixed = True
 
     # -- what handlers declare ---------------------------------------------
     def new_output(self, rec, width) -> Channels:
@@ -191,7 +203,7 @@ class WalkContext:
         for p in (a, b):
             if p is not None:
                 coef *= p.mult
-                segs.append(p.group)
+                segs.append(p.segment)
         segs += [None] * (2 - len(segs))
         rec.terms.append(Term(params * coef, macs * coef, segs[0], segs[1]))
 
@@ -225,7 +237,7 @@ class WalkContext:
         if rec.calls == 0:
             self._add_objective(rec, ins, *(() if out is None else (out,)))
             if out is not None:
-                rec.read_segments.extend(p.group for p in ins)
+                rec.read_segments.extend(p.segment for p in ins)
 
     def _add_objective(self, rec, *factors: Channels):
         """Declare a prunable kernel whose density is the product of factors.
@@ -235,15 +247,15 @@ class WalkContext:
         of its true log ratio that keeps the program convex.
         """
         for channels in factors:
-            total = sum(p.mult * self.segments[p.group].width for p in channels)
+            total = sum(p.mult * self.segments[p.segment].width for p in channels)
             for p in channels:
-                weight = p.mult * self.segments[p.group].width / total
-                rec.objective.append((weight, p.group))
+                weight = p.mult * self.segments[p.segment].width / total
+                rec.objective.append((weight, p.segment))
 
 
 def width_of(ctx, channels: Channels):
     """Original number of channels described by ``channels``."""
-    return sum(p.mult * ctx.segments[p.group].width for p in channels)
+    return sum(p.mult * ctx.segments[p.segment].width for p in channels)
 
 
 def output_shape(node):

@@ -148,7 +148,7 @@ class ModelGraph:
 
     def group_variable(self, segment):
         """Index of the width variable of ``segment``'s group."""
-        return self._structure.seg_var[self._ctx.find(segment)]
+        return self._structure.group_var[self._ctx.find(segment)]
 
     def view(self, rec, segment):
         """Index of layer ``rec``'s view of the stream of ``segment``, or ``None``."""
@@ -302,7 +302,16 @@ def _walk_layer(ctx, rec, node, ins):
 
 @dataclasses.dataclass
 class Variable:
-    """One width the solver may choose (a channel group or a residual view)."""
+    """A width variable: a group or a view (see ``channels.py``) the solver sizes.
+
+    Attributes:
+        name: the group's name (its oldest segment's), ``"<reader>:in"`` for a view.
+        width: the original width.
+        fixed: the width may not change (model inputs and outputs, ignored layers).
+        kind: ``"channels"``, ``"stream"`` or ``"view"``.
+        bound: index of the variable this one may never be wider than.
+        layers: paths of the layers whose costs depend on it.
+    """
 
     name: str
     width: int
@@ -316,12 +325,13 @@ class Variable:
 class _Structure:
     """Width variables and where every segment and reader maps to.
 
-    ``seg_var[root]`` is the variable of a segment's group; ``views[(path,
-    root)]`` is the variable a reader layer uses instead of stream ``root``.
+    ``group_var[root]`` is the variable of the group represented by segment
+    ``root``; ``views[(path, root)]`` is the variable a reader layer uses
+    instead of stream ``root``.
     """
 
     variables: list
-    seg_var: dict
+    group_var: dict
     views: dict
 
 
@@ -344,18 +354,18 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
     else:
         _resolve_streams(ctx, writers)
     streams = {ctx.find(out) for out, _, _ in ctx.merges}
-    variables, seg_var = [], {}
+    variables, group_var = [], {}
     for s in range(len(ctx.segments)):
         root = ctx.find(s)
-        if root not in seg_var:
+        if root not in group_var:
             seg = ctx.segments[root]
             kind = "stream" if root in streams else "channels"
-            seg_var[root] = len(variables)
+            group_var[root] = len(variables)
             variables.append(Variable(seg.name, seg.width, seg.fixed, kind))
     for w, creator in writers.items():
-        variables[seg_var[w]].bound = seg_var[ctx.find(creator)]
+        variables[group_var[w]].bound = group_var[ctx.find(creator)]
     for a, b in ctx.leq:
-        variables[seg_var[ctx.find(a)]].bound = seg_var[ctx.find(b)]
+        variables[group_var[ctx.find(a)]].bound = group_var[ctx.find(b)]
     views = {}
     if residual == "prefix":
         read = set()  # streams whose first reader reads them whole
@@ -369,19 +379,19 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                     read.add(root)
                     continue
                 views[(rec.path, root)] = len(variables)
-                stream = variables[seg_var[root]]
+                stream = variables[group_var[root]]
                 variables.append(Variable(
                     f"{rec.path}:in", stream.width, False, "view",
-                    bound=seg_var[root]))
+                    bound=group_var[root]))
     for rec in ctx.order:
         for term in rec.terms:
             for s in (term.a, term.b):
                 if s is not None:
                     root = ctx.find(s)
-                    v = variables[views.get((rec.path, root), seg_var[root])]
+                    v = variables[views.get((rec.path, root), group_var[root])]
                     if rec.path not in v.layers:
                         v.layers.append(rec.path)
-    return _Structure(variables, seg_var, views)
+    return _Structure(variables, group_var, views)
 
 
 def _resolve_streams(ctx, writers):

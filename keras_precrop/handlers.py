@@ -325,7 +325,7 @@ class Dense(_Source):
 def _depthwise(ctx, rec, node, channels, bias):
     """Declare a layer's depthwise kernel on ``channels``; returns its output channels."""
     layer = rec.layer
-    out = tuple(Part(p.group, p.mult * layer.depth_multiplier) for p in channels)
+    out = tuple(Part(p.segment, p.mult * layer.depth_multiplier) for p in channels)
     kernel = math.prod(layer.kernel_size)
     pixels = math.prod(output_shape(node)[1:-1])
     ctx.add_kernel(rec, out, params=kernel, macs=kernel * pixels, bias=bias)
@@ -369,7 +369,7 @@ class Merge(Handler):
             return _broadcast(ctx, rec, node, ins)
         width = max(width_of(ctx, ch) for ch in ins)
         seg = ctx.new_segment(width, rec.path)
-        ctx.merges.append((seg, [ch[0].group for ch in ins], rec.path))
+        ctx.merges.append((seg, [ch[0].segment for ch in ins], rec.path))
         return [(Part(seg),)]
 
     def channel_map(self, rec, node):
@@ -431,7 +431,7 @@ class Flatten(Handler):
 
     def walk(self, ctx, rec, node, ins):
         pixels = math.prod(input_shape(node)[1:-1])
-        return [tuple(Part(p.group, p.mult * pixels) for p in ins[0])]
+        return [tuple(Part(p.segment, p.mult * pixels) for p in ins[0])]
 
     def channel_map(self, rec, node):
         shape = input_shape(node)
@@ -465,7 +465,7 @@ class Reshape(Handler):
 
     def configure(self, rec, config, width):
         target = list(config["target_shape"])
-        target[-1] = sum(width(p.group) * p.mult for p in rec.outputs[0][0])
+        target[-1] = sum(width(p.segment) * p.mult for p in rec.outputs[0][0])
         config["target_shape"] = tuple(target)
         return config
 
@@ -477,7 +477,7 @@ class Slice(Handler):
         src = as_part(ins[0], rec.path)
         out = ctx.new_output(rec, rec.layer.width)
         if rec.calls == 0:
-            ctx.leq.append((rec.out_segment, src.group))
+            ctx.leq.append((rec.out_segment, src.segment))
         return [out]
 
     def configure(self, rec, config, width):

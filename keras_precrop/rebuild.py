@@ -85,14 +85,14 @@ class _Rebuilder:
 
     def _new_width_of_old_tensor(self, t):
         channels = self.graph.tensor_channels[id(t)]
-        return sum(self.width(p.group) * p.mult for p in channels)
+        return sum(self.width(p.segment) * p.mult for p in channels)
 
     def _slice_readers(self, rec, call, args):
         """Put a ChannelSlice in front of a reader whose view is narrower."""
         if not rec.read_segments:
             return args
         channels = rec.inputs[call][0]
-        view = self.graph.view(rec, channels[0].group)
+        view = self.graph.view(rec, channels[0].segment)
         if len(channels) != 1 or view is None:
             return args
         width = int(self.widths[view])

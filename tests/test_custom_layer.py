@@ -86,7 +86,7 @@ def test_profile_counts_the_custom_layer_like_keras_and_tensorflow():
     assert prof.total_macs == tf_macs(model)
     rows = {row.name: row for row in prof.layers}
     assert rows["tiny1"].params == model.get_layer("tiny1").count_params()
-    assert rows["tiny1"].prunable and rows["tiny2"].in_groups == rows["tiny1"].out_groups
+    assert rows["tiny1"].prunable and rows["tiny2"].in_variables == rows["tiny1"].out_variables
 
 
 def test_precrop_rebuilds_the_custom_layer_narrower():

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import pathlib
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ _APPS = {
     "ResNet50": keras.applications.ResNet50,
     "DenseNet121": keras.applications.DenseNet121,
 }
+OLD_PLAN = pathlib.Path(__file__).parent / "data" / "plan_v0_resnet20_params0.5.json"
 BUDGETS = [(0.1, None), (0.3, None), (0.5, None), (0.8, None), (None, 0.3), (None, 0.5), (0.5, 0.5)]
 
 
@@ -34,7 +36,7 @@ def _check_precrop(model, params, flops, mode="exact", **options):
     assert prof.total_macs == plan.macs
     x = np.random.default_rng(0).uniform(size=(1,) + tuple(model.input_shape[1:]))
     assert tuple(new(x).shape) == (1,) + tuple(model.output_shape[1:])
-    assert all(g["new"] <= g["width"] for g in plan.groups)
+    assert all(g["new"] <= g["width"] for g in plan.variables)
     if mode != "paper":
         binding = []
         for key, ratio, achieved, total in (("params", params, plan.params, model.count_params()),
@@ -91,21 +93,21 @@ def test_reconfigure_same_flops_fewer_params(name):
     assert plan.params == pytest.approx(0.8 * model.count_params(), rel=0.0125)
     assert plan.params <= 0.8 * model.count_params()
     assert plan.macs <= plan.original["macs"]
-    assert any(g["new"] > g["width"] for g in plan.groups)  # some layers widen
+    assert any(g["new"] > g["width"] for g in plan.variables)  # some layers widen
     assert kp.profile(new).total_params == plan.params == new.count_params()
 
 
 def test_precrop_full_budget_keeps_widths():
     model = _model("mobilenet_v2_cifar")
     plan = kp.plan(model, params=1.0)
-    assert all(g["new"] == g["width"] for g in plan.groups)
+    assert all(g["new"] == g["width"] for g in plan.variables)
     assert plan.params == model.count_params()
 
 
 def test_round_to_and_min_channels():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, round_to=4, min_channels=8)
-    for g in plan.groups:
+    for g in plan.variables:
         if not g["fixed"]:
             assert g["new"] % 4 == 0 or g["new"] == g["width"]
             assert g["new"] >= 8
@@ -147,6 +149,19 @@ def test_plan_json_round_trip_identical_model(tmp_path):
     a, b = kp.apply_plan(model, plan), kp.apply_plan(model, again)
     assert [l.get_config() for l in a.layers] == [l.get_config() for l in b.layers]
     json.loads(plan.to_json())  # plain JSON
+
+
+def test_plan_written_by_earlier_code_loads_and_applies():
+    """The fixture was written by ``kp.plan(resnet20, params=0.5)`` before "groups" became "variables"."""
+    data = json.loads(OLD_PLAN.read_text())
+    assert "groups" in data and "variables" not in data
+    old = kp.Plan.from_json(str(OLD_PLAN))
+    assert old.variables == data["groups"]
+    now = kp.plan(_model("resnet20"), params=0.5)
+    assert old.variables == now.variables and old.predicted == now.predicted
+    rebuilt = kp.apply_plan(_model("resnet20"), old)
+    assert rebuilt.count_params() == old.params == kp.profile(rebuilt).total_params
+    assert "variables" in json.loads(old.to_json()) and kp.Plan.from_json(old.to_json()) == old
 
 
 def test_plan_for_other_model_is_refused():

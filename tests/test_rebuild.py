@@ -34,7 +34,7 @@ def _check(model, params, flops, upper, residual):
         if budget is not None:
             assert value <= budget
     if upper == 1.0:
-        assert all(g["new"] <= g["width"] for g in plan.groups)
+        assert all(g["new"] <= g["width"] for g in plan.variables)
 
 
 @settings(max_examples=25, **_SETTINGS)

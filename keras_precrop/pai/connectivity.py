@@ -250,7 +250,7 @@ def channel_priorities(model, rng):
         """Priorities of a descriptor, one permutation per group."""
         parts = []
         for p in channels:
-            root = graph.find(p.group)
+            root = graph.find(p.segment)
             if root not in ranks:
                 ranks[root] = rng.permutation(graph.width((Part(root),))).astype(np.float64)
             parts.append(np.tile(ranks[root], p.mult))
