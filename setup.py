@@ -38,6 +38,7 @@ setup(
             "tensorboard",
             "pytest>=7",
             "hypothesis>=6",
+            "ruff>=0.6",
             "nbformat>=5",
             "importlib_resources",
         ],

@@ -76,7 +76,8 @@ def _load_model(args):
         try:
             shape = tuple(int(d) for d in args.input_shape.split(","))
         except ValueError:
-            raise ValueError(f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}")
+            raise ValueError(
+                f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}") from None
     return kp.models.get(args.model, input_shape=shape, num_classes=args.num_classes)
 
 

@@ -243,7 +243,7 @@ class ModelProfile:
             "total_params": self.total_params,
             "total_macs": self.total_macs,
             "notes": self.notes,
-            "layers": [dataclasses.asdict(l) for l in self.layers],
+            "layers": [dataclasses.asdict(row) for row in self.layers],
             "variables": [
                 {"name": v.name, "width": v.width, "fixed": v.fixed, "kind": v.kind,
                  "bound": None if v.bound is None else self.variables[v.bound].name,

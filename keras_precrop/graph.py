@@ -39,7 +39,6 @@ from keras_precrop.channels import (
     width_of,
 )
 
-
 # ---------------------------------------------------------------------------
 # The walk.
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import keras
 import numpy as np
 from keras import layers as L
 from keras.src.ops import nn as _ops_nn

@@ -2,10 +2,8 @@
 
 import json
 import os
-import pathlib
 import shutil
 import subprocess
-import sys
 
 import keras
 import pytest
@@ -13,8 +11,8 @@ import pytest
 import keras_precrop as kp
 from keras_precrop import _startup
 from keras_precrop.cli import main
+from tests.conftest import run_python
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # What pip writes for the entry point keras-precrop=keras_precrop.cli:main.
 CONSOLE_SCRIPT = """\
 import re
@@ -93,11 +91,9 @@ def _both_forms(args, tmp_path):
     script = tmp_path / "keras-precrop"
     script.write_text(CONSOLE_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     results = []
-    for command in ([sys.executable, "-m", "keras_precrop"], [sys.executable, str(script)]):
-        done = subprocess.run(command + args, capture_output=True, text=True, env=env,
-                              cwd=tmp_path, timeout=600)
+    for command in (["-m", "keras_precrop"], [str(script)]):
+        done = run_python(command + args, env=env, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         results.append((done.stdout, done.stderr))
     return results

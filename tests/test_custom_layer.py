@@ -18,7 +18,7 @@ import pytest
 import keras_precrop as kp
 from keras_precrop import pai
 from keras_precrop.channels import output_shape
-from tests.test_profile import tf_macs
+from tests.conftest import tf_macs
 
 L = keras.layers
 

@@ -6,26 +6,20 @@ imports is loaded.
 
 import importlib
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import keras
 import numpy as np
 
 import keras_precrop as kp
 from keras_precrop import pai, train
+from tests.conftest import run_python
 
 L = keras.layers
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _python(code):
-    """Run ``code`` in a fresh interpreter on this checkout; returns its last stdout line."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=600)
+    """Run ``code`` in a fresh interpreter; returns its last line of output."""
+    done = run_python(["-c", code])
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 

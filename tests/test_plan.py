@@ -20,7 +20,7 @@ OLD_PLAN = pathlib.Path(__file__).parent / "data" / "plan_v0_resnet20_params0.5.
 BUDGETS = [(0.1, None), (0.3, None), (0.5, None), (0.8, None), (None, 0.3), (None, 0.5), (0.5, 0.5)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name):
     if name in _APPS:
         return _APPS[name](weights=None)
@@ -39,8 +39,8 @@ def _check_precrop(model, params, flops, mode="exact", **options):
     assert all(g["new"] <= g["width"] for g in plan.variables)
     if mode != "paper":
         binding = []
-        for key, ratio, achieved, total in (("params", params, plan.params, model.count_params()),
-                                            ("macs", flops, plan.macs, plan.original["macs"])):
+        for ratio, achieved, total in ((params, plan.params, model.count_params()),
+                                       (flops, plan.macs, plan.original["macs"])):
             if ratio is None:
                 continue
             assert achieved <= ratio * total
@@ -118,7 +118,7 @@ def test_round_to_and_min_channels():
 def test_ignore_keeps_layer_widths():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, ignore=["stage1_block1_conv1"])
-    layer = next(l for l in plan.layers if l["name"] == "stage1_block1_conv1")
+    layer = next(row for row in plan.layers if row["name"] == "stage1_block1_conv1")
     assert layer["channels_new"] == layer["channels"]
 
 
@@ -132,7 +132,7 @@ def test_deterministic():
 def test_keras_round_trip_identical_outputs(tmp_path):
     model = _model("resnet20")
     new = kp.precrop(model, params=0.3)
-    assert any(isinstance(l, (kp.ChannelSlice, kp.PrefixAdd)) for l in new.layers)
+    assert any(isinstance(layer, (kp.ChannelSlice, kp.PrefixAdd)) for layer in new.layers)
     path = tmp_path / "m.keras"
     new.save(path)
     loaded = keras.models.load_model(path)
@@ -147,7 +147,7 @@ def test_plan_json_round_trip_identical_model(tmp_path):
     assert again == plan
     assert kp.Plan.from_json(str(tmp_path / "p.json")) == plan
     a, b = kp.apply_plan(model, plan), kp.apply_plan(model, again)
-    assert [l.get_config() for l in a.layers] == [l.get_config() for l in b.layers]
+    assert [layer.get_config() for layer in a.layers] == [layer.get_config() for layer in b.layers]
     json.loads(plan.to_json())  # plain JSON
 
 

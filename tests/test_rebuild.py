@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from tests.random_cnn import random_cnns
+from tests.conftest import random_cnns
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")

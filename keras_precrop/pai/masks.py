@@ -34,7 +34,8 @@ def check_masks(model, masks):
             other than 0 and 1 (including NaN).
     """
     if not isinstance(masks, dict) or not masks:
-        raise ValueError(f"masks must be a non-empty dict {{weight path: 0/1 array}}, got {type(masks).__name__}.")
+        raise ValueError(
+            f"masks must be a non-empty dict {{weight path: 0/1 array}}, got {type(masks).__name__}.")
     weights = common.named_weights(model)
     unknown = [p for p in masks if p not in weights]
     if unknown:
@@ -85,7 +86,7 @@ def apply_masks(model, masks):
     Raises:
         ValueError: see :func:`check_masks`.
     """
-    for path, (layer, var, spec, mask) in check_masks(model, masks).items():
+    for layer, var, spec, mask in check_masks(model, masks).values():
         inner = getattr(layer, spec.constraint_attr, None)
         if isinstance(inner, MaskConstraint):
             inner = inner.inner
@@ -129,12 +130,14 @@ def sparsity_report(masks, model=None):
         shape = "x".join(str(d) for d in np.shape(m))
         rows.append((path, shape, f"{kept:,}", f"{size:,}", f"{kept / size:.4f}"))
     header = ("Weight", "Shape", "Kept", "Total", "Density")
-    footer = [("Total (masked weights)", "", f"{kept_total:,}", f"{size_total:,}", f"{kept_total / max(size_total, 1):.4f}")]
+    footer = [("Total (masked weights)", "", f"{kept_total:,}", f"{size_total:,}",
+               f"{kept_total / max(size_total, 1):.4f}")]
     if model is not None:
         n_params = model.count_params()
         pruned = size_total - kept_total
         footer.append(
-            ("Total (all parameters)", "", f"{n_params - pruned:,}", f"{n_params:,}", f"{(n_params - pruned) / n_params:.4f}")
+            ("Total (all parameters)", "", f"{n_params - pruned:,}", f"{n_params:,}",
+             f"{(n_params - pruned) / n_params:.4f}")
         )
     widths = [max(len(r[i]) for r in [header, *rows, *footer]) for i in range(5)]
 
