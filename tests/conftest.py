@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from keras_precrop import models  # noqa: E402
+from keras_precrop import models, pai  # noqa: E402
 
 L = keras.layers
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -272,3 +272,21 @@ def count_kept(masks):
 def count_total(masks):
     """Entries over all masks."""
     return int(sum(np.size(m) for m in masks.values()))
+
+
+def check_remove_detached(model, masks, exact=True):
+    """``pai.remove_detached`` against synaptic flow, the independent reference.
+
+    It must remove some weights and keep every weight that carries flow in the
+    linearized network; with ``exact`` it must keep no other.
+    """
+    cleaned = pai.remove_detached(model, masks)
+    flow = pai.synflow_scores(model, masks)
+    assert count_kept(cleaned) < count_kept(masks)
+    for path in masks:
+        if exact:
+            expected = (masks[path] > 0) & (flow[path] > 0)
+            np.testing.assert_array_equal(cleaned[path] > 0, expected, err_msg=path)
+        else:
+            assert np.all(cleaned[path] <= masks[path]), path
+            assert np.all(cleaned[path][flow[path] > 0] == 1), path

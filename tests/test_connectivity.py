@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_precrop import pai
-from tests.conftest import count_kept, mixed_cnn
+from tests.conftest import check_remove_detached, count_kept, mixed_cnn
 
 L = keras.layers
 
@@ -38,23 +38,10 @@ def test_remove_detached_matches_synaptic_flow(resnet20):
     Dense after Flatten) while connectivity is tracked per channel, so there
     the removal is only guaranteed to keep every weight that carries flow.
     """
-    for granularity in ("weight", "channel"):
-        masks = pai.random_masks(resnet20, 0.02, granularity, seed=4)
-        cleaned = pai.remove_detached(resnet20, masks)
-        flow = pai.synflow_scores(resnet20, masks)
-        assert count_kept(cleaned) < count_kept(masks)
-        for path in masks:
-            expected = (masks[path] > 0) & (flow[path] > 0)
-            np.testing.assert_array_equal(cleaned[path] > 0, expected, err_msg=path)
     mixed = mixed_cnn()
     for granularity in ("weight", "channel"):
-        masks = pai.random_masks(mixed, 0.08, granularity, seed=4)
-        cleaned = pai.remove_detached(mixed, masks)
-        flow = pai.synflow_scores(mixed, masks)
-        assert count_kept(cleaned) < count_kept(masks)
-        for path in masks:
-            assert np.all(cleaned[path] <= masks[path]), path
-            assert np.all(cleaned[path][flow[path] > 0] == 1), path
+        check_remove_detached(resnet20, pai.random_masks(resnet20, 0.02, granularity, seed=4))
+        check_remove_detached(mixed, pai.random_masks(mixed, 0.08, granularity, seed=4), exact=False)
     # Removing detached weights twice changes nothing.
     once = pai.random_masks(resnet20, 0.02, "channel", remove_detached=True, seed=5)
     assert count_kept(pai.remove_detached(resnet20, once)) == count_kept(once)
@@ -76,13 +63,7 @@ def _se_cnn(seed=0):
 def test_gated_models_keep_every_weight_that_carries_flow():
     model = _se_cnn()
     for granularity in ("weight", "channel"):
-        masks = pai.random_masks(model, 0.1, granularity, seed=1)
-        cleaned = pai.remove_detached(model, masks)
-        flow = pai.synflow_scores(model, masks)
-        assert count_kept(cleaned) < count_kept(masks)
-        for path in masks:
-            assert np.all(cleaned[path] <= masks[path]), path
-            assert np.all(cleaned[path][flow[path] > 0] == 1), path
+        check_remove_detached(model, pai.random_masks(model, 0.1, granularity, seed=1), exact=False)
     masks = pai.random_masks(model, 0.3, "channel", seed=0)
     # The gate's output channels follow the features it multiplies.
     a_out, gate_out = masks["a/kernel"].any(axis=(0, 1, 2)), masks["gate/kernel"].any(axis=0)
