@@ -15,8 +15,7 @@ import subprocess
 import sys
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -24,9 +23,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
-from keras_precrop import data  # noqa: E402
-from keras_precrop import pai  # noqa: E402
-from keras_precrop import train  # noqa: E402
+from keras_precrop import data, pai, train  # noqa: E402
 
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
 UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
@@ -126,11 +123,14 @@ def _check_flags():
         raise app.UsageError("--method=preconfig needs --params and/or --flops.")
     if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
         raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
-    structural = [f"--{name}" for name in ("mode", "round_to", "residual") if getattr(FLAGS, name) is not None]
+    structural = [f"--{name}" for name in ("mode", "round_to", "residual")
+                  if getattr(FLAGS, name) is not None]
     if structural and method not in STRUCTURED:
-        raise app.UsageError(f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
+        raise app.UsageError(
+            f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
     if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
-        raise app.UsageError(f"--densities and --granularity apply to --method=random, not --method={method}.")
+        raise app.UsageError(
+            f"--densities and --granularity apply to --method=random, not --method={method}.")
 
 
 def _plan_options():

@@ -56,7 +56,6 @@ def _rows():
         yield name, method, {"params": round(params, 4), "flops": flops}, paper
 
 
-
 def _row(model, method, budgets, mode):
     start = time.perf_counter()
     if method == "precrop":

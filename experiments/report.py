@@ -19,7 +19,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 import run as _run  # noqa: E402  (experiments/run.py: grid loading and run ids)
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -65,7 +64,9 @@ def _entries(grid_name, runs):
     entries = {}
     for flags in _run.load_grid(path):
         key = tuple(sorted((k, v) for k, v in flags.items() if k not in ("seed", "save_model")))
-        entry = entries.setdefault(key, {"flags": flags, "label": _label(flags), "results": [], "pending": []})
+        entry = entries.setdefault(
+            key, {"flags": flags, "label": _label(flags), "results": [], "pending": []}
+        )
         name = _run.run_id(flags)
         if name in runs:
             entry["results"].append(runs[name])
@@ -104,7 +105,9 @@ def _table(entries, budget_keys=("params", "flops")):
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for entry in entries:
-        budget = ", ".join(f"{k} {entry['flags'][k]}" for k in budget_keys if entry["flags"].get(k) is not None)
+        budget = ", ".join(
+            f"{k} {entry['flags'][k]}" for k in budget_keys if entry["flags"].get(k) is not None
+        )
         s = _summary(entry)
         pending = f" (pending seeds {entry['pending']})" if entry["pending"] else ""
         if s is None:
@@ -125,7 +128,11 @@ def _plot(entries, x_key, path, title, xlabel, logx=True):
         s = _summary(entry)
         if s is None:
             continue
-        base = entry["label"].split(" (")[0] if entry["flags"]["method"] in ("synflow", "snip", "grasp", "magnitude", "random") else entry["label"]
+        base = (
+            entry["label"].split(" (")[0]
+            if entry["flags"]["method"] in ("synflow", "snip", "grasp", "magnitude", "random")
+            else entry["label"]
+        )
         series.setdefault(base, []).append((s[x_key], s["acc"], s["std"]))
     if not series:
         return False
@@ -157,22 +164,33 @@ def _spar_comp():
         "kernels, no training. r = Pearson correlation of log densities (a layer SynFlow empties counts "
         "as one weight kept).",
         "",
-        "| model | density | max abs diff | max abs diff, main path | r(log density) | layers SynFlow empties |",
+        "| model | density | max abs diff | max abs diff, main path | r(log density) "
+        "| layers SynFlow empties |",
         "|---|---|---:|---:|---:|---|",
     ]
     models = data["models"]
     fig, axes = plt.subplots(len(models), 1, figsize=(9, 3.2 * len(models)))
     for ax, (name, rows) in zip(axes, models.items()):
         for row in rows:
-            main = [abs(a - b) for layer, a, b in zip(row["layers"], row["synflow"], row["synexp"]) if "shortcut" not in layer]
+            main = [
+                abs(a - b)
+                for layer, a, b in zip(row["layers"], row["synflow"], row["synexp"])
+                if "shortcut" not in layer
+            ]
             lines.append(
                 f"| {name} | 10^-{row['x']} | {row['max_abs_diff']:.3f} | {max(main):.3f} | "
                 f"{row['r_log_density']:.3f} | {len(row['emptied_by_synflow'])} |"
             )
             xs = range(len(row["layers"]))
             line = ax.plot(xs, row["synexp"], "-", label=f"SynExp 10^-{row['x']}")[0]
-            ax.plot(xs, [max(d, 1e-4) for d in row["synflow"]], "o", ms=3, color=line.get_color(),
-                    label=f"SynFlow 10^-{row['x']}")
+            ax.plot(
+                xs,
+                [max(d, 1e-4) for d in row["synflow"]],
+                "o",
+                ms=3,
+                color=line.get_color(),
+                label=f"SynFlow 10^-{row['x']}",
+            )
         ax.set_yscale("log")
         ax.set_title(f"{name}: layer densities (lines SynExp, dots SynFlow; 1e-4 = emptied)")
         ax.set_xlabel("prunable layer (model order)")
@@ -197,7 +215,8 @@ def _imagenet():
     for row in json.loads(path.read_text())["rows"]:
         budgets = ", ".join(f"{k} {v}" for k, v in row["budgets"].items()) or "-"
         lines.append(
-            f"| {row['model']} | {row['method']} | {row['mode'] or '-'} | {budgets} | {row['params'] / 1e6:.2f} | "
+            f"| {row['model']} | {row['method']} | {row['mode'] or '-'} | {budgets} "
+            f"| {row['params'] / 1e6:.2f} | "
             f"{row['paper_mparams']:.2f} | {row['macs'] / 1e9:.3f} | {row['paper_gmacs']:.2f} |"
         )
     return lines
@@ -262,7 +281,7 @@ def _claims(core, thm, preconfig):
     lines = [
         "## The paper's claims on this run",
         "",
-        "Rule: differences are of mean final accuracy in percentage points (pp); \"tol\" is the sum of the "
+        'Rule: differences are of mean final accuracy in percentage points (pp); "tol" is the sum of the '
         "two standard deviations. *Matches* = no point below -tol; *beats* = every point above 0 and one "
         "above tol. Both need 2 or more seeds on each side.",
         "",
@@ -270,14 +289,19 @@ def _claims(core, thm, preconfig):
     synflow = {e["flags"]["params"]: s for e, s in _find(core, method="synflow")}
     pairs = ((0.308, 0.3), (0.1103, 0.1), (0.0411, 0.03))
     for mode in ("exact", "layerwise"):
-        rows = [_compare(_one(core, method="precrop_params", params=p, mode=mode), synflow.get(q)) for p, q in pairs]
+        rows = [
+            _compare(_one(core, method="precrop_params", params=p, mode=mode), synflow.get(q))
+            for p, q in pairs
+        ]
         lines.append(
             f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {_verdict(rows, 'match')}. "
             + _fmt_rows(rows, [f"SynFlow {q}" for _, q in pairs])
         )
     flops = ((0.5562, 0.3), (0.2734, 0.1), (0.0884, 0.03))
     for mode in ("exact", "layerwise"):
-        rows = [_compare(_one(core, method="precrop_flops", flops=f, mode=mode), synflow.get(q)) for f, q in flops]
+        rows = [
+            _compare(_one(core, method="precrop_flops", flops=f, mode=mode), synflow.get(q)) for f, q in flops
+        ]
         lines.append(
             f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: {_verdict(rows, 'beat')}. "
             + _fmt_rows(rows, [f"MACs of SynFlow {q}" for _, q in flops])
@@ -291,9 +315,15 @@ def _claims(core, thm, preconfig):
     else:
         spread, verdict = None, "pending (fewer than 2 seeds on some point)"
     lines.append(
-        f"- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): {verdict}"
-        + ("" if spread is None else f"; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp")
-        + ". " + "; ".join(f"{label}: {s['acc']:.2f} ± {s['std']:.2f}" for label, s in done)
+        "- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): "
+        + verdict
+        + (
+            ""
+            if spread is None
+            else f"; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp"
+        )
+        + ". "
+        + "; ".join(f"{label}: {s['acc']:.2f} ± {s['std']:.2f}" for label, s in done)
     )
     row = _compare(_one(preconfig, method="preconfig"), _one(preconfig, method="baseline"))
     lines.append(
@@ -308,13 +338,23 @@ def main():
     runs = _load_runs()
     epochs = sorted({r["epochs"] for r in runs.values()}) or [10]
     lines = [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
-    body, core = _section("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", runs,
-                          "macs_ratio", "MACs ratio of the trained model")
+    body, core = _section(
+        "Figures 2-3 (cifar-a, cifar-b) and the dense baseline",
+        "core",
+        runs,
+        "macs_ratio",
+        "MACs ratio of the trained model",
+    )
     lines += body
     body, thm = _section("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", runs)
     lines += body
-    lines += _section("Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "pareto", runs,
-                      "macs_ratio", "MACs ratio of the trained model")[0]
+    lines += _section(
+        "Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters",
+        "pareto",
+        runs,
+        "macs_ratio",
+        "MACs ratio of the trained model",
+    )[0]
     body, preconfig = _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)
     lines += body
     lines[3:3] = _claims(core, thm, preconfig)

@@ -16,6 +16,10 @@ import os
 import re
 import sys
 
+import keras
+
+import keras_precrop as kp
+
 
 def _parser():
     parser = argparse.ArgumentParser(
@@ -62,10 +66,6 @@ def _parser():
 
 
 def _load_model(args):
-    import keras
-
-    from keras_precrop import models
-
     if (args.model is None) == (args.model_flag is None):
         raise ValueError("give the model once: `keras-precrop CMD resnet20` or `--model resnet20`")
     args.model = args.model or args.model_flag
@@ -78,8 +78,9 @@ def _load_model(args):
         try:
             shape = tuple(int(d) for d in args.input_shape.split(","))
         except ValueError:
-            raise ValueError(f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}")
-    return models.get(args.model, input_shape=shape, num_classes=args.num_classes)
+            raise ValueError(
+                f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}") from None
+    return kp.models.get(args.model, input_shape=shape, num_classes=args.num_classes)
 
 
 def _ignore(args):
@@ -87,8 +88,6 @@ def _ignore(args):
 
 
 def _run(args):
-    import keras_precrop as kp
-
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return
@@ -156,7 +155,11 @@ def _in_flags(message):
 
 
 def main(argv=None):
-    """Entry point of the ``keras-precrop`` console script."""
+    """Entry point of ``keras-precrop`` and ``python -m keras_precrop``.
+
+    Both import the package first, which keeps TensorFlow's start-up banners
+    off stderr (see ``keras_precrop/_startup.py``).
+    """
     args = _parser().parse_args(argv)
     try:
         _run(args)

@@ -1,6 +1,7 @@
 """The keras-precrop command line, run in-process and as a console script."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -8,8 +9,19 @@ import keras
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import cli
+from keras_precrop import _startup, cli
 from keras_precrop.cli import main
+from tests.conftest import run_python
+
+# What pip writes for the entry point keras-precrop=keras_precrop.cli:main.
+CONSOLE_SCRIPT = """\
+import re
+import sys
+from keras_precrop.cli import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
 
 
 def test_list(capsys):
@@ -66,7 +78,8 @@ def test_plan_table_shows_in_and_out_channels_of_the_rebuilt_model(capsys, tmp_p
     out = capsys.readouterr().out
     rows = _table_rows(out)
     original, rebuilt = kp.models.get("resnet20"), keras.models.load_model(out_model)
-    convs = [layer for layer in rebuilt.layers if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense))]
+    kernels = (keras.layers.Conv2D, keras.layers.Dense)
+    convs = [layer for layer in rebuilt.layers if isinstance(layer, kernels)]
     assert convs and any(layer.name in rows for layer in convs)
     for layer in convs:
         before = original.get_layer(layer.name).kernel.shape
@@ -79,7 +92,7 @@ def test_plan_table_shows_in_and_out_channels_of_the_rebuilt_model(capsys, tmp_p
         assert row["Out channels"] == (str(before[-1]), str(layer.kernel.shape[-1]))
         assert row["Params"][1] == f"{layer.count_params():,}"
     # Hidden rows are announced, and --all shows them.
-    costly = [l for l in kp.Plan.from_json(str(out_plan)).layers if l["params"] or l["macs"]]
+    costly = [row for row in kp.Plan.from_json(str(out_plan)).layers if row["params"] or row["macs"]]
     hidden = len(costly) - len(rows)
     assert hidden > 0 and f"{hidden} unchanged layers not shown (--all shows every layer)." in out
     assert main(["precrop", "resnet20", "--apply", str(out_plan), "--all"]) == 0
@@ -99,7 +112,8 @@ def _model_with_permute(path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--flops", "0"], "--flops 0 must be a positive, finite ratio of the original model's FLOPs (e.g. 0.5)."),
+    (["--flops", "0"],
+     "--flops 0 must be a positive, finite ratio of the original model's FLOPs (e.g. 0.5)."),
     (["--params", "-1"], "--params -1 must be a positive, finite ratio"),
     (["--params", "nan"], "--params nan must be a positive, finite ratio"),
     (["--max_macs", "0"], "--max_macs 0 must be a positive, finite number of MACs."),
@@ -163,3 +177,53 @@ def test_console_script_is_quiet_on_errors():
     assert done.stderr.strip().splitlines() == [
         "keras-precrop: error: --params 0 must be a positive, finite ratio of the original "
         "model's parameters (e.g. 0.5)."]
+
+
+def _both_forms(args, tmp_path):
+    """``(stdout, stderr)`` of ``python -m keras_precrop ARGS`` and of the console script.
+
+    Both run in a fresh interpreter on this checkout, with no TensorFlow log
+    level set, as from a user's shell.
+    """
+    script = tmp_path / "keras-precrop"
+    script.write_text(CONSOLE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    results = []
+    for command in (["-m", "keras_precrop"], [str(script)]):
+        done = run_python(command + args, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append((done.stdout, done.stderr))
+    return results
+
+
+def _assert_same_and_quiet(results):
+    (module_out, module_err), (script_out, script_err) = results
+    assert module_out == script_out and module_out
+    assert module_err == script_err == "", module_err + script_err
+
+
+def test_both_command_forms_list_the_zoo_quietly(tmp_path):
+    results = _both_forms(["list"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert results[0][0].split() == kp.models.list()
+
+
+@pytest.mark.slow
+def test_both_command_forms_profile_quietly(tmp_path):
+    results = _both_forms(["profile", "resnet20"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert "Total params: 274,042" in results[0][0]
+
+
+@pytest.mark.parametrize("argv,orig_argv,expected", [
+    (["/usr/bin/keras-precrop", "list"], ["python", "/usr/bin/keras-precrop", "list"], True),
+    ([r"C:\env\Scripts\keras-precrop.exe", "list"], [], True),
+    (["-m", "list"], ["python", "-m", "keras_precrop", "list"], True),
+    (["-m"], ["python", "-W", "ignore", "-mkeras_precrop.cli"], True),
+    (["-m", "-q"], ["python", "-m", "pytest", "-q"], False),
+    (["-c"], ["python", "-c", "import keras_precrop"], False),
+    (["train.py"], ["python", "train.py"], False),
+    ([], [], False),
+])
+def test_only_the_command_is_recognized_as_the_command(argv, orig_argv, expected):
+    assert _startup.is_command(argv, orig_argv) is expected

@@ -20,8 +20,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-# layers, pai and train register PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
-from keras_precrop import layers, models, pai, train  # noqa: E402, F401
+# Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
+from keras_precrop import models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TFDS_DIR = REPO.parent / "shared" / "tfds"

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import pathlib
 
 import keras
 import numpy as np
@@ -15,10 +16,11 @@ _APPS = {
     "ResNet50": keras.applications.ResNet50,
     "DenseNet121": keras.applications.DenseNet121,
 }
+OLD_PLAN = pathlib.Path(__file__).parent / "data" / "plan_v0_resnet20_params0.5.json"
 BUDGETS = [(0.1, None), (0.3, None), (0.5, None), (0.8, None), (None, 0.3), (None, 0.5), (0.5, 0.5)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name):
     if name in _APPS:
         return _APPS[name](weights=None)
@@ -34,11 +36,11 @@ def _check_precrop(model, params, flops, mode="exact", **options):
     assert prof.total_macs == plan.macs
     x = np.random.default_rng(0).uniform(size=(1,) + tuple(model.input_shape[1:]))
     assert tuple(new(x).shape) == (1,) + tuple(model.output_shape[1:])
-    assert all(g["new"] <= g["width"] for g in plan.groups)
+    assert all(g["new"] <= g["width"] for g in plan.variables)
     if mode != "paper":
         binding = []
-        for key, ratio, achieved, total in (("params", params, plan.params, model.count_params()),
-                                            ("macs", flops, plan.macs, plan.original["macs"])):
+        for ratio, achieved, total in ((params, plan.params, model.count_params()),
+                                       (flops, plan.macs, plan.original["macs"])):
             if ratio is None:
                 continue
             assert achieved <= ratio * total
@@ -91,21 +93,21 @@ def test_reconfigure_same_flops_fewer_params(name):
     assert plan.params == pytest.approx(0.8 * model.count_params(), rel=0.0125)
     assert plan.params <= 0.8 * model.count_params()
     assert plan.macs <= plan.original["macs"]
-    assert any(g["new"] > g["width"] for g in plan.groups)  # some layers widen
+    assert any(g["new"] > g["width"] for g in plan.variables)  # some layers widen
     assert kp.profile(new).total_params == plan.params == new.count_params()
 
 
 def test_precrop_full_budget_keeps_widths():
     model = _model("mobilenet_v2_cifar")
     plan = kp.plan(model, params=1.0)
-    assert all(g["new"] == g["width"] for g in plan.groups)
+    assert all(g["new"] == g["width"] for g in plan.variables)
     assert plan.params == model.count_params()
 
 
 def test_round_to_and_min_channels():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, round_to=4, min_channels=8)
-    for g in plan.groups:
+    for g in plan.variables:
         if not g["fixed"]:
             assert g["new"] % 4 == 0 or g["new"] == g["width"]
             assert g["new"] >= 8
@@ -116,7 +118,7 @@ def test_round_to_and_min_channels():
 def test_ignore_keeps_layer_widths():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, ignore=["stage1_block1_conv1"])
-    layer = next(l for l in plan.layers if l["name"] == "stage1_block1_conv1")
+    layer = next(row for row in plan.layers if row["name"] == "stage1_block1_conv1")
     assert layer["channels_new"] == layer["channels"]
 
 
@@ -153,7 +155,7 @@ def test_deterministic():
 def test_keras_round_trip_identical_outputs(tmp_path):
     model = _model("resnet20")
     new = kp.precrop(model, params=0.3)
-    assert any(isinstance(l, (kp.ChannelSlice, kp.PrefixAdd)) for l in new.layers)
+    assert any(isinstance(layer, (kp.ChannelSlice, kp.PrefixAdd)) for layer in new.layers)
     path = tmp_path / "m.keras"
     new.save(path)
     loaded = keras.models.load_model(path)
@@ -168,8 +170,21 @@ def test_plan_json_round_trip_identical_model(tmp_path):
     assert again == plan
     assert kp.Plan.from_json(str(tmp_path / "p.json")) == plan
     a, b = kp.apply_plan(model, plan), kp.apply_plan(model, again)
-    assert [l.get_config() for l in a.layers] == [l.get_config() for l in b.layers]
+    assert [layer.get_config() for layer in a.layers] == [layer.get_config() for layer in b.layers]
     json.loads(plan.to_json())  # plain JSON
+
+
+def test_plan_written_by_earlier_code_loads_and_applies():
+    """The fixture was written by ``kp.plan(resnet20, params=0.5)`` before "groups" became "variables"."""
+    data = json.loads(OLD_PLAN.read_text())
+    assert "groups" in data and "variables" not in data
+    old = kp.Plan.from_json(str(OLD_PLAN))
+    assert old.variables == data["groups"]
+    now = kp.plan(_model("resnet20"), params=0.5)
+    assert old.variables == now.variables and old.predicted == now.predicted
+    rebuilt = kp.apply_plan(_model("resnet20"), old)
+    assert rebuilt.count_params() == old.params == kp.profile(rebuilt).total_params
+    assert "variables" in json.loads(old.to_json()) and kp.Plan.from_json(old.to_json()) == old
 
 
 def test_plan_for_other_model_is_refused():

@@ -4,11 +4,11 @@ import contextlib
 import io
 import re
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from keras_precrop import pai, progress, train
 
 _STEPS, _BATCH, _EPOCHS = 5, 8, 2

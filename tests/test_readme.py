@@ -72,9 +72,13 @@ def _params():
     return params
 
 
+_INSTALL = re.compile(r"^\s*pip install [^&]*(&&\s*|$)")
+
+
 def _shell_without_installs(code):
-    """The block's lines with ``pip install`` commands left out."""
-    return "\n".join(line for line in code.splitlines() if not line.strip().startswith("pip install")) + "\n"
+    """The block with its ``pip install`` commands left out (``pip install X && cmd`` keeps ``cmd``)."""
+    kept = (_INSTALL.sub("", line) for line in code.splitlines())
+    return "\n".join(line for line in kept if line.strip()) + "\n"
 
 
 def _command_line_first_on_path(folder):
@@ -118,6 +122,8 @@ def test_marks_and_blocks_are_read_as_written(tmp_path):
     with pytest.raises(ValueError, match="unknown mark 'slwo'"):
         readme_blocks(readme)
     assert _shell_without_installs('pip install -e ".[cpu]"\nkeras-precrop list\n') == "keras-precrop list\n"
+    one_line = 'pip install -e ".[cpu]" && keras-precrop list\n'
+    assert _shell_without_installs(one_line) == "keras-precrop list\n"
 
 
 def test_readme_has_runnable_python_and_bash_blocks():

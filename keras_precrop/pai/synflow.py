@@ -186,7 +186,8 @@ def _keep_round(scores, alive, density, sizes, scope):
     return np.concatenate(kept)
 
 
-def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=False, input_shape=None, dtype="auto"):
+def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=False, input_shape=None,
+                   dtype="auto"):
     """One round of SynFlow scores, ``|w * dR/dw|`` of the linearized network.
 
     Args:

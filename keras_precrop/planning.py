@@ -1,7 +1,8 @@
 """Plans: from budgets to integer channel widths, and back to a model.
 
 A :class:`Plan` is the bridge between solving and rebuilding: it records the
-width chosen for every channel group (and residual view), the per-layer costs
+width chosen for every width variable (a channel group or a residual view;
+see ``channels.py`` for the vocabulary), the per-layer costs
 and densities it implies, and how the budgets were met. Plans are plain JSON,
 so a plan computed once (on a laptop, say) can be applied later to a model
 built inside a TPU or GPU strategy scope with :func:`apply_plan`.
@@ -9,7 +10,7 @@ built inside a TPU or GPU strategy scope with :func:`apply_plan`.
 Three translation modes:
 
 * ``mode="exact"`` solves the channel-width program (the SynExp objective over
-  group widths, budgets as exact bilinear costs), rounds to integers and
+  the width variables, budgets as exact bilinear costs), rounds to integers and
   repairs greedily so the rebuilt model never exceeds a budget and meets the
   binding one within ~1%.
 * ``mode="paper"`` solves per-layer densities (``solve_densities``) and maps
@@ -48,16 +49,20 @@ class PlanMismatchError(ValueError):
     """A plan does not fit the model it is applied to."""
 
 
+_OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
+
+
 @dataclasses.dataclass
 class Plan:
     """Channel widths for a model, with the costs they imply.
 
     Attributes:
         model_name: name of the model the plan was made for.
-        mode: ``"exact"`` or ``"paper"``.
+        mode: ``"exact"``, ``"layerwise"`` or ``"paper"``.
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
         ignore: layer names whose channels were kept fixed.
-        groups: per width variable: name, kind, original and new width, fixed.
+        variables: per width variable: name, kind, original and new width,
+            fixed (older plans call this key ``"groups"``; they load too).
         layers: per layer: name, class, input and output channels, params/MACs
             before and after, density.
         original: ``{"params", "macs"}`` of the original model.
@@ -70,7 +75,7 @@ class Plan:
     mode: str
     residual: str
     ignore: list
-    groups: list
+    variables: list
     layers: list
     original: dict
     predicted: dict
@@ -89,8 +94,8 @@ class Plan:
 
     @property
     def widths(self):
-        """``{group name: new width}``."""
-        return {g["name"]: g["new"] for g in self.groups}
+        """``{variable name: new width}``."""
+        return {v["name"]: v["new"] for v in self.variables}
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -105,6 +110,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data):
+        """A plan from :meth:`to_dict`'s data (older plans' keys included)."""
+        data = {_OLD_KEYS.get(k, k): v for k, v in data.items()}
         fields = {f.name for f in dataclasses.fields(cls)}
         missing = fields - set(data)
         if missing:
@@ -246,7 +253,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         upper: cap on each width ratio: 1.0 prunes only (PreCrop); ``None``
             lets widths grow (PreConfig).
         round_to: widths are multiples of this (e.g. 8 for accelerators).
-        min_channels: no group is narrower than this.
+        min_channels: no width variable is narrower than this.
         ignore: layer names whose channels stay fixed.
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
 
@@ -426,18 +433,11 @@ class _LayerwiseRule:
         self.alpha, self.beta = per_layer[self.layers, 0], per_layer[self.layers, 1]
         self.rest = per_layer.sum(axis=0) - np.array([self.alpha.sum(), self.beta.sum()])
         self.names = [graph.layers[i].path for i in self.layers]
-        structure, ctx = graph.structure, graph.ctx
-        position = {layer: k for k, layer in enumerate(self.layers.tolist())}
         producer = {}
-        for i, rec in enumerate(graph.layers):
-            if i not in position:
-                continue
-            targets = [] if rec.out_segment is None else [
-                structure.seg_var[ctx.find(rec.out_segment)]]
-            targets += [v for (path, _), v in structure.views.items() if path == rec.path]
-            for v in targets:
+        for k, i in enumerate(self.layers.tolist()):
+            for v in graph.produced_variables(graph.layers[i]):
                 if not cm.fixed[v]:
-                    producer.setdefault(v, position[i])
+                    producer.setdefault(v, k)
         self.var = np.array(sorted(producer), dtype=np.int64)
         self.src = np.array([producer[v] for v in self.var], dtype=np.int64)
 
@@ -544,17 +544,17 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
     has_kernel = set(cm.obj_layer.tolist())
     names = {v.name: i for i, v in enumerate(cm.variables)}
 
-    def channels(groups, w):
-        return "/".join(str(int(w[names[g]])) for g in groups) or "-"
+    def channels(variables, w):
+        return "/".join(str(int(w[names[v]])) for v in variables) or "-"
 
     layers = []
     for i, layer in enumerate(prof.layers):
         layers.append({
             "name": layer.name, "class_name": layer.class_name,
-            "channels": channels(layer.out_groups, cm.widths),
-            "channels_new": channels(layer.out_groups, widths),
-            "channels_in": channels(layer.in_groups, cm.widths),
-            "channels_in_new": channels(layer.in_groups, widths),
+            "channels": channels(layer.out_variables, cm.widths),
+            "channels_new": channels(layer.out_variables, widths),
+            "channels_in": channels(layer.in_variables, cm.widths),
+            "channels_in_new": channels(layer.in_variables, widths),
             "params": int(round(before[i, 0])), "params_new": int(round(after[i, 0])),
             "macs": int(round(before[i, 1])), "macs_new": int(round(after[i, 1])),
             "density": float(density[i]) if i in has_kernel else None,
@@ -563,9 +563,9 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
     info = dict(info, objective=float(cm.objective(widths)))
     return Plan(
         model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,
-        groups=[{"name": v.name, "kind": v.kind, "width": int(v.width),
-                 "new": int(widths[i]), "fixed": bool(v.fixed)}
-                for i, v in enumerate(cm.variables)],
+        variables=[{"name": v.name, "kind": v.kind, "width": int(v.width),
+                    "new": int(widths[i]), "fixed": bool(v.fixed)}
+                   for i, v in enumerate(cm.variables)],
         layers=layers,
         original={"params": prof.total_params, "macs": prof.total_macs},
         predicted={"params": int(round(total[0])), "macs": int(round(total[1]))},
@@ -582,18 +582,18 @@ def apply_plan(model, plan):
     layer names and original widths); otherwise :class:`PlanMismatchError`.
     """
     graph = walk(model, ignore=plan.ignore, residual=plan.residual)
-    variables = graph.structure.variables
-    planned = {g["name"]: g for g in plan.groups}
+    variables = graph.variables
+    planned = {v["name"]: v for v in plan.variables}
     names = [v.name for v in variables]
     if set(names) != set(planned):
         extra, missing = sorted(set(planned) - set(names)), sorted(set(names) - set(planned))
         raise PlanMismatchError(
             f"Plan for {plan.model_name!r} does not fit model {model.name!r}: "
-            f"groups only in the plan {extra[:5]}, only in the model {missing[:5]}.")
+            f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.")
     for v in variables:
         if planned[v.name]["width"] != v.width:
             raise PlanMismatchError(
-                f"Group {v.name!r} has {v.width} channels in model {model.name!r} "
+                f"Width variable {v.name!r} has {v.width} channels in model {model.name!r} "
                 f"but {planned[v.name]['width']} in the plan.")
     return rebuild(graph, [planned[n]["new"] for n in names])
 
