@@ -71,18 +71,6 @@ def _class_key(rec):
     return None if name in _UNCOSTED else _ALIASES.get(name, name)
 
 
-def _nodes(fn):
-    """Every layer call of a functional model, nested models walked in place."""
-    for node in _graph._topological_nodes(fn):
-        op = node.operation
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        if isinstance(op, keras.Model):
-            yield from _nodes(_graph._functional_of(op))
-        else:
-            yield node
-
-
 @dataclasses.dataclass
 class _Features:
     """Feature columns of one walked model as terms over its width variables.
@@ -102,8 +90,7 @@ class _Features:
     @classmethod
     def of(cls, graph, columns=None):
         """Features of ``graph``; with ``columns`` given, only those (others are dropped)."""
-        structure, ctx = graph.structure, graph.ctx
-        one = len(structure.variables)
+        one = len(graph.variables)
         position = {id(rec): i for i, rec in enumerate(graph.layers)}
         index = {} if columns is None else {c: i for i, c in enumerate(columns)}
         terms = []
@@ -119,21 +106,21 @@ class _Features:
         def var(rec, seg, as_input):
             if seg is None:
                 return one
-            if as_input:  # a residual reader sees its own view of the stream
-                return structure.var_of(rec, seg, ctx)
-            return structure.seg_var[ctx.find(seg)]
+            # A residual reader sees its own view of the stream.
+            return graph.variable(rec, seg) if as_input else graph.group_variable(seg)
 
-        for node in _nodes(_graph._functional_of(graph.model)):
-            rec = ctx.records[id(node.operation)]
+        for call in graph.calls:
+            rec = call.record
             key = _class_key(rec)
             if key is None:
                 continue
             i = position[id(rec)]
-            for kind, tensors in (("out", node.outputs), ("in", node.arguments.keras_tensors)):
-                for t in tensors:
+            for kind, tensors, keys in (("out", call.node.outputs, call.outputs),
+                                        ("in", call.node.arguments.keras_tensors, call.inputs)):
+                for t, k in zip(tensors, keys):
                     pixels = math.prod(t.shape[1:-1])
-                    for p in graph.tensor_channels[id(t)]:
-                        add(f"{kind}:{key}", pixels * p.mult, var(rec, p.group, kind == "in"),
+                    for p in graph.tensor_channels[k]:
+                        add(f"{kind}:{key}", pixels * p.mult, var(rec, p.segment, kind == "in"),
                             one, i)
             add("const", 1.0, one, one, i)
         for i, rec in enumerate(graph.layers):
@@ -170,7 +157,7 @@ def _signature(graph):
     ``ChannelSlice`` layers a rebuild adds are left out, a ``PrefixAdd``
     counts as the ``Add`` it replaces); widths do not enter.
     """
-    fn = _graph._functional_of(graph.model)
+    fn = _graph.functional_of(graph.model)
     layers = sorted((rec.path, _class_key(rec)) for rec in graph.layers if _class_key(rec))
     text = json.dumps([[list(t.shape[1:]) for t in fn.inputs], layers])
     return hashlib.sha1(text.encode()).hexdigest()[:16]
@@ -431,7 +418,7 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     """Measure how long ``model`` and width-scaled copies of it take; fit a latency model.
 
     Builds ``variants`` copies of the model with other channel widths (the
-    original, uniform scalings and random per-group scalings within
+    original, uniform scalings and random per-variable scalings within
     ``scale_range``), times them interleaved on this machine, and fits per
     layer class the time per MAC, per output and input activation element
     and per layer call (non-negative least squares on relative errors,
@@ -614,12 +601,12 @@ class LatencyModel(_json.JsonDataclass):
         Args:
             x: a Keras model of the fitted architecture (the original or a
                 rebuilt copy, e.g. ``kp.precrop(model, ...)``), a
-                :class:`~keras_precrop.Plan` or ``{group name: width}`` (group
-                names of the fitted ``residual``/``ignore`` settings), or a
+                :class:`~keras_precrop.Plan` or ``{variable name: width}``
+                (width variables of the fitted ``residual``/``ignore`` settings), or a
                 width vector in the order of ``template["names"]``.
         """
         if isinstance(x, keras.Model):
-            known = set(_graph._all_layer_names(_graph._functional_of(x), ""))
+            known = set(_graph.layer_names(_graph.functional_of(x)))
             if not known.issuperset(self.ignore):
                 raise LatencyModelMismatchError(
                     f"predict's model {x.name!r} lacks the layers "
@@ -634,7 +621,7 @@ class LatencyModel(_json.JsonDataclass):
         if isinstance(widths, dict):
             if set(widths) != set(names):
                 raise LatencyModelMismatchError(
-                    f"the widths name groups {sorted(set(widths) - set(names))[:5]} unknown to "
+                    f"the widths name variables {sorted(set(widths) - set(names))[:5]} unknown to "
                     f"this latency model (fitted on {self.model_name!r} with residual="
                     f"{self.residual!r}, ignore={self.ignore}); pass the rebuilt model instead.")
             widths = [widths[n] for n in names]

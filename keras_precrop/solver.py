@@ -454,20 +454,24 @@ class WidthProblem:
 
     with one column ``k`` per budget row named in ``rows``: by default
     ``k = 0`` params and ``k = 1`` MACs; more rows (e.g. ``"latency"``) add
-    columns. ``cost(0)`` are the original totals. The objective ``sum_k obj_weight[k] * x[obj_var[k]]`` is the SynExp
-    ``sum_l log p_l`` up to a constant (a layer's density is the product of
-    its input and output ratios). Arrays are converted and checked on
+    columns. ``cost(0)`` are the original totals. The objective
+    ``sum_k obj_weight[k] * x[obj_var[k]]`` is the SynExp ``sum_l log p_l``
+    up to a constant (a layer's density is the product of its input and
+    output ratios). Arrays are converted and checked on
     construction.
     """
 
     names: list[str]          # (V,) a readable name per variable (a channel group or a residual view)
     widths: np.ndarray        # (V,) original channel counts C_v (float > 0)
-    term_coef: np.ndarray     # (T, R) cost of each bilinear term at the ORIGINAL widths, one column per row (params, MACs, ...)
-    term_vars: np.ndarray     # (T, 2) int: the (at most two) variables whose ratios multiply the term; -1 = no factor
+    term_coef: np.ndarray     # (T, R) cost of each bilinear term at the ORIGINAL widths, one
+    #                           column per row (params, MACs, then extra rows such as latency)
+    term_vars: np.ndarray     # (T, 2) int: the (at most two) variables whose ratios multiply
+    #                           the term; -1 = no factor
     const: np.ndarray         # (R,) cost of each row that does not depend on any variable
     obj_var: np.ndarray       # (K,) int: objective = sum_k obj_weight[k] * x[obj_var[k]]
     obj_weight: np.ndarray    # (K,) float > 0
-    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual view is never wider than its stream)
+    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual
+    #                           view is never wider than its stream)
     lower: np.ndarray         # (V,) lower bounds on x (log ratio), e.g. log(min_channels / C_v)
     rows: tuple = _BUDGET_NAMES  # (R,) names of the cost columns, the budgets' names in solve_widths
 

@@ -2,14 +2,13 @@
 
 Parameter totals are checked against ``model.count_params()`` and MACs against
 the convolution and matmul ops of TensorFlow's own traced inference graph
-(:func:`tf_macs`, also used by ``test_graph.py``), whose shapes come from
+(``tests.conftest.tf_macs``), whose shapes come from
 TensorFlow, not from the walker.
 """
 
 import collections
 import dataclasses
 import json
-import math
 import re
 
 import keras
@@ -21,7 +20,7 @@ from keras import layers as L
 
 import keras_precrop as kp
 from keras_precrop import models
-from tests.random_cnn import random_cnns
+from tests.conftest import graph_macs, random_cnns, tf_macs, trace_graph
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
@@ -59,58 +58,6 @@ def build():
     yield get
     cache.clear()
     keras.backend.clear_session()
-
-
-# ---------------------------------------------------------------------------
-# The independent MAC reference: TensorFlow's traced graph.
-
-_COUNTED_OPS = {
-    "Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-    "MatMul", "BatchMatMulV2", "BatchMatMulV3",
-}
-
-
-def trace_graph(model):
-    """The inference graph of ``model`` for one example (batch size 1)."""
-    specs = [tf.TensorSpec((1,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
-    fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
-    return fn.get_concrete_function(*specs).graph
-
-
-def _op_macs(op):
-    """Multiply-accumulates of one conv/matmul op, from its graph shapes."""
-    out = op.outputs[0].shape.as_list()
-    if op.type in ("Conv2D", "DepthwiseConv2dNative"):
-        assert op.get_attr("data_format") == b"NHWC", op.name
-        k_h, k_w, c_in, _ = op.inputs[1].shape.as_list()
-        per_output = k_h * k_w * (c_in if op.type == "Conv2D" else 1)
-        return math.prod(out) * per_output
-    if op.type == "Conv2DBackpropInput":  # a transposed conv: work per *input* pixel
-        k_h, k_w, c_out, _ = op.inputs[1].shape.as_list()
-        return math.prod(op.inputs[2].shape.as_list()) * k_h * k_w * c_out
-    a = op.inputs[0].shape.as_list()
-    if op.type == "MatMul":
-        inner = a[0] if op.get_attr("transpose_a") else a[1]
-    else:
-        inner = a[-2] if op.get_attr("adj_x") else a[-1]
-    return math.prod(out) * inner
-
-
-def graph_macs(graph):
-    """MACs per example by op type; fails on ops it cannot see or count."""
-    macs = collections.Counter()
-    for op in graph.get_operations():
-        assert "PartitionedCall" not in op.type, f"{op.name}: a nested function hides its ops"
-        if op.type in _COUNTED_OPS:
-            macs[op.type] += _op_macs(op)
-        else:
-            assert not re.search("Conv|MatMul|Einsum", op.type), f"uncounted op {op.type}"
-    return macs
-
-
-def tf_macs(model):
-    """Total MACs per example of ``model`` according to TensorFlow's graph."""
-    return sum(graph_macs(trace_graph(model)).values())
 
 
 # ---------------------------------------------------------------------------
@@ -265,10 +212,10 @@ def test_ignored_unsupported_layer_is_an_opaque_block(layer):
     rows = {row.name: row for row in prof.layers}
     assert rows["odd"].params == model.get_layer("odd").count_params()
     assert not rows["odd"].prunable
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     # Its input (c0's channels) and its output feeding c1 are both fixed.
-    assert fixed[rows["odd"].in_groups[0]] and fixed[rows["c1"].in_groups[0]]
-    assert rows["c0"].out_groups == rows["odd"].in_groups
+    assert fixed[rows["odd"].in_variables[0]] and fixed[rows["c1"].in_variables[0]]
+    assert rows["c0"].out_variables == rows["odd"].in_variables
 
 
 def test_register_handler_teaches_a_custom_layer():
@@ -278,11 +225,11 @@ def test_register_handler_teaches_a_custom_layer():
     kp.register_handler(TiedScale, "tie")
     prof = kp.profile(_custom_model(TiedScale))
     rows = {row.name: row for row in prof.layers}
-    assert rows["scale"].in_groups == rows["scale"].out_groups == ["c0"]
-    assert rows["c1"].in_groups == ["c0"]
+    assert rows["scale"].in_variables == rows["scale"].out_variables == ["c0"]
+    assert rows["c1"].in_variables == ["c0"]
     # The per-channel scale shrinks with c0: compare with a model built narrower.
     narrow = _custom_model(TiedScale, width=5)
-    widths = [5 if g.name == "c0" else g.width for g in prof.groups]
+    widths = [5 if g.name == "c0" else g.width for g in prof.variables]
     params, macs = prof.cost.totals(widths)
     assert (params, macs) == (narrow.count_params(), tf_macs(narrow))
 
@@ -352,9 +299,9 @@ def test_add_of_a_concatenation_keeps_its_channels_fixed_with_a_note():
     prof = kp.profile(model)
     assert prof.total_params == model.count_params()
     assert prof.total_macs == tf_macs(model)
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     assert fixed["a"] and fixed["b"] and fixed["d"]
-    assert {row.name: row for row in prof.layers}["e"].in_groups == ["a", "b"]
+    assert {row.name: row for row in prof.layers}["e"].in_variables == ["a", "b"]
     assert len(prof.notes) == 1 and prof.notes[0].startswith("add:")
     lines = []
     prof.summary(print_fn=lines.append)
@@ -426,23 +373,23 @@ def test_to_dict_is_json_and_consistent(build):
     assert data["layers"] == [dataclasses.asdict(row) for row in prof.layers]
     assert sum(row["params"] for row in data["layers"]) == prof.total_params
     assert sum(row["macs"] for row in data["layers"]) == prof.total_macs
-    assert len(data["groups"]) == len(prof.groups)
-    for entry, group in zip(data["groups"], prof.groups):
+    assert len(data["variables"]) == len(prof.variables)
+    for entry, group in zip(data["variables"], prof.variables):
         assert (entry["name"], entry["width"], entry["fixed"], entry["kind"]) == (
             group.name, group.width, group.fixed, group.kind)
-        bound = None if group.bound is None else prof.groups[group.bound].name
+        bound = None if group.bound is None else prof.variables[group.bound].name
         assert entry["bound"] == bound
         assert entry["layers"] == group.layers
 
 
 def test_prunable_flags(build):
     prof = kp.profile(build("resnet20"))
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     for row in prof.layers:
-        names = set(row.in_groups + row.out_groups)
+        names = set(row.in_variables + row.out_variables)
         has_weights = row.params > 0
         expected = has_weights and any(not fixed[n] for n in names)
         assert row.prunable == expected, row.name
     # The model input (RGB) and output (logits) groups are never prunable.
-    assert fixed[prof.layers[0].in_groups[0]]
-    assert fixed[prof.layers[-1].out_groups[0]]
+    assert fixed[prof.layers[0].in_variables[0]]
+    assert fixed[prof.layers[-1].out_variables[0]]

@@ -5,82 +5,21 @@ Every pruner in ``keras_precrop.pai`` scores the same set of weights (see
 so they all keep exactly the same number of weights for a given density.
 """
 
-import dataclasses
-
 import keras
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class WeightSpec:
-    """How a prunable weight of a layer class is laid out and persisted.
-
-    Attributes:
-        constraint_attr: the layer attribute that ``get_config`` serializes as
-            this weight's constraint (``kernel_constraint``, ...); the mask
-            constraint is stored there so it survives ``.keras`` save/load.
-        kind: ``"kernel"`` (mixes input into output channels), ``"depthwise"``
-            (one ``k x k x multiplier`` slab per input channel), ``"bias"`` or
-            ``"scale"`` (per-output-channel vectors: biases, BN gamma/beta).
-        in_axis: kernel axis indexing input channels (``None`` for vectors).
-        out_axis: kernel axis indexing output channels, or the depthwise
-            multiplier axis (``None`` for vectors).
-    """
-
-    constraint_attr: str
-    kind: str
-    in_axis: int | None = None
-    out_axis: int | None = None
-
-
-_CONV = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1)}
-_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
-
-# Layer class -> {variable name -> spec} for kernels; biases are in _BIAS.
-_KERNELS = (
-    (keras.layers.Dense, {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1)}),
-    (keras.layers.Conv1D, _CONV),
-    (keras.layers.Conv2D, _CONV),
-    (keras.layers.Conv3D, _CONV),
-    # Transposed convolutions store kernels as (..., out, in).
-    (keras.layers.Conv1DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.Conv2DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.Conv3DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.DepthwiseConv1D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
-    (keras.layers.DepthwiseConv2D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
-    (
-        keras.layers.SeparableConv1D,
-        {
-            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
-            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
-        },
-    ),
-    (
-        keras.layers.SeparableConv2D,
-        {
-            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
-            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
-        },
-    ),
-)
-_BATCHNORM = {
-    "gamma": WeightSpec("gamma_constraint", "scale"),
-    "beta": WeightSpec("beta_constraint", "bias"),
-}
+from keras_precrop import handlers
 
 
 def weight_specs(layer):
     """Returns ``{variable name: WeightSpec}`` of every maskable weight of ``layer``.
 
-    Maskable weights are kernels and biases of conv/dense layers and BN
-    gamma/beta; an empty dict for any other layer.
+    The layer's handler (``keras_precrop.handlers``) names them: kernels and
+    biases of conv/dense layers and BN gamma/beta for the built-in layers; an
+    empty dict for a layer without maskable weights or without a handler.
     """
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return dict(_BATCHNORM)
-    for cls, kernels in _KERNELS:
-        if isinstance(layer, cls):
-            return {**kernels, **_BIAS}
-    return {}
+    handler = handlers.handler_of(layer)
+    return {} if handler is None else dict(handler.weight_specs)
 
 
 def iter_layers(model):
@@ -140,8 +79,8 @@ def prunable_weights(model, include_bias=False, include_batchnorm=False):
     for path, (layer, var, spec) in named_weights(model).items():
         if not var.trainable:
             continue
-        if isinstance(layer, keras.layers.BatchNormalization):
-            if include_batchnorm:
+        if not any(s.kind in ("kernel", "depthwise") for s in weight_specs(layer).values()):
+            if include_batchnorm:  # BN gamma/beta: per-channel weights of a layer without kernel
                 out[path] = var
         elif spec.kind == "bias":
             if include_bias:
