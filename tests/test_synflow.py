@@ -123,3 +123,32 @@ def test_synflow_resnet110_stays_finite():
     assert np.isfinite(total) and total > np.finfo(np.float32).max  # would overflow float32
     masks = pai.synflow(model, 0.01, iterations=5, verbose=0)
     assert count_kept(masks) == round(0.01 * count_total(masks))
+
+
+def _relu_chain(cap):
+    """conv -> BN -> ReLU(max_value=cap) x 3 -> dense; ``cap=None`` is the plain-ReLU twin."""
+    inputs = keras.Input((8, 8, 3))
+    x = inputs
+    for i in range(3):
+        x = keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i}")(x)
+        x = keras.layers.BatchNormalization(name=f"bn{i}")(x)
+        x = keras.layers.ReLU(max_value=cap, name=f"relu{i}")(x)
+    x = keras.layers.Conv2D(8, 1, activation="relu6" if cap else "relu", name="conv_act")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(x))
+
+
+def test_synflow_treats_capped_relus_as_relus():
+    # With ReLU6 the all-positive flow (about 1e3 here) would saturate at 6 and
+    # zero every gradient behind it; the reference is the same net with ReLUs.
+    keras.utils.set_random_seed(3)
+    capped = _relu_chain(6.0)
+    plain = _relu_chain(None)
+    plain.set_weights(capped.get_weights())
+    masks = pai.synflow(capped, 0.2, iterations=10, verbose=0)
+    expected = pai.synflow(plain, 0.2, iterations=10, verbose=0)
+    assert masks.keys() == expected.keys()
+    for path in masks:
+        np.testing.assert_array_equal(masks[path], expected[path], err_msg=path)
+    assert all(mask.sum() > 0 for mask in masks.values())
+    assert [layer.max_value for layer in capped.layers if isinstance(layer, keras.layers.ReLU)] == [6.0] * 3

@@ -37,19 +37,37 @@ _FLOAT32_FLOW_RANGE = (1e-30, 1e30)
 _DTYPES = ("auto", "float32", "float64")
 
 
-def _computes_in(model, dtype):
-    """Whether every weight of ``model`` is stored and every layer computes in ``dtype``."""
-    return all(v.dtype == dtype for v in model.weights) and all(
-        layer.compute_dtype == dtype for layer in common.iter_layers(model)
+def _capped(layer):
+    """Whether ``layer`` applies a ReLU with a cap (``relu6``, ``ReLU(max_value=...)``).
+
+    SynFlow's network is linear on its all-positive flow, where a ReLU is the
+    identity; a cap would saturate at 6 instead, zeroing every gradient
+    behind it (on MobileNetV2 all but the first layers then score zero and
+    are emptied). The linearized copy runs such layers as plain ReLUs.
+    """
+    if isinstance(layer, keras.layers.ReLU):
+        return layer.max_value is not None
+    return getattr(layer, "activation", None) is keras.activations.relu6
+
+
+def _usable_as_is(model, dtype):
+    """Whether ``model`` itself can run the flow: stored and computed in ``dtype``, no capped ReLU."""
+    layers = list(common.iter_layers(model))
+    return (
+        all(v.dtype == dtype for v in model.weights)
+        and all(layer.compute_dtype == dtype for layer in layers)
+        and not any(_capped(layer) for layer in layers)
     )
 
 
 def _clone_in(model, dtype):
-    """A structural copy of ``model`` whose layers store and compute in ``dtype``."""
+    """A structural copy of ``model`` computing in ``dtype``, with ReLU caps removed (see ``_capped``)."""
 
     def clone_layer(layer):
         config = layer.get_config()
         config["dtype"] = dtype
+        if _capped(layer):
+            config.update({"max_value": None} if isinstance(layer, keras.layers.ReLU) else {"activation": "relu"})
         return layer.__class__.from_config(config)
 
     try:
@@ -72,13 +90,13 @@ class _LinearizedModel:
 
     The network runs through ``stateless_call`` with the absolute values as
     constants, so the model's own weights are never touched. A model that
-    already computes in ``dtype`` is used directly; otherwise a copy with
-    ``dtype`` layers is built (its own weights are never read). Tracing the
+    already computes in ``dtype`` (and has no capped ReLU) is used directly;
+    otherwise a copy with ``dtype`` layers is built (its own weights are never read). Tracing the
     score step happens once; each call to :meth:`flow_and_scores` only runs it.
     """
 
     def __init__(self, model, paths, input_shape, dtype):
-        target = model if _computes_in(model, dtype) else _clone_in(model, dtype)
+        target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype)
         source = {id(t): s for t, s in zip(target.variables, model.variables)}
         self._trainable = [self._abs(source[id(v)], v, dtype) for v in target.trainable_variables]
         self._non_trainable = [self._abs(source[id(v)], v, dtype) for v in target.non_trainable_variables]
