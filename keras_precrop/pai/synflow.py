@@ -67,7 +67,8 @@ def _clone_in(model, dtype):
         config = layer.get_config()
         config["dtype"] = dtype
         if _capped(layer):
-            config.update({"max_value": None} if isinstance(layer, keras.layers.ReLU) else {"activation": "relu"})
+            relu = isinstance(layer, keras.layers.ReLU)
+            config.update({"max_value": None} if relu else {"activation": "relu"})
         return layer.__class__.from_config(config)
 
     try:
