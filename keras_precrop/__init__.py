@@ -31,6 +31,7 @@ from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
 from keras_precrop.plan import (  # noqa: E402
     Plan,
     PlanMismatchError,
+    RebuildMismatchError,
     apply_plan,
     plan,
     precrop,
@@ -54,6 +55,7 @@ __all__ = [
     "Plan",
     "PlanMismatchError",
     "PrefixAdd",
+    "RebuildMismatchError",
     "SolveResult",
     "UnsupportedLayerError",
     "UnsupportedModelError",

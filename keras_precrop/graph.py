@@ -492,16 +492,27 @@ def _resolve_streams(ctx, writers):
             parent[find(ctx.find(s))] = find(ctx.find(out))
     merge_outs = {ctx.find(out) for out, _, _ in ctx.merges}
     members: dict[int, set] = {}
-    where: dict[int, str] = {}
+    stream_merges: dict[int, list] = {}
     for out, ins, name in ctx.merges:
         key = find(ctx.find(out))
-        where.setdefault(key, name)
+        stream_merges.setdefault(key, []).append((ins, name))
         members.setdefault(key, set()).update(ctx.find(s) for s in [out, *ins])
+
+    def order(s):  # the creator: the widest, then shallowest input
+        return -ctx.segments[s].width, ctx.segments[s].depth, s
+
     for key, segs in members.items():
-        inputs = sorted(segs - merge_outs, key=lambda s: (
-            -ctx.segments[s].width, ctx.segments[s].depth, s))
+        inputs = sorted(segs - merge_outs, key=order)
         creator = inputs[0] if inputs else min(segs)
         for s in sorted(segs - set(inputs[1:])):
-            creator = ctx.union(creator, s, where[key])
-        for w in inputs[1:]:
+            creator = ctx.union(creator, s, stream_merges[key][0][1])
+        # A merge's output is as wide as its widest input (PrefixAdd), so one
+        # whose inputs are all writers (NASNet's cells add two branches that
+        # both also feed other merges of the stream) would come out narrower
+        # than the stream it stands for: its widest input is tied to it.
+        for ins, name in stream_merges[key]:
+            roots = {ctx.find(s) for s in ins}
+            if creator not in roots:
+                creator = ctx.union(creator, min(roots, key=order), name)
+        for w in {ctx.find(w) for w in inputs[1:]} - {creator}:
             writers[w] = creator

@@ -40,12 +40,17 @@ import numpy as np
 
 from keras_precrop import costs as _costs
 from keras_precrop import solver as _solver
+from keras_precrop import verify as _verify
 from keras_precrop.graph import walk
 from keras_precrop.rebuild import rebuild
 
 
 class PlanMismatchError(ValueError):
     """A plan does not fit the model it is applied to."""
+
+
+class RebuildMismatchError(PlanMismatchError):
+    """The rebuilt model disagrees with its plan's per-layer prediction."""
 
 
 @dataclasses.dataclass
@@ -500,6 +505,10 @@ def apply_plan(model, plan):
     Call it inside ``strategy.scope()`` to create the pruned model's variables
     there. The model must be the architecture the plan was made for (same
     layer names and original widths); otherwise :class:`PlanMismatchError`.
+    The rebuilt model is walked afresh and checked against the plan (each
+    layer's parameters, MACs and output width, and the totals); a model that
+    disagrees is never returned: :class:`RebuildMismatchError` names the
+    first layer that differs.
     """
     graph = walk(model, ignore=plan.ignore, residual=plan.residual)
     variables = graph.structure.variables
@@ -515,7 +524,14 @@ def apply_plan(model, plan):
             raise PlanMismatchError(
                 f"Group {v.name!r} has {v.width} channels in model {model.name!r} "
                 f"but {planned[v.name]['width']} in the plan.")
-    return rebuild(graph, [planned[n]["new"] for n in names])
+    widths = [planned[n]["new"] for n in names]
+    new = rebuild(graph, widths)
+    mismatch = _verify.first_mismatch(new, graph, widths, plan)
+    if mismatch is not None:
+        raise RebuildMismatchError(
+            f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
+            f"disagrees with the plan: {mismatch}.")
+    return new
 
 
 def precrop(model, params=None, flops=None, **options):

@@ -13,7 +13,7 @@ from keras import layers as L
 from keras import ops
 
 import keras_precrop as kp
-from tests.test_profile import tf_macs  # the TensorFlow-graph MAC reference
+from tests.conftest import tf_macs  # the TensorFlow-graph MAC reference
 
 IMG = "input:img"  # the group of a keras.Input named "img"
 

@@ -2,14 +2,13 @@
 
 Parameter totals are checked against ``model.count_params()`` and MACs against
 the convolution and matmul ops of TensorFlow's own traced inference graph
-(:func:`tf_macs`, also used by ``test_graph.py``), whose shapes come from
+(``tests/conftest.py``'s :func:`tf_macs`), whose shapes come from
 TensorFlow, not from the walker.
 """
 
 import collections
 import dataclasses
 import json
-import math
 import re
 
 import keras
@@ -21,6 +20,7 @@ from keras import layers as L
 
 import keras_precrop as kp
 from keras_precrop import models
+from tests.conftest import graph_macs, tf_macs, trace_graph
 from tests.random_cnn import random_cnns
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
@@ -59,58 +59,6 @@ def build():
     yield get
     cache.clear()
     keras.backend.clear_session()
-
-
-# ---------------------------------------------------------------------------
-# The independent MAC reference: TensorFlow's traced graph.
-
-_COUNTED_OPS = {
-    "Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-    "MatMul", "BatchMatMulV2", "BatchMatMulV3",
-}
-
-
-def trace_graph(model):
-    """The inference graph of ``model`` for one example (batch size 1)."""
-    specs = [tf.TensorSpec((1,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
-    fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
-    return fn.get_concrete_function(*specs).graph
-
-
-def _op_macs(op):
-    """Multiply-accumulates of one conv/matmul op, from its graph shapes."""
-    out = op.outputs[0].shape.as_list()
-    if op.type in ("Conv2D", "DepthwiseConv2dNative"):
-        assert op.get_attr("data_format") == b"NHWC", op.name
-        k_h, k_w, c_in, _ = op.inputs[1].shape.as_list()
-        per_output = k_h * k_w * (c_in if op.type == "Conv2D" else 1)
-        return math.prod(out) * per_output
-    if op.type == "Conv2DBackpropInput":  # a transposed conv: work per *input* pixel
-        k_h, k_w, c_out, _ = op.inputs[1].shape.as_list()
-        return math.prod(op.inputs[2].shape.as_list()) * k_h * k_w * c_out
-    a = op.inputs[0].shape.as_list()
-    if op.type == "MatMul":
-        inner = a[0] if op.get_attr("transpose_a") else a[1]
-    else:
-        inner = a[-2] if op.get_attr("adj_x") else a[-1]
-    return math.prod(out) * inner
-
-
-def graph_macs(graph):
-    """MACs per example by op type; fails on ops it cannot see or count."""
-    macs = collections.Counter()
-    for op in graph.get_operations():
-        assert "PartitionedCall" not in op.type, f"{op.name}: a nested function hides its ops"
-        if op.type in _COUNTED_OPS:
-            macs[op.type] += _op_macs(op)
-        else:
-            assert not re.search("Conv|MatMul|Einsum", op.type), f"uncounted op {op.type}"
-    return macs
-
-
-def tf_macs(model):
-    """Total MACs per example of ``model`` according to TensorFlow's graph."""
-    return sum(graph_macs(trace_graph(model)).values())
 
 
 # ---------------------------------------------------------------------------
