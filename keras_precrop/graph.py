@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Iterable
 
 import keras
@@ -101,6 +102,7 @@ class WalkContext:
         self._parent: list[int] = []
         self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
         self.leq: list[tuple[int, int]] = []  # width(a) <= width(b)
+        self.multiples: list[tuple[LayerRecord, int, int]] = []  # (reader, seg, m)
         self.records: dict[int, LayerRecord] = {}
         self.order: list[LayerRecord] = []
         self.depth = 0  # depth of the node being walked
@@ -162,6 +164,17 @@ class WalkContext:
             return
         for p, q in zip(a, b):
             self.union(p.group, q.group, where)
+
+    def multiple_of(self, rec, channels: Channels, m):
+        """Require each part of ``channels``, as ``rec`` sees it, to stay a multiple of ``m``.
+
+        Grouped convolutions and group normalization keep their group count,
+        so their channel counts move in multiples of it.
+        """
+        for p in channels:
+            need = m // math.gcd(m, p.mult)
+            if need > 1:
+                self.multiples.append((rec, p.group, need))
 
     def fix(self, channels: Channels):
         """Mark every group of a descriptor as not prunable."""
@@ -397,6 +410,7 @@ class Variable:
     fixed: bool
     kind: str  # "channels", "stream" or "view"
     bound: int | None = None  # a view/writer is never wider than this variable
+    multiple: int = 1  # widths move in multiples of this (grouped convs, GroupNorm)
     layers: list = dataclasses.field(default_factory=list)
 
 
@@ -456,8 +470,12 @@ def _resolve(graph: ModelGraph) -> Structure:
         for rec in ctx.order:
             if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
                 continue
+            own = None if rec.out_segment is None else ctx.find(rec.out_segment)
             for root in dict.fromkeys(ctx.find(seg) for seg in rec.readers):
-                if root not in streams:
+                # A layer whose output is tied into the stream it reads (by an
+                # element-wise op, e.g. InceptionResNet's x + scale * conv(x))
+                # reads it whole: a view would narrow its output too.
+                if root not in streams or root == own:
                     continue
                 if root not in read:
                     read.add(root)
@@ -468,6 +486,7 @@ def _resolve(graph: ModelGraph) -> Structure:
                     f"{rec.path}:in", stream.width, False, "view",
                     bound=seg_var[root]))
     structure = Structure(variables, seg_var, views)
+    _resolve_multiples(ctx, structure)
     for rec in ctx.order:
         for term in rec.terms:
             for s in (term.a, term.b):
@@ -476,6 +495,27 @@ def _resolve(graph: ModelGraph) -> Structure:
                     if rec.path not in v.layers:
                         v.layers.append(rec.path)
     return structure
+
+
+def _resolve_multiples(ctx, structure):
+    """Give each variable the multiple its readers need.
+
+    A bounded variable (view, writer) passes its multiple on to its bound, so
+    clipping it to the bound keeps it a multiple.
+    """
+    variables = structure.variables
+    for rec, seg, m in ctx.multiples:
+        v = variables[structure.var_of(rec, seg, ctx)]
+        v.multiple = math.lcm(v.multiple, m)
+    for _ in range(len(variables)):
+        changed = False
+        for v in variables:
+            if v.bound is not None:
+                b = variables[v.bound]
+                if b.multiple % v.multiple:
+                    b.multiple, changed = math.lcm(b.multiple, v.multiple), True
+        if not changed:
+            break
 
 
 def _resolve_streams(ctx, writers):

@@ -10,10 +10,12 @@ the walker a custom layer.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import keras
 from keras import layers as L
+from keras.src.ops import core as _ops_core
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
@@ -130,7 +132,15 @@ class _Source(Handler):
 
 
 class Conv(_Source):
-    """Conv1D/2D/3D: ``k * c_in * c_out`` weights, MACs per output pixel."""
+    """Conv1D/2D/3D: ``k * c_in * c_out / groups`` weights, MACs per output pixel.
+
+    A grouped convolution with one input channel per group (``groups ==
+    c_in``, ConvNeXt's depthwise convs) is a depthwise conv: its output
+    (``filters / groups`` channels per input channel) follows its input's
+    width. Any other ``groups = g`` keeps ``g`` groups and changes the
+    channels per group, so its input and output widths move in multiples of
+    ``g`` (ResNeXt, RegNet).
+    """
 
     transpose = False
 
@@ -141,13 +151,13 @@ class Conv(_Source):
                 f"{rec.path}: only channels_last convolutions are supported."
             )
         groups = getattr(layer, "groups", 1)
-        if groups != 1 and not rec.ignored:
-            raise UnsupportedLayerError(
-                f"{rec.path} ({type(layer).__name__}) is a grouped convolution "
-                f"(groups={groups}); its widths cannot change freely. Pass "
-                f"ignore=[{layer.name!r}] to keep its channels fixed."
-            )
+        if groups > 1 and groups == width_of(ctx, ins[0]):
+            return [_depthwise(ctx, rec, node, ins, layer.filters // groups,
+                               math.prod(layer.kernel_size), layer.use_bias)]
         out = self._out(ctx, rec, node, ins)
+        if groups > 1:
+            ctx.multiple_of(rec, ins[0], groups)
+            ctx.multiple_of(rec, (out,), groups)
         self._reads(rec, ins)
         kernel = math.prod(layer.kernel_size) / groups
         spatial_shape = input_shape(node) if self.transpose else output_shape(node)
@@ -160,6 +170,16 @@ class Conv(_Source):
                 ctx.add_term(rec, 1, 0, out)
             ctx.add_kernel(rec, ins[0], (out,))
         return [(out,)]
+
+
+    def configure(self, rec, config, width):
+        groups = config.get("groups", 1)
+        if groups > 1 and rec.out_segment is None:  # depthwise: follows its input
+            channels = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+            config["filters"] = config["filters"] // groups * channels
+            config["groups"] = channels
+            return config
+        return super().configure(rec, config, width)
 
 
 class ConvTranspose(Conv):
@@ -343,6 +363,100 @@ class Slice(Handler):
         return config
 
 
+class GroupNorm(Tie):
+    """GroupNormalization over channels: per-channel gamma/beta.
+
+    The group count is kept, so the width moves in multiples of ``groups``;
+    with one channel per group (``groups`` equal to the width, or -1) the
+    layer is an instance norm and its ``groups`` follows the width instead.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        outs = super().walk(ctx, rec, node, ins)
+        groups = rec.layer.groups
+        per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
+        if per_channel and groups not in (-1, width_of(ctx, ins[0])):
+            ctx.multiple_of(rec, ins[0], groups)
+        return outs
+
+    def configure(self, rec, config, width):
+        spec = rec.layer.input_spec  # set when the layer was built
+        original = next(iter(spec.axes.values()))
+        if _acts_on_channels(rec.layer, spec.ndim) and config["groups"] == original:
+            config["groups"] = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+        return config
+
+
+class LayerScale(Tie):
+    """ConvNeXt's LayerScale: a per-channel scale whose config names its width."""
+
+    def configure(self, rec, config, width):
+        config["projection_dim"] = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+        return config
+
+
+def _channel_kept(node):
+    """Whether an op leaves the channel count unchanged and on the last axis."""
+    return input_shape(node)[-1] == output_shape(node)[-1]
+
+
+def _refuse_op(rec, node, why):
+    raise UnsupportedLayerError(
+        f"{rec.path} ({type(rec.layer).__name__} {input_shape(node)} -> "
+        f"{output_shape(node)}) {why}. Pass ignore=[{rec.layer.name!r}] to keep "
+        "its channels fixed."
+    )
+
+
+class OpPad(Handler):
+    """``keras.ops.pad``: spatial padding keeps the channels; padding them is refused."""
+
+    rule = "pad"
+
+    def walk(self, ctx, rec, node, ins):
+        if not _channel_kept(node):
+            _refuse_op(rec, node, "pads the channel axis")
+        return [ins[0]]
+
+
+class OpReshape(Handler):
+    """``keras.ops.reshape`` that keeps channels last.
+
+    The op is replayed as recorded, so a target shape that spells out the
+    channel count (rather than ``-1``) keeps those channels fixed.
+    """
+
+    rule = "reshape"
+
+    def walk(self, ctx, rec, node, ins):
+        shape_in, shape_out = input_shape(node), output_shape(node)
+        flatten = len(shape_out) == 2
+        if not flatten and not (shape_in[-1] == shape_out[-1] and math.prod(
+                shape_in[1:-1]) == math.prod(shape_out[1:-1])):
+            _refuse_op(rec, node, "moves channels to other axes")
+        outs = Flatten().walk(ctx, rec, node, ins) if flatten else [ins[0]]
+        if list(rec.layer.newshape)[-1] != -1:
+            ctx.fix(ins[0])
+            ctx.notes.append(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
+        return outs
+
+
+class OpAxes(Handler):
+    """``keras.ops`` reductions and axis ops (mean, sum, max, min, squeeze,
+    expand_dims) that leave the channel axis last and whole."""
+
+    rule = "axes"
+
+    def walk(self, ctx, rec, node, ins):
+        shape_in, shape_out = input_shape(node), output_shape(node)
+        axis = getattr(rec.layer, "axis", None)
+        axes = () if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+        rank = max(len(shape_in), len(shape_out))
+        if axis is None or any(a % rank == rank - 1 for a in axes) or not _channel_kept(node):
+            _refuse_op(rec, node, "reduces or moves the channel axis")
+        return [ins[0]]
+
+
 _REGISTRY: dict[type, Handler] = {}
 
 
@@ -403,11 +517,21 @@ for _cls in (L.Add, _custom.PrefixAdd):
 for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
+register_handler(L.GroupNormalization, GroupNorm())
+# keras.applications' own layers: ConvNeXt's per-channel LayerScale, and
+# InceptionResNetV2's ``x + scale * r`` (a residual add whose inputs it ties).
+for _module, _name, _rule in (
+    ("keras.src.applications.convnext", "LayerScale", LayerScale()),
+    ("keras.src.applications.inception_resnet_v2", "CustomScaleLayer", Broadcast()),
+):
+    _cls = getattr(importlib.import_module(_module), _name, None)
+    if _cls is not None:
+        register_handler(_cls, _rule)
 register_handler(L.Flatten, Flatten())
 register_handler(L.Reshape, Reshape())
 register_handler(_custom.ChannelSlice, Slice())
 for _cls in (
-    L.BatchNormalization, L.LayerNormalization, L.UnitNormalization,
+    L.BatchNormalization, L.LayerNormalization, L.UnitNormalization, L.RMSNormalization,
     L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU, L.Softmax,
     L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
     L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D,
@@ -426,6 +550,12 @@ for _name in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Maximum",
               "Minimum", "Power", "Where"):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), Broadcast())
+for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate", Concat()),
+                     ("Mean", OpAxes()), ("Sum", OpAxes()), ("Max", OpAxes()),
+                     ("Min", OpAxes()), ("Squeeze", OpAxes()), ("ExpandDims", OpAxes())):
+    if hasattr(_ops_np, _name):
+        register_handler(getattr(_ops_np, _name), _rule)
+register_handler(_ops_core.Cast, Tie())
 for _module, _names in (
     (_ops_np, ("Abs", "Absolute", "Negative", "Square", "Sqrt", "Exp", "Log",
                "Clip", "Tanh", "Sign")),

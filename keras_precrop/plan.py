@@ -221,17 +221,22 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
 
 
 class _Grid:
-    """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi]."""
+    """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi].
+
+    A variable that must stay a multiple of ``m`` (grouped convolutions,
+    group normalization) steps by ``lcm(round_to, m)``.
+    """
 
     def __init__(self, cm, round_to, min_channels, upper):
         self.cm = cm
-        self.step = np.where(cm.fixed, 0, round_to).astype(np.float64)
+        # A grouped conv's channels move in multiples of its groups as well.
+        step = np.lcm(round_to, [v.multiple for v in cm.variables]).astype(np.float64)
+        self.step = np.where(cm.fixed, 0, step)
         c = cm.widths
-        base = max(round_to, min_channels)
-        base = math.ceil(base / round_to) * round_to
+        base = np.ceil(max(round_to, min_channels) / step) * step
         self.lo = np.where(cm.fixed, c, np.minimum(c, base))
         cap = np.inf if upper is None else upper
-        hi = np.maximum(np.floor(c * cap / round_to) * round_to, self.lo)
+        hi = np.maximum(np.floor(c * cap / step) * step, self.lo)
         if cap >= 1:  # the original width is always allowed
             hi = np.maximum(hi, c)
         self.hi = np.where(cm.fixed, c, hi)

@@ -13,7 +13,11 @@ import re
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+import keras_precrop as kp  # noqa: E402
 
 _COUNTED_OPS = {
     "Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
@@ -71,3 +75,73 @@ def graph_macs(graph, macs=None):
 def tf_macs(model):
     """Total MACs per example of ``model`` according to TensorFlow's graph."""
     return sum(graph_macs(trace_graph(model)).values())
+
+
+def _layers(model):
+    """Layers of ``model`` with nested models' layers in place, by ``/`` path."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            for path, inner in _layers(layer):
+                yield f"{layer.name}/{path}", inner
+        else:
+            yield layer.name, layer
+
+
+def assert_matches_plan(model, plan, new):
+    """Independent evidence that ``new`` is the model ``plan`` describes.
+
+    Keras' own parameter count and the MACs of TensorFlow's traced graph
+    equal the plan's totals; every conv/dense layer's ``filters``/``units``
+    equals the width the plan reports for it (a depthwise-style grouped conv:
+    its per-group multiplier times that width); the output shape is the
+    original's.
+    """
+    assert new.count_params() == plan.params
+    assert tf_macs(new) == plan.macs
+    rows = {row["name"]: row for row in plan.layers}
+    old = dict(_layers(model))
+    for path, layer in _layers(new):
+        row = rows.get(path)
+        key = "filters" if hasattr(layer, "filters") else "units" if hasattr(layer, "units") else None
+        if row is None or key is None:
+            continue
+        planned = int(row["channels_new"])
+        groups = getattr(old[path], "groups", 1)
+        if groups > 1 and groups == old[path].input.shape[-1]:  # depthwise-style: follows its input
+            assert layer.groups == planned, path
+            planned *= old[path].filters // groups
+        assert getattr(layer, key) == planned, path
+    assert tuple(new.output.shape) == tuple(model.output.shape)
+
+
+def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
+    """The budgets hold, and the binding one is used as far as the grid allows.
+
+    ``model`` is the original model and ``upper``/``round_to``/``min_channels``
+    the plan's options (they define its width grid). No budget is exceeded,
+    and no single width can grow by one grid step (within its bounds)
+    without exceeding one: so the binding budget is met within one step's
+    cost, and within 1% wherever every step costs less than 1% of it.
+    """
+    from keras_precrop.plan import _Grid  # the plan's width grid
+
+    cost = kp.profile(model, ignore=plan.ignore, residual=plan.residual).cost
+    grid = _Grid(cost, round_to, min_channels, upper)
+    budgets = np.array([np.inf if plan.budgets[k] is None else plan.budgets[k]
+                        for k in ("params", "macs")])
+    w = np.array([g["new"] for g in plan.groups], dtype=np.float64)
+    used = cost.totals(w)
+    assert np.all(used <= budgets), (used, budgets)
+    step_costs = []
+    for v in np.flatnonzero(~cost.fixed):
+        up = w.copy()
+        up[v] += grid.step[v]
+        if up[v] > grid.hi[v] or (cost.bound[v] >= 0 and up[v] > w[cost.bound[v]]):
+            continue
+        grown = cost.totals(up)
+        assert np.any(grown > budgets * (1 + 1e-12)), f"{plan.groups[v]['name']} could grow"
+        step_costs.append(np.max((grown - used)[np.isfinite(budgets)]
+                                 / budgets[np.isfinite(budgets)]))
+    binding = np.max(used[np.isfinite(budgets)] / budgets[np.isfinite(budgets)])
+    if step_costs and max(step_costs) <= 0.01:
+        assert binding >= 0.99, binding

@@ -3,8 +3,12 @@
 Each example is a small Keras functional model built from a random sequence
 of blocks: plain convs (strided or not), residual blocks with identity or
 projection shortcuts, concatenations, depthwise and separable convs,
-squeeze-excite gates, nested Functional/Sequential sub-models and
-``keras.ops`` calls, ending in a pooled or flattened dense head.
+squeeze-excite gates, nested Functional/Sequential sub-models,
+``keras.ops`` calls (element-wise, pad, concatenate, reshape, mean), grouped
+convolutions (depthwise-style and ``groups = g``), layer and group
+normalization and NASNet-like cells (padding, cropping and a projection
+feeding adds none of which holds the stream's creator), ending in a pooled or
+flattened dense head.
 """
 
 import keras
@@ -12,7 +16,8 @@ from hypothesis import strategies as st
 from keras import layers as L
 
 BLOCKS = ("conv", "residual", "projection", "concat", "depthwise", "separable",
-          "se", "nested_functional", "nested_sequential", "ops", "pool")
+          "se", "nested_functional", "nested_sequential", "ops", "pool", "grouped",
+          "grouped_depthwise", "norms", "op_nodes", "nasnet")
 
 
 @st.composite
@@ -94,9 +99,44 @@ def build(spec, head, size):
             x = keras.ops.relu(x) * 0.5 + x
         elif kind == "pool":
             x = L.MaxPooling2D(2, padding="same", name=nm())(x) if stride == 2 else x
+        elif kind == "grouped":
+            g = next((d for d in (4, 3, 2) if channels % d == 0), 1)
+            x = L.Conv2D(g * (1 + width % 3), 3, strides=stride, padding="same", groups=g,
+                         name=nm())(x)
+        elif kind == "grouped_depthwise":
+            x = L.Conv2D(channels * (1 + width % 2), 3, padding="same", groups=channels,
+                         name=nm())(x)
+        elif kind == "norms":
+            x = L.LayerNormalization(name=nm())(L.Conv2D(2 * width, 1, name=nm())(x))
+            x = L.GroupNormalization(groups=2, name=nm())(x)
+            x = L.Activation("gelu", name=nm())(x)
+        elif kind == "op_nodes":
+            y = keras.ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+            y = L.Conv2D(width, 3, name=nm())(y)
+            y = keras.ops.concatenate([y, x], axis=-1)
+            gate = keras.ops.mean(y, axis=(1, 2), keepdims=True)
+            x = keras.ops.multiply(y, keras.ops.sigmoid(gate))
+        elif kind == "nasnet":
+            x = _nasnet_cell(x, width, nm)
     if head == "gap":
         x = L.GlobalAveragePooling2D(name=nm())(x)
     else:
         x = L.Flatten(name=nm())(x)
     outputs = L.Dense(5, name=nm())(x)
     return keras.Model(inputs, outputs, name="random_cnn")
+
+
+def _nasnet_cell(x, width, nm):
+    """A NASNet normal cell's channel pattern: ``p`` and ``h`` are added in
+    one merge, ``h`` and a separable branch in another (neither holds the
+    stream's creator), ``p`` also through padding and cropping."""
+    p = L.BatchNormalization(name=nm())(L.Conv2D(width, 1, name=nm())(L.ReLU(name=nm())(x)))
+    h = L.Conv2D(width, 1, name=nm())(x)
+    a = L.Add(name=nm())([L.AveragePooling2D(3, 1, padding="same", name=nm())(h), p])
+    b = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(h), h])
+    c = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(p),
+                          L.SeparableConv2D(width, 5, padding="same", name=nm())(h)])
+    shifted = L.Cropping2D(((1, 0), (1, 0)), name=nm())(
+        L.ZeroPadding2D(((0, 1), (0, 1)), name=nm())(p))
+    side = L.Conv2D(width, 1, name=nm())(shifted)
+    return L.Concatenate(name=nm())([p, a, b, c, side])
