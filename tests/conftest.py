@@ -92,9 +92,9 @@ def assert_matches_plan(model, plan, new):
 
     Keras' own parameter count and the MACs of TensorFlow's traced graph
     equal the plan's totals; every conv/dense layer's ``filters``/``units``
-    equals the width the plan reports for it (a depthwise-style grouped conv:
-    its per-group multiplier times that width); the output shape is the
-    original's.
+    equals the width the plan reports for it (a depthwise-style grouped conv
+    keeps one group per input channel and its multiplier); the output shape
+    is the original's.
     """
     assert new.count_params() == plan.params
     assert tf_macs(new) == plan.macs
@@ -105,12 +105,13 @@ def assert_matches_plan(model, plan, new):
         key = "filters" if hasattr(layer, "filters") else "units" if hasattr(layer, "units") else None
         if row is None or key is None:
             continue
-        planned = int(row["channels_new"])
         groups = getattr(old[path], "groups", 1)
-        if groups > 1 and groups == old[path].input.shape[-1]:  # depthwise-style: follows its input
-            assert layer.groups == planned, path
-            planned *= old[path].filters // groups
-        assert getattr(layer, key) == planned, path
+        if groups > 1 and groups == old[path].input.shape[-1]:
+            # Depthwise-style: one group per input channel, as many as it receives.
+            assert layer.groups == layer.input.shape[-1], path
+            assert layer.filters == old[path].filters // groups * layer.groups, path
+            continue
+        assert getattr(layer, key) == int(row["channels_new"]), path
     assert tuple(new.output.shape) == tuple(model.output.shape)
 
 
