@@ -25,12 +25,16 @@ class WeightSpec:
         in_axis: kernel axis indexing input channels (``None`` for vectors).
         out_axis: kernel axis indexing output channels, or the depthwise
             multiplier axis (``None`` for vectors).
+        groups: a grouped convolution's group count: its kernel's input axis
+            holds the ``c_in / groups`` channels of each group, and output
+            channel ``o`` belongs to group ``o // (c_out / groups)``.
     """
 
     constraint_attr: str
     kind: str
     in_axis: int | None = None
     out_axis: int | None = None
+    groups: int = 1
 
 
 _CONV = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1)}
@@ -79,6 +83,10 @@ def weight_specs(layer):
         return dict(_BATCHNORM)
     for cls, kernels in _KERNELS:
         if isinstance(layer, cls):
+            groups = getattr(layer, "groups", 1)
+            if groups > 1:
+                kernels = {name: dataclasses.replace(spec, groups=groups)
+                           for name, spec in kernels.items()}
             return {**kernels, **_BIAS}
     return {}
 
@@ -267,6 +275,29 @@ def density_schedule(density, iterations, schedule):
     if schedule == "linear":
         return [1.0 - (1.0 - density) * s for s in steps]
     raise ValueError(f"schedule must be 'exponential' or 'linear', got {schedule!r}.")
+
+
+def block_diagonal(local, groups):
+    """A grouped kernel's ``(c_in / groups, c_out)`` channel matrix over all ``c_in`` inputs.
+
+    Entry ``[j * a + i, o]`` (``a = c_in / groups``) is ``local[i, o]`` when
+    output ``o`` belongs to group ``j``, else ``False``: a group's outputs
+    see only its own inputs.
+    """
+    a, n_out = local.shape
+    b = n_out // groups
+    full = np.zeros((a * groups, n_out), local.dtype)
+    for j in range(groups):
+        full[j * a:(j + 1) * a, j * b:(j + 1) * b] = local[:, j * b:(j + 1) * b]
+    return full
+
+
+def group_local(full, groups):
+    """The inverse of :func:`block_diagonal`: each output's own group's rows."""
+    n_in, n_out = full.shape
+    a, b = n_in // groups, n_out // groups
+    rows = (np.arange(n_out) // b)[None, :] * a + np.arange(a)[:, None]
+    return full[rows, np.arange(n_out)[None, :]]
 
 
 def spread(spec, matrix, ndim):

@@ -15,7 +15,8 @@ Limits (each raises ``ValueError`` naming the layer rather than guessing):
   and pooling layers, ``Add``/``Subtract``/``Average``/``Maximum``/``Minimum``,
   ``Concatenate`` on the channel axis and ``Flatten``; ``Multiply`` (e.g.
   squeeze-excite gates), ``Reshape`` and other layers are not supported.
-* channels_last layouts and ``groups=1`` convolutions only.
+* channels_last layouts only; a grouped convolution connects each group's
+  inputs to that group's outputs (a block-diagonal channel matrix).
 * Connectivity is tracked per channel, not per spatial position, and biases
   or BN shifts (constant signals) do not make a channel "reached": a masked
   bias is kept when its channel reaches the output.
@@ -73,8 +74,6 @@ def _kind(layer, where):
     if common.weight_specs(layer) and not isinstance(layer, _L.BatchNormalization):
         if getattr(layer, "data_format", "channels_last") != "channels_last":
             raise ValueError(f"{where}: only channels_last layers are supported.")
-        if getattr(layer, "groups", 1) != 1:
-            raise ValueError(f"{where}: grouped convolutions (groups={layer.groups}) are not supported.")
         return "kernel"
     if _is_softmax(layer):
         return "mix"
@@ -171,7 +170,8 @@ def _connections(spec, mask):
     For a depthwise kernel the matrix is (in, multiplier).
     """
     moved = np.moveaxis(mask, (spec.in_axis, spec.out_axis), (-2, -1))
-    return moved.reshape(-1, *moved.shape[-2:]).any(axis=0)
+    conn = moved.reshape(-1, *moved.shape[-2:]).any(axis=0)
+    return common.block_diagonal(conn, spec.groups) if spec.groups > 1 else conn
 
 
 def _kernels(layer, masks):
@@ -198,7 +198,10 @@ def _keep_kernel(spec, mask, alive, useful):
     """The mask with weights whose input is unreached or output useless removed."""
     rows = np.asarray(alive)[:, None]
     cols = useful.reshape(-1, mask.shape[spec.out_axis]) if spec.kind == "depthwise" else useful[None, :]
-    return mask & common.spread(spec, rows & cols, mask.ndim)
+    keep = rows & cols
+    if spec.groups > 1:
+        keep = common.group_local(keep, spec.groups)
+    return mask & common.spread(spec, keep, mask.ndim)
 
 
 def _channel_scale(layer, masks):
@@ -352,7 +355,10 @@ def channel_priorities(model, rng):
         ins = [desc[t] for t in step.inputs]
         if step.kind == "kernel":
             kernels = _kernels(step.layer, {})
-            if len(kernels) == 1 and kernels[0][0].kind == "depthwise" and step.layer.depth_multiplier == 1:
+            spec = kernels[0][0]
+            one_to_one = (spec.kind == "depthwise" and step.layer.depth_multiplier == 1) or (
+                spec.groups > 1 and spec.groups == graph.channels[step.inputs[0]] == step.layer.filters)
+            if len(kernels) == 1 and one_to_one:
                 out = ins[0]
             else:
                 out = new(graph.channels[step.outputs[0]])
