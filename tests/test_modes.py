@@ -17,12 +17,18 @@ SLOW = sorted(set(kp.models.list()) - set(FAST))
 ZOO = FAST + [pytest.param(name, marks=pytest.mark.slow) for name in SLOW]
 
 
-@pytest.mark.parametrize("name", ZOO)
-def test_tied_residual_streams(name):
+def _rebuilt(name, **options):
+    """A zoo model, its plan at half the parameters and the checked rebuild."""
     model = kp.models.get(name)
-    plan = kp.plan(model, params=0.5, residual="tie")
+    plan = kp.plan(model, params=0.5, **options)
     new = kp.apply_plan(model, plan)
     assert_matches_plan(model, plan, new)
+    return model, plan, new
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_tied_residual_streams(name):
+    model, plan, new = _rebuilt(name, residual="tie")
     assert_budget_use(plan, model, 1.0)
     assert not any(isinstance(l, (kp.ChannelSlice, kp.PrefixAdd)) for l in new.layers)
     assert all(g["kind"] != "view" for g in plan.groups)
@@ -30,10 +36,7 @@ def test_tied_residual_streams(name):
 
 @pytest.mark.parametrize("name", ZOO)
 def test_paper_mode_widths_are_floor_sqrt_density_times_width(name):
-    model = kp.models.get(name)
-    plan = kp.plan(model, params=0.5, mode="paper")
-    new = kp.apply_plan(model, plan)
-    assert_matches_plan(model, plan, new)
+    model, plan, _ = _rebuilt(name, mode="paper")
     densities = plan.solver["layer_densities_solved"]
     groups = {g["name"]: g for g in plan.groups}
     variables = kp.profile(model).groups
