@@ -5,7 +5,7 @@ distributions (``tensorflow``, ``tensorflow-cpu``, ``tensorflow[and-cuda]``,
 ``tensorflow-tpu``) that pip treats as different packages, so requiring one of
 them would force a second, conflicting TensorFlow onto users who already have
 another (Colab, TPU VMs, CUDA images). Pick one with an extra: ``[cpu]``,
-``[gpu]`` or ``[tf]``; a clear ImportError is raised on import if none is present.
+``[gpu]`` or ``[tf]``.
 """
 
 from setuptools import find_packages, setup
@@ -21,7 +21,6 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["keras_precrop", "keras_precrop.*"]),
-    py_modules=["keras_precrop_cli"],
     python_requires=">=3.10",
     install_requires=[
         "keras>=3.4,<4",
@@ -39,12 +38,14 @@ setup(
             "tensorboard",
             "pytest>=7",
             "hypothesis>=6",
+            "ruff>=0.6",
             "nbformat>=5",
+            "ipython",
             "importlib_resources",
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },
-    entry_points={"console_scripts": ["keras-precrop=keras_precrop_cli:main"]},
+    entry_points={"console_scripts": ["keras-precrop=keras_precrop.cli:main"]},
     classifiers=[
         "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",

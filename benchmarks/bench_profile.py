@@ -55,7 +55,7 @@ def _bench(name, repeats, build_repeats):
         "model": name,
         "input_shape": list(model.inputs[0].shape[1:]),
         "layers": len(prof.layers),
-        "width_variables": len(prof.groups),
+        "width_variables": len(prof.variables),
         "params": prof.total_params,
         "macs": prof.total_macs,
         "params_match_count_params": prof.total_params == model.count_params(),

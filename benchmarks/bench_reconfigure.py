@@ -31,9 +31,7 @@ import keras  # noqa: E402
 
 import _timing  # noqa: E402
 import keras_precrop as kp  # noqa: E402
-# Imported from the module: once keras_precrop.plan is loaded (e.g. by
-# kp.precrop), the lazy attribute kp.plan resolves to that submodule.
-from keras_precrop.plan import apply_plan, plan  # noqa: E402
+from keras_precrop import apply_plan, plan  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = {

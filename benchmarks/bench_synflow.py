@@ -31,8 +31,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _timing import machine_info  # noqa: E402
 
+from _timing import machine_info  # noqa: E402
 from keras_precrop import models, pai  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -185,7 +185,8 @@ def _worker(args):
     reference = masks["keras_auto"]
     result["kept"] = int(sum(m.sum() for m in reference.values()))
     result["layer_densities_keras"] = pai.layer_densities(reference)
-    result["keras_float64_mask_agreement"] = _compare(reference, {p: m for p, m in masks["keras_float64"].items()}, keras_side=True)
+    result["keras_float64_mask_agreement"] = _compare(
+        reference, {p: m for p, m in masks["keras_float64"].items()}, keras_side=True)
     if torch is not None:
         result["torch_version"] = torch.__version__
         for name in ("float32", "float64"):
@@ -222,7 +223,8 @@ def _markdown(result):
         if key in runs[0]["best_s"]:
             lines.append(f"| {label} | " + " | ".join(f"{r['best_s'][key]:.2f}" for r in runs) + " |")
     if "torch_float32" in runs[0]["best_s"]:
-        lines += ["", "| ratio | " + " | ".join(f"{n} thr." for n in threads) + " |", "|---|" + "---|" * len(threads)]
+        lines += ["", "| ratio | " + " | ".join(f"{n} thr." for n in threads) + " |",
+                  "|---|" + "---|" * len(threads)]
         for keras_key, torch_key in (("keras_auto", "torch_float32"), ("keras_float64", "torch_float64")):
             lines.append(
                 f"| {keras_key} / {torch_key} | "
@@ -236,7 +238,8 @@ def _markdown(result):
             f"keras float64 {first['keras_float64_mask_agreement']:.4f}, "
             f"torch float32 {first['torch_float32_mask_agreement']:.4f}, "
             f"torch float64 {first['torch_float64_mask_agreement']:.4f}, torch float64 keeping "
-            f"`round(d * n)` per round like keras_precrop {first['torch_float64_round_count_mask_agreement']:.4f}.",
+            "`round(d * n)` per round like keras_precrop "
+            f"{first['torch_float64_round_count_mask_agreement']:.4f}.",
             "The reference prunes `int((1 - d) * n)` weights per round; that count differs by one",
             "weight in some rounds, which shifts later rounds slightly.",
             "",
@@ -280,7 +283,8 @@ def main():
         "density": args.density,
         "iterations": args.iterations,
         "repeats": args.repeats,
-        "machine": f"{runs[0]['machine']['cpu']}, {runs[0]['machine']['logical_cpus']} CPUs shared with other jobs",
+        "machine": (f"{runs[0]['machine']['cpu']}, {runs[0]['machine']['logical_cpus']} CPUs "
+                    "shared with other jobs"),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
         "runs": runs,
     }

@@ -15,8 +15,7 @@ import subprocess
 import sys
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -24,9 +23,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
-from keras_precrop import data  # noqa: E402
-from keras_precrop import pai  # noqa: E402
-from keras_precrop import train  # noqa: E402
+from keras_precrop import data, pai, train  # noqa: E402
 
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
 UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
@@ -93,6 +90,14 @@ def define_flags(default_model):
     flags.DEFINE_bool(
         "save_model", False, "Also keep the trained model as final_model.keras in --model_dir."
     )
+    flags.DEFINE_integer(
+        "verbose",
+        1,
+        "0: silent training; 1: progress within epochs (a progress bar on a terminal, a plain "
+        "line every 30 s in a log file); 2: one line per epoch. Also SynFlow's pruning rounds.",
+        lower_bound=0,
+        upper_bound=2,
+    )
 
 
 def _check_flags():
@@ -118,11 +123,14 @@ def _check_flags():
         raise app.UsageError("--method=preconfig needs --params and/or --flops.")
     if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
         raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
-    structural = [f"--{name}" for name in ("mode", "round_to", "residual") if getattr(FLAGS, name) is not None]
+    structural = [f"--{name}" for name in ("mode", "round_to", "residual")
+                  if getattr(FLAGS, name) is not None]
     if structural and method not in STRUCTURED:
-        raise app.UsageError(f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
+        raise app.UsageError(
+            f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
     if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
-        raise app.UsageError(f"--densities and --granularity apply to --method=random, not --method={method}.")
+        raise app.UsageError(
+            f"--densities and --granularity apply to --method=random, not --method={method}.")
 
 
 def _plan_options():
@@ -169,7 +177,7 @@ def _masks(reference, train_ds, num_classes, batch_size):
     density = FLAGS.params
     num_batches = math.ceil(10 * num_classes / batch_size)
     if FLAGS.method == "synflow":
-        return pai.synflow(reference, density, verbose=2)
+        return pai.synflow(reference, density, verbose=FLAGS.verbose)
     if FLAGS.method == "snip":
         return pai.snip(reference, train_ds, density, num_batches=num_batches)
     if FLAGS.method == "grasp":
@@ -304,6 +312,7 @@ def run(dataset):
         epochs=epochs,
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
+        verbose=FLAGS.verbose,
     )
     if FLAGS.save_model:
         tf.io.gfile.copy(

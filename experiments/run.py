@@ -113,12 +113,16 @@ def _commit(run_dir):
     paths = [str(run_dir / name) for name in _COMMITTED if (run_dir / name).exists()]
     for attempt in range(5):  # another git command may hold the index lock for a moment
         added = subprocess.run(["git", "add", "-f", *paths], cwd=REPO, capture_output=True, text=True)
-        done = added.returncode == 0 and subprocess.run(
-            ["git", "commit", "-q", "--only", "-m", f"experiments: {run_dir.name}", "--", *paths],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).returncode == 0
+        done = (
+            added.returncode == 0
+            and subprocess.run(
+                ["git", "commit", "-q", "--only", "-m", f"experiments: {run_dir.name}", "--", *paths],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            ).returncode
+            == 0
+        )
         if done:
             return True
         time.sleep(2 + 3 * attempt)

@@ -2,33 +2,33 @@
 
 Public API (everything else is private):
 
-* ``profile(model)``: per-layer parameters, MACs and channel-coupling groups.
+* ``profile(model)``: per-layer parameters, MACs and width variables.
 * ``solve_densities`` / ``solve_widths``: the SynExp convex programs.
 * ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig.
-* ``register_handler``: teach the graph walker a custom layer.
+* ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
 * Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
   ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies).
 
-Importing the package registers its Keras-serializable objects (``ChannelSlice``,
-``PrefixAdd``, mask constraints, the optimizer), so ``keras.models.load_model``
-reads models that use them.
+The core needs only Keras, NumPy and SciPy: ``pai``, ``data`` and ``train`` are
+imported on first use (``kp.pai``, ``from keras_precrop import data``).
+Importing the package registers its Keras-serializable objects
+(``ChannelSlice``, ``PrefixAdd``, ``MaskConstraint``, ``SGDWithL2``), so
+``keras.models.load_model`` reads rebuilt models, masked models and training
+checkpoints.
 """
 
-try:
-    import tensorflow as _tf  # noqa: F401
-except ImportError as _err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "keras-precrop needs TensorFlow. Install one flavour of it, e.g. "
-        "`pip install keras-precrop[cpu]` (CPU only), `keras-precrop[gpu]` "
-        "(CUDA) or `keras-precrop[tf]`."
-    ) from _err
+import importlib
 
-from keras_precrop import data, models, pai, train  # noqa: E402
-from keras_precrop.costs import ModelProfile, profile  # noqa: E402
-from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
-from keras_precrop.handlers import Handler, register_handler  # noqa: E402
-from keras_precrop.layers import ChannelSlice, PrefixAdd  # noqa: E402
-from keras_precrop.plan import (  # noqa: E402
+from keras_precrop import _startup
+
+_startup.quiet_command()  # before Keras is imported (see _startup.py)
+
+from keras_precrop import constraints, models, optimizers  # noqa: F401 (registers serializables)
+from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.costs import ModelProfile, profile
+from keras_precrop.handlers import Handler, WeightSpec, register_handler
+from keras_precrop.layers import ChannelSlice, PrefixAdd
+from keras_precrop.planning import (
     Plan,
     PlanMismatchError,
     RebuildMismatchError,
@@ -37,7 +37,7 @@ from keras_precrop.plan import (  # noqa: E402
     precrop,
     reconfigure,
 )
-from keras_precrop.solver import (  # noqa: E402
+from keras_precrop.solver import (
     InfeasibleBudgetError,
     SolveResult,
     WidthProblem,
@@ -46,6 +46,20 @@ from keras_precrop.solver import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+
+_LAZY_SUBPACKAGES = ("data", "pai", "train")
+
+
+def __getattr__(name):
+    """Import the ``data``, ``pai`` and ``train`` subpackages on first use."""
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBPACKAGES))
+
 
 __all__ = [
     "ChannelSlice",
@@ -59,6 +73,7 @@ __all__ = [
     "SolveResult",
     "UnsupportedLayerError",
     "UnsupportedModelError",
+    "WeightSpec",
     "WidthProblem",
     "apply_plan",
     "data",

@@ -11,8 +11,14 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import re
 import sys
+
+import keras
+
+import keras_precrop as kp
 
 
 def _parser():
@@ -54,16 +60,12 @@ def _parser():
         p.add_argument("--out", help="save the rebuilt model here (.keras)")
         p.add_argument("--plan", help="write the plan as JSON here")
         p.add_argument("--apply", help="apply this plan JSON instead of solving")
-        p.add_argument("--all_layers", action="store_true",
-                       help="show unchanged layers in the table too")
+        p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
+                       help="show every layer in the table, unchanged ones too")
     return parser
 
 
 def _load_model(args):
-    import keras
-
-    from keras_precrop import models
-
     if (args.model is None) == (args.model_flag is None):
         raise ValueError("give the model once: `keras-precrop CMD resnet20` or `--model resnet20`")
     args.model = args.model or args.model_flag
@@ -76,8 +78,9 @@ def _load_model(args):
         try:
             shape = tuple(int(d) for d in args.input_shape.split(","))
         except ValueError:
-            raise ValueError(f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}")
-    return models.get(args.model, input_shape=shape, num_classes=args.num_classes)
+            raise ValueError(
+                f"--input_shape must be integers like 32,32,3, got {args.input_shape!r}") from None
+    return kp.models.get(args.model, input_shape=shape, num_classes=args.num_classes)
 
 
 def _ignore(args):
@@ -85,8 +88,6 @@ def _ignore(args):
 
 
 def _run(args):
-    import keras_precrop as kp
-
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return
@@ -108,7 +109,7 @@ def _run(args):
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None,
         )
-    the_plan.summary(only_changed=not args.all_layers)
+    the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")
@@ -118,13 +119,52 @@ def _run(args):
         print(f"Model written to {args.out} ({new.count_params():,} params)")
 
 
+# The library's keyword arguments that the command line passes on under the
+# flag of the same name. Library errors name an argument as the keyword and its
+# Python value (``flops=0``, ``ignore=['lstm']``); the command line shows them
+# as the flag the user typed (``--flops 0``, ``--ignore lstm``).
+_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "round_to",
+          "min_channels", "ignore", "residual")
+_KEYWORD_VALUE = re.compile(
+    r"(?<![\w.-])(" + "|".join(_FLAGS) + r")="
+    r"(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)|)")
+
+
+def _flag_value(literal):
+    """A Python literal from a library message, as typed on the command line."""
+    if not literal:
+        return ""
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError):  # nan, inf
+        return literal
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # argparse made 0 into 0.0
+    return str(value)
+
+
+def _in_flags(message):
+    """Rewrite a library message's ``keyword=value`` arguments as ``--flag value``."""
+    def flag(match):
+        value = _flag_value(match.group(2))
+        return f"--{match.group(1)}" + (f" {value}" if value else "")
+
+    return _KEYWORD_VALUE.sub(flag, message)
+
+
 def main(argv=None):
-    """Entry point of the ``keras-precrop`` console script."""
+    """Entry point of ``keras-precrop`` and ``python -m keras_precrop``.
+
+    Both import the package first, which keeps TensorFlow's start-up banners
+    off stderr (see ``keras_precrop/_startup.py``).
+    """
     args = _parser().parse_args(argv)
     try:
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:
-        print(f"keras-precrop: error: {err}", file=sys.stderr)
+        print(f"keras-precrop: error: {_in_flags(str(err))}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,7 @@
 """The bilinear cost model and ``profile(model)``.
 
 Every layer's parameters and MACs are ``sum coef * w_a * w_b`` over width
-variables (see ``graph.py``). :class:`CostModel` holds those terms as arrays so
+variables (see ``channels.py`` for the vocabulary). :class:`CostModel` holds those terms as arrays so
 one code path evaluates costs at the original widths (the profile), at
 continuous width ratios (the solver) and at integer widths (a plan's
 prediction of the rebuilt model).
@@ -23,14 +23,24 @@ UNITS = "params: weights (trainable and not); MACs: multiply-accumulates per exa
 
 @dataclasses.dataclass
 class LayerCost:
-    """One layer's row of the profile."""
+    """One layer's row of the profile.
+
+    Attributes:
+        name: the layer's name (``outer/inner`` inside nested models).
+        class_name: the layer's class.
+        params: its parameters.
+        macs: its multiply-accumulates per example.
+        in_variables: names of the width variables of its input channels, in order.
+        out_variables: names of the width variables of its output channels.
+        prunable: some width its cost depends on may change.
+    """
 
     name: str
     class_name: str
     params: int
     macs: int
-    in_groups: list
-    out_groups: list
+    in_variables: list
+    out_variables: list
     prunable: bool
 
 
@@ -41,20 +51,18 @@ class CostModel:
     """
 
     def __init__(self, graph: _graph.ModelGraph):
-        structure = graph.structure
-        ctx = graph.ctx
-        self.variables = structure.variables
+        self.variables = graph.variables
         n = len(self.variables)
         coef, a, b, layer = [], [], [], []
         obj_var, obj_weight, obj_layer = [], [], []
         for i, rec in enumerate(graph.layers):
             for t in rec.terms:
                 coef.append((t.params, t.macs))
-                a.append(n if t.a is None else structure.var_of(rec, t.a, ctx))
-                b.append(n if t.b is None else structure.var_of(rec, t.b, ctx))
+                a.append(n if t.a is None else graph.variable(rec, t.a))
+                b.append(n if t.b is None else graph.variable(rec, t.b))
                 layer.append(i)
             for weight, seg in rec.objective:
-                obj_var.append(structure.var_of(rec, seg, ctx))
+                obj_var.append(graph.variable(rec, seg))
                 obj_weight.append(weight)
                 obj_layer.append(i)
         self.coef = np.asarray(coef, dtype=np.float64).reshape(-1, 2)
@@ -156,13 +164,13 @@ class CostModel:
 
 
 class ModelProfile:
-    """Per-layer parameters, MACs and channel groups of a functional model.
+    """Per-layer parameters, MACs and width variables of a functional model.
 
     Attributes:
         layers: a :class:`LayerCost` per layer (nested models flattened, names
             joined with ``/``).
-        groups: the width variables (:class:`graph.Variable`): channel groups,
-            residual streams and, in prefix mode, the views of readers.
+        variables: the width variables (:class:`graph.Variable`): channel
+            groups, residual streams and, in prefix mode, the views of readers.
         total_params: equals ``model.count_params()``.
         total_macs: multiply-accumulates per example of all conv, depthwise
             and dense ops at the model's input shape (FLOPs = 2 x MACs).
@@ -171,21 +179,19 @@ class ModelProfile:
     def __init__(self, graph: _graph.ModelGraph):
         self.graph = graph
         self.cost = CostModel(graph)
-        self.groups = self.cost.variables
+        self.variables = self.cost.variables
         self.model_name = graph.model.name
-        self.notes = list(graph.ctx.notes)
+        self.notes = list(graph.notes)
         widths = self.cost.widths
         rows = self.cost.per_layer(widths)
-        structure, ctx = graph.structure, graph.ctx
         self.layers = []
         for rec, (params, macs) in zip(graph.layers, rows):
             def names(channels, rec=rec):
-                return [self.groups[structure.var_of(rec, p.group, ctx)].name
-                        for p in channels]
+                return [self.variables[graph.variable(rec, p.segment)].name for p in channels]
             ins = [n for ch in rec.inputs[0] for n in names(ch)]
             outs = [n for ch in rec.outputs[0] for n in names(ch)]
             prunable = any(
-                not self.groups[structure.var_of(rec, s, ctx)].fixed
+                not self.variables[graph.variable(rec, s)].fixed
                 for t in rec.terms for s in (t.a, t.b) if s is not None
             )
             self.layers.append(LayerCost(rec.path, rec.class_name, int(round(params)),
@@ -213,18 +219,18 @@ class ModelProfile:
             print_fn: where each line goes.
             only_costly: skip layers with neither parameters nor MACs.
         """
-        rows = [("Layer (type)", "Params", "MACs", "In group", "Out group", "Prunable")]
+        rows = [("Layer (type)", "Params", "MACs", "In variables", "Out variables", "Prunable")]
         for layer in self.layers:
             if only_costly and not (layer.params or layer.macs):
                 continue
             rows.append((f"{layer.name} ({layer.class_name})", f"{layer.params:,}",
-                         f"{layer.macs:,}", ",".join(layer.in_groups),
-                         ",".join(layer.out_groups), "yes" if layer.prunable else "no"))
+                         f"{layer.macs:,}", ",".join(layer.in_variables),
+                         ",".join(layer.out_variables), "yes" if layer.prunable else "no"))
         lines = _table(rows)
         lines.append(f"Total params: {self.total_params:,}")
         lines.append(f"Total MACs:   {self.total_macs:,} ({2 * self.total_macs:,} FLOPs)")
-        free = sum(not g.fixed for g in self.groups)
-        lines.append(f"Width variables: {len(self.groups)} ({free} prunable)")
+        free = sum(not v.fixed for v in self.variables)
+        lines.append(f"Width variables: {len(self.variables)} ({free} prunable)")
         print_fn(f'Profile: "{self.model_name}"')
         for line in lines + [f"Note: {n}" for n in self.notes]:
             print_fn(line)
@@ -237,12 +243,12 @@ class ModelProfile:
             "total_params": self.total_params,
             "total_macs": self.total_macs,
             "notes": self.notes,
-            "layers": [dataclasses.asdict(l) for l in self.layers],
-            "groups": [
-                {"name": g.name, "width": g.width, "fixed": g.fixed, "kind": g.kind,
-                 "bound": None if g.bound is None else self.groups[g.bound].name,
-                 "layers": list(g.layers)}
-                for g in self.groups
+            "layers": [dataclasses.asdict(row) for row in self.layers],
+            "variables": [
+                {"name": v.name, "width": v.width, "fixed": v.fixed, "kind": v.kind,
+                 "bound": None if v.bound is None else self.variables[v.bound].name,
+                 "layers": list(v.layers)}
+                for v in self.variables
             ],
         }
 
@@ -264,7 +270,7 @@ def _table(rows):
 
 
 def profile(model, *, ignore=(), residual="prefix"):
-    """Profile a functional Keras model: costs per layer and channel groups.
+    """Profile a functional Keras model: costs per layer and width variables.
 
     Args:
         model: a built functional or Sequential model with a defined input

@@ -2,215 +2,43 @@
 
 The walker visits every node of a functional model in topological order
 (nested Functional and Sequential models are walked in place) and asks the
-handler registered for each layer class (see ``handlers.py``) how channels
-flow through it. The result, a :class:`ModelGraph`, holds:
+handler registered for each layer class (``handlers.py``) how channels flow
+through it; handlers write segments, ties and cost terms into the data model
+of ``channels.py`` (whose docstring defines segment, group, width variable
+and view). The result, a :class:`ModelGraph`, holds:
 
-* **segments**: channel axes whose widths must be equal, kept in a union-find;
-  a merged set is a *group*.
+* **groups** of segments whose widths must be equal.
 * **cost terms**: ``coef * w_a * w_b`` contributions to parameters and MACs,
-  where ``w_a``, ``w_b`` are group widths (or 1). Every supported layer's
+  where ``w_a``, ``w_b`` are segment widths (or 1). Every supported layer's
   parameter count and MAC count is a sum of such terms, so one cost model
   serves profiling, solving and predicting the rebuilt model.
-* **objective entries**: for each prunable kernel, the groups whose log width
-  ratios add up to the log of its density (the SynExp objective).
-* **residual structure**: element-wise merges (``Add``) recorded as edges, so
-  that :meth:`ModelGraph.variables` can either tie everything on a residual
-  stream to one width (``residual="tie"``) or give each layer that reads from
-  or writes into the stream its own width bounded by the stream's
+* **objective entries**: for each prunable kernel, the segments whose log
+  width ratios add up to the log of its density (the SynExp objective).
+* **width variables**: element-wise merges (``Add``) are recorded while
+  walking and resolved afterwards, either tying everything on a residual
+  stream to one width (``residual="tie"``) or giving each layer that reads
+  from or writes into the stream its own width bounded by the stream's
   (``residual="prefix"``, the paper's PreCrop rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import keras
 
-
-class UnsupportedModelError(ValueError):
-    """The model cannot be analysed (subclassed, undefined shapes, ...)."""
-
-
-class UnsupportedLayerError(ValueError):
-    """A layer's channel semantics are unknown to the walker."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """A contiguous block of ``mult * width(group)`` channels of a tensor."""
-
-    group: int
-    mult: int = 1
-
-
-Channels = tuple  # tuple[Part, ...]: a tensor's channel axis, in order
-
-
-@dataclasses.dataclass
-class Term:
-    """``params * w_a * w_b`` parameters and ``macs * w_a * w_b`` MACs.
-
-    ``a`` and ``b`` are segment ids, or ``None`` for a factor of one. The
-    coefficients are per channel, so at the original widths the term's value
-    is ``coef * C_a * C_b``.
-    """
-
-    params: float
-    macs: float
-    a: int | None = None
-    b: int | None = None
-
-
-@dataclasses.dataclass
-class LayerRecord:
-    """What the walker learned about one layer (over all of its calls)."""
-
-    layer: keras.layers.Layer
-    path: str
-    handler: object  # the handlers.Handler that walks and configures it
-    ignored: bool = False
-    calls: int = 0
-    inputs: list = dataclasses.field(default_factory=list)  # Channels per call
-    outputs: list = dataclasses.field(default_factory=list)  # Channels per call
-    terms: list = dataclasses.field(default_factory=list)
-    objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
-    out_segment: int | None = None  # the segment a source layer creates
-    readers: list = dataclasses.field(default_factory=list)  # segments read
-
-    @property
-    def class_name(self):
-        return type(self.layer).__name__
-
-
-@dataclasses.dataclass
-class _Segment:
-    width: int
-    name: str
-    depth: int
-    fixed: bool = False
-
-
-class WalkContext:
-    """The state handlers read and write while the graph is walked."""
-
-    def __init__(self, residual):
-        self.residual = residual
-        self.segments: list[_Segment] = []
-        self._parent: list[int] = []
-        self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
-        self.leq: list[tuple[int, int]] = []  # width(a) <= width(b)
-        self.multiples: list[tuple[LayerRecord, int, int]] = []  # (reader, seg, m)
-        self.records: dict[int, LayerRecord] = {}
-        self.order: list[LayerRecord] = []
-        self.depth = 0  # depth of the node being walked
-        self.notes: list[str] = []  # decisions a user should know about
-
-    # -- union-find over segments -------------------------------------------
-    def new_segment(self, width, name, fixed=False):
-        """Create a channel axis of ``width`` channels; returns its id."""
-        self.segments.append(_Segment(int(width), name, self.depth, fixed))
-        self._parent.append(len(self._parent))
-        return len(self._parent) - 1
-
-    def find(self, s):
-        """The representative segment of ``s``'s group."""
-        root = s
-        while self._parent[root] != root:
-            root = self._parent[root]
-        while self._parent[s] != root:
-            self._parent[s], s = root, self._parent[s]
-        return root
-
-    def union(self, a, b, where):
-        """Tie two segments to one width; ``where`` names the layer for errors."""
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
-        sa, sb = self.segments[ra], self.segments[rb]
-        if sa.width != sb.width:
-            raise UnsupportedLayerError(
-                f"{where}: cannot couple channel axes of different widths "
-                f"({sa.name}: {sa.width} vs {sb.name}: {sb.width})."
-            )
-        # The older (shallower, then earlier) segment names the group.
-        if (sb.depth, rb) < (sa.depth, ra):
-            ra, rb, sa, sb = rb, ra, sb, sa
-        self._parent[rb] = ra
-        sa.fixed = sa.fixed or sb.fixed
-        return ra
-
-    def tie(self, a: Channels, b: Channels, where):
-        """Tie two channel descriptors part by part.
-
-        Descriptors built differently (a concatenation against a plain tensor,
-        say a squeeze-excite gate on concatenated features) cannot be tied
-        part by part; their channels are kept fixed instead, with a note.
-        """
-        if len(a) != len(b) or any(p.mult != q.mult for p, q in zip(a, b)):
-            if width_of(self, a) != width_of(self, b):
-                raise UnsupportedLayerError(
-                    f"{where}: cannot couple tensors of {width_of(self, a)} and "
-                    f"{width_of(self, b)} channels. Pass "
-                    f"ignore=[{where.split('/')[-1]!r}] to keep them fixed.")
-            self.fix(a)
-            self.fix(b)
-            self.notes.append(
-                f"{where}: couples a concatenation (or depthwise-multiplied "
-                "tensor) with a differently built tensor; those channels are "
-                "kept fixed.")
-            return
-        for p, q in zip(a, b):
-            self.union(p.group, q.group, where)
-
-    def multiple_of(self, rec, channels: Channels, m):
-        """Require each part of ``channels``, as ``rec`` sees it, to stay a multiple of ``m``.
-
-        Grouped convolutions and group normalization keep their group count,
-        so their channel counts move in multiples of it.
-        """
-        for p in channels:
-            need = m // math.gcd(m, p.mult)
-            if need > 1:
-                self.multiples.append((rec, p.group, need))
-
-    def fix(self, channels: Channels):
-        """Mark every group of a descriptor as not prunable."""
-        for p in channels:
-            self.segments[self.find(p.group)].fixed = True
-
-    # -- costs ----------------------------------------------------------------
-    def add_term(self, rec, params, macs, a=None, b=None):
-        """Add ``coef * width(a) * width(b)``; ``a``/``b`` are Parts or None."""
-        coef = 1
-        segs = []
-        for p in (a, b):
-            if p is not None:
-                coef *= p.mult
-                segs.append(p.group)
-        segs += [None] * (2 - len(segs))
-        rec.terms.append(Term(params * coef, macs * coef, segs[0], segs[1]))
-
-    def add_kernel(self, rec, *factors: Channels):
-        """Declare a prunable kernel whose density is the product of factors.
-
-        A factor with several parts (a concatenation) contributes the
-        width-weighted mean of its parts' log ratios, a concave lower bound
-        of its true log ratio that keeps the program convex.
-        """
-        for channels in factors:
-            total = sum(p.mult * self.segments[p.group].width for p in channels)
-            for p in channels:
-                weight = p.mult * self.segments[p.group].width / total
-                rec.objective.append((weight, p.group))
-
-
-def width_of(ctx, channels: Channels):
-    """Original number of channels described by ``channels``."""
-    return sum(p.mult * ctx.segments[p.group].width for p in channels)
-
+from keras_precrop import handlers
+from keras_precrop.channels import (
+    Channels,
+    LayerRecord,
+    Part,
+    UnsupportedLayerError,
+    UnsupportedModelError,
+    WalkContext,
+    width_of,
+)
 
 # ---------------------------------------------------------------------------
 # The walk.
@@ -220,7 +48,7 @@ def _is_functional(model):
     return isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth")
 
 
-def _functional_of(model):
+def functional_of(model):
     """The functional graph of a Functional or built Sequential model."""
     if isinstance(model, keras.Sequential):
         fn = getattr(model, "_functional", None)
@@ -240,33 +68,109 @@ def _functional_of(model):
     )
 
 
-def _topological_nodes(fn):
+def topological_nodes(fn):
     """Nodes of a functional model, inputs first."""
     for depth in sorted(fn._nodes_by_depth, reverse=True):
         yield from fn._nodes_by_depth[depth]
 
 
-@dataclasses.dataclass
-class ModelGraph:
-    """The walked graph: segments, layer records and residual merges."""
+def layer_names(fn, prefix=""):
+    """Bare names and ``outer/inner`` paths of every operation of ``fn``."""
+    for op in fn.operations:
+        yield op.name
+        yield prefix + op.name
+        if isinstance(op, keras.Model):
+            yield from layer_names(functional_of(op), f"{prefix}{op.name}/")
 
-    model: keras.Model
-    ctx: WalkContext
-    residual: str
-    tensor_channels: dict  # id(KerasTensor) -> Channels, nested models included
+
+@dataclasses.dataclass
+class LayerCall:
+    """One call of a layer, in topological order.
+
+    Tensors are named by *keys*: a nested model's input is the key of the
+    outer tensor fed to it and its output the key of the inner tensor it
+    returns, so calls inside and outside nested models connect.
+    """
+
+    record: LayerRecord
+    node: object  # the keras Node of the call
+    inputs: list  # tensor keys
+    outputs: list  # tensor keys
+
+
+class ModelGraph:
+    """A walked model: its layers' records, channel groups and width variables.
+
+    Attributes:
+        model: the walked model.
+        residual: the residual mode the width variables were resolved under.
+        tensor_channels: ``id(KerasTensor) -> Channels`` for every tensor,
+            those of nested models included (a tensor key is such an id).
+        calls: every :class:`LayerCall`, in topological order.
+        inputs: the keys of the model's input tensors.
+        outputs: the keys of the model's output tensors.
+        layers: a :class:`~keras_precrop.channels.LayerRecord` per layer, in
+            the order of their first call.
+        variables: the width variables (:class:`Variable`).
+        notes: decisions of the walk a user should know about.
+    """
+
+    def __init__(self, model, walker: _Walker):
+        self.model = model
+        self.residual = walker.ctx.residual
+        self.tensor_channels = walker.tensors
+        self.calls = walker.calls
+        fn = functional_of(model)
+        self.inputs = [walker.key(t) for t in fn.inputs]
+        self.outputs = [walker.key(t) for t in fn.outputs]
+        self._ctx = walker.ctx
+        self._structure = _resolve(walker.ctx, walker.ctx.residual)
 
     @property
     def layers(self) -> list[LayerRecord]:
-        return self.ctx.order
+        return self._ctx.order
 
-    @functools.cached_property
-    def structure(self) -> "Structure":
-        """Width variables under the residual mode (computed once)."""
-        return _resolve(self)
+    @property
+    def variables(self) -> list[Variable]:
+        return self._structure.variables
 
-    def find(self, seg):
-        """Representative segment of ``seg``'s channel group."""
-        return self.ctx.find(seg)
+    @property
+    def notes(self) -> list[str]:
+        return self._ctx.notes
+
+    def record(self, layer) -> LayerRecord:
+        """The record of ``layer`` (a layer object of the walked model)."""
+        return self._ctx.records[id(layer)]
+
+    def find(self, segment):
+        """Representative segment of ``segment``'s group."""
+        return self._ctx.find(segment)
+
+    def group_variable(self, segment):
+        """Index of the width variable of ``segment``'s group."""
+        return self._structure.group_var[self._ctx.find(segment)]
+
+    def view(self, rec, segment):
+        """Index of layer ``rec``'s view of the stream of ``segment``, or ``None``."""
+        return self._structure.views.get((rec.path, self._ctx.find(segment)))
+
+    def variable(self, rec, segment):
+        """Index of the width variable through which layer ``rec`` sees ``segment``."""
+        view = self.view(rec, segment)
+        return self.group_variable(segment) if view is None else view
+
+    def produced_variables(self, rec):
+        """Indices of the width variables layer ``rec`` chooses: its output's and its views."""
+        out = [] if rec.out_segment is None else [self.group_variable(rec.out_segment)]
+        return out + [v for (path, _), v in self._structure.views.items() if path == rec.path]
+
+    def layer_names(self):
+        """Every name and ``outer/inner`` path of the model's operations."""
+        return set(layer_names(functional_of(self.model)))
+
+    def width(self, channels):
+        """Original number of channels of a descriptor (e.g. ``tensor_channels[key]``)."""
+        return width_of(self._ctx, channels)
 
 
 def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
@@ -281,21 +185,17 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
         residual: ``"prefix"`` (each reader/writer of a residual stream gets
             its own width) or ``"tie"`` (the whole stream shares one width).
     """
-    from keras_precrop import handlers  # the registry imports this module
-
     if residual not in ("prefix", "tie"):
         raise ValueError(f"residual must be 'prefix' or 'tie', got {residual!r}")
-    fn = _functional_of(model)
+    fn = functional_of(model)
     ignore = set(ignore)
-    known = set(_all_layer_names(fn, ""))
-    missing = sorted(ignore - known)
+    missing = sorted(ignore - set(layer_names(fn)))
     if missing:
         raise ValueError(
-            f"ignore names unknown layers {missing}; layers are named as in "
-            "model.summary()."
+            f"ignore={missing!r} names no layer of model {model.name!r}; layers are "
+            "named as in model.summary() (or `keras-precrop profile`)."
         )
-    ctx = WalkContext(residual)
-    tensors: dict[int, Channels] = {}
+    walker = _Walker(WalkContext(residual), ignore)
     for t in fn.inputs:
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
@@ -304,24 +204,79 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
                 f"{shape}: MACs depend on spatial size. Build the model with a "
                 "full input shape, e.g. keras.Input((224, 224, 3))."
             )
-        seg = ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
-        tensors[id(t)] = (Part(seg),)
-    _walk_functional(fn, "", tensors, ctx, ignore, handlers)
+        seg = walker.ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
+        walker.tensors[id(t)] = (Part(seg),)
+    walker.functional(fn, "")
     for t in fn.outputs:
-        ctx.fix(tensors[id(t)])
-    return ModelGraph(model, ctx, residual, tensors)
+        walker.ctx.fix(walker.tensors[id(t)])
+    return ModelGraph(model, walker)
 
 
-def _all_layer_names(fn, prefix):
-    """Bare names and ``outer/inner`` paths of every operation."""
-    for op in fn.operations:
-        yield op.name
-        yield prefix + op.name
-        if isinstance(op, keras.Model):
-            yield from _all_layer_names(_functional_of(op), f"{prefix}{op.name}/")
+class _Walker:
+    """The state of one walk: the context, tensors' channels and the calls."""
+
+    def __init__(self, ctx: WalkContext, ignore):
+        self.ctx = ctx
+        self.ignore = ignore
+        self.tensors: dict[int, Channels] = {}
+        self.calls: list[LayerCall] = []
+        self._alias: dict[int, int] = {}  # a nested model's tensor -> its key
+
+    def key(self, t):
+        """The key of tensor ``t`` (see :class:`LayerCall`)."""
+        return self._alias.get(id(t), id(t))
+
+    def functional(self, fn, prefix):
+        """Walk the nodes of functional ``fn``, nested models in place."""
+        ctx, tensors = self.ctx, self.tensors
+        depths: dict[int, int] = {}
+        for node in topological_nodes(fn):
+            op = node.operation
+            if isinstance(op, keras.layers.InputLayer):
+                continue
+            args = node.arguments.keras_tensors
+            ins = [tensors[id(t)] for t in args]
+            ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
+            path = prefix + op.name
+            if isinstance(op, keras.Model):
+                inner = functional_of(op)
+                for t_in, t, ch in zip(inner.inputs, args, ins):
+                    tensors[id(t_in)] = ch
+                    self._alias[id(t_in)] = self.key(t)
+                self.functional(inner, path + "/")
+                outs = [tensors[id(t)] for t in inner.outputs]
+                for t, t_inner in zip(node.outputs, inner.outputs):
+                    self._alias[id(t)] = self.key(t_inner)
+            else:
+                outs = self._layer(op, path, node, ins)
+                self.calls.append(LayerCall(ctx.records[id(op)], node,
+                                            [self.key(t) for t in args],
+                                            [self.key(t) for t in node.outputs]))
+            for t, ch in zip(node.outputs, outs):
+                tensors[id(t)] = ch
+                depths[id(t)] = ctx.depth
+
+    def _layer(self, op, path, node, ins):
+        """Walk one call of layer ``op``; returns its outputs' channels."""
+        ctx = self.ctx
+        rec = ctx.records.get(id(op))
+        if rec is None:
+            ignored = op.name in self.ignore or path in self.ignore
+            handler = handlers.lookup(op, path, ignored=ignored)
+            rec = LayerRecord(op, path, handler, ignored)
+            ctx.records[id(op)] = rec
+            ctx.order.append(rec)
+        if rec.calls and getattr(op, "weights", None):  # shared weights
+            for first, now in zip(rec.inputs[0], ins):
+                ctx.tie(first, now, path)
+        outs = _walk_layer(ctx, rec, node, ins)
+        rec.inputs.append(ins)
+        rec.outputs.append(outs)
+        rec.calls += 1
+        return outs
 
 
-def _walk_layer(ctx, rec, node, ins, handlers):
+def _walk_layer(ctx, rec, node, ins):
     """Run a layer's handler; an ignored layer's channels are then fixed.
 
     An ignored layer whose handler refuses it (a Reshape that moves channels,
@@ -334,67 +289,11 @@ def _walk_layer(ctx, rec, node, ins, handlers):
     except UnsupportedLayerError:
         rec.terms.clear()
         rec.objective.clear()
-        rec.handler = handlers.lookup(None, rec.path, ignored=True)
+        rec.handler = handlers.OPAQUE
         outs = rec.handler.walk(ctx, rec, node, ins)
     for ch in list(ins) + list(outs):
         ctx.fix(ch)
     return outs
-
-
-def _walk_functional(fn, prefix, tensors, ctx, ignore, handlers):
-    depths: dict[int, int] = {}
-    for node in _topological_nodes(fn):
-        op = node.operation
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        args = node.arguments.keras_tensors
-        ins = [tensors[id(t)] for t in args]
-        ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
-        path = prefix + op.name
-        if isinstance(op, keras.Model):
-            inner = _functional_of(op)
-            for t_in, ch in zip(inner.inputs, ins):
-                tensors[id(t_in)] = ch
-            _walk_functional(inner, path + "/", tensors, ctx, ignore, handlers)
-            outs = [tensors[id(t)] for t in inner.outputs]
-        else:
-            rec = ctx.records.get(id(op))
-            if rec is None:
-                ignored = op.name in ignore or path in ignore
-                handler = handlers.lookup(op, path, ignored=ignored)
-                rec = LayerRecord(op, path, handler, ignored)
-                ctx.records[id(op)] = rec
-                ctx.order.append(rec)
-            if rec.calls and getattr(op, "weights", None):  # shared weights
-                for first, now in zip(rec.inputs[0], ins):
-                    ctx.tie(first, now, path)
-            outs = _walk_layer(ctx, rec, node, ins, handlers)
-            rec.inputs.append(ins)
-            rec.outputs.append(outs)
-            rec.calls += 1
-        for t, ch in zip(node.outputs, outs):
-            tensors[id(t)] = ch
-            depths[id(t)] = ctx.depth
-
-
-def output_shape(node):
-    """Static shape of a node's first output."""
-    return tuple(node.outputs[0].shape)
-
-
-def input_shape(node):
-    """Static shape of a node's first tensor argument."""
-    return tuple(node.arguments.keras_tensors[0].shape)
-
-
-def as_part(channels: Channels, where) -> Part:
-    """The single part of a plain (non-concatenated) descriptor."""
-    if len(channels) != 1:
-        raise UnsupportedLayerError(
-            f"{where}: expected a plain tensor, got a concatenation of "
-            f"{len(channels)} blocks."
-        )
-    return channels[0]
 
 
 # ---------------------------------------------------------------------------
@@ -403,7 +302,18 @@ def as_part(channels: Channels, where) -> Part:
 
 @dataclasses.dataclass
 class Variable:
-    """One width the solver may choose (a channel group or a residual view)."""
+    """A width variable: a group or a view (see ``channels.py``) the solver sizes.
+
+    Attributes:
+        name: the group's name (its oldest segment's), ``"<reader>:in"`` for a view.
+        width: the original width.
+        fixed: the width may not change (model inputs and outputs, ignored layers).
+        kind: ``"channels"``, ``"stream"`` or ``"view"``.
+        bound: index of the variable this one may never be wider than.
+        multiple: the width stays a multiple of this (grouped convolutions,
+            group normalization keep their group count).
+        layers: paths of the layers whose costs depend on it.
+    """
 
     name: str
     width: int
@@ -415,25 +325,21 @@ class Variable:
 
 
 @dataclasses.dataclass
-class Structure:
+class _Structure:
     """Width variables and where every segment and reader maps to.
 
-    ``seg_var[root]`` is the variable of a segment's group; ``views[(path,
-    root)]`` is the variable a reader layer uses instead of stream ``root``.
+    ``group_var[root]`` is the variable of the group represented by segment
+    ``root``; ``views[(path, root)]`` is the variable a reader layer uses
+    instead of stream ``root``.
     """
 
     variables: list
-    seg_var: dict
+    group_var: dict
     views: dict
 
-    def var_of(self, rec, seg, ctx):
-        """Variable of segment ``seg`` as seen by layer ``rec``."""
-        root = ctx.find(seg)
-        return self.views.get((rec.path, root), self.seg_var[root])
 
-
-def _resolve(graph: ModelGraph) -> Structure:
-    """Decide the width variables of ``graph`` under its residual mode.
+def _resolve(ctx: WalkContext, residual) -> _Structure:
+    """Decide the width variables of a walk under residual mode ``residual``.
 
     In ``"tie"`` mode every merge ties its inputs and output. In ``"prefix"``
     mode each connected set of merges is a residual stream whose width is set
@@ -443,35 +349,34 @@ def _resolve(graph: ModelGraph) -> Structure:
     the SynExp proxy honest: an unbounded reader would "read" channels that no
     writer produced.
     """
-    ctx = graph.ctx
     writers: dict[int, int] = {}  # writer root -> creator root
-    if graph.residual == "tie":
+    if residual == "tie":
         for out, ins, where in ctx.merges:
             for s in ins:
                 ctx.union(out, s, where)
     else:
         _resolve_streams(ctx, writers)
     streams = {ctx.find(out) for out, _, _ in ctx.merges}
-    variables, seg_var = [], {}
+    variables, group_var = [], {}
     for s in range(len(ctx.segments)):
         root = ctx.find(s)
-        if root not in seg_var:
+        if root not in group_var:
             seg = ctx.segments[root]
             kind = "stream" if root in streams else "channels"
-            seg_var[root] = len(variables)
+            group_var[root] = len(variables)
             variables.append(Variable(seg.name, seg.width, seg.fixed, kind))
     for w, creator in writers.items():
-        variables[seg_var[w]].bound = seg_var[ctx.find(creator)]
+        variables[group_var[w]].bound = group_var[ctx.find(creator)]
     for a, b in ctx.leq:
-        variables[seg_var[ctx.find(a)]].bound = seg_var[ctx.find(b)]
+        variables[group_var[ctx.find(a)]].bound = group_var[ctx.find(b)]
     views = {}
-    if graph.residual == "prefix":
+    if residual == "prefix":
         read = set()  # streams whose first reader reads them whole
         for rec in ctx.order:
             if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
                 continue
             own = None if rec.out_segment is None else ctx.find(rec.out_segment)
-            for root in dict.fromkeys(ctx.find(seg) for seg in rec.readers):
+            for root in dict.fromkeys(ctx.find(seg) for seg in rec.read_segments):
                 # A layer whose output is tied into the stream it reads (by an
                 # element-wise op, e.g. InceptionResNet's x + scale * conv(x))
                 # reads it whole: a view would narrow its output too.
@@ -481,31 +386,31 @@ def _resolve(graph: ModelGraph) -> Structure:
                     read.add(root)
                     continue
                 views[(rec.path, root)] = len(variables)
-                stream = variables[seg_var[root]]
+                stream = variables[group_var[root]]
                 variables.append(Variable(
                     f"{rec.path}:in", stream.width, False, "view",
-                    bound=seg_var[root]))
-    structure = Structure(variables, seg_var, views)
-    _resolve_multiples(ctx, structure)
+                    bound=group_var[root]))
+    _resolve_multiples(ctx, variables, group_var, views)
     for rec in ctx.order:
         for term in rec.terms:
             for s in (term.a, term.b):
                 if s is not None:
-                    v = variables[structure.var_of(rec, s, ctx)]
+                    root = ctx.find(s)
+                    v = variables[views.get((rec.path, root), group_var[root])]
                     if rec.path not in v.layers:
                         v.layers.append(rec.path)
-    return structure
+    return _Structure(variables, group_var, views)
 
 
-def _resolve_multiples(ctx, structure):
+def _resolve_multiples(ctx, variables, group_var, views):
     """Give each variable the multiple its readers need.
 
     A bounded variable (view, writer) passes its multiple on to its bound, so
     clipping it to the bound keeps it a multiple.
     """
-    variables = structure.variables
     for rec, seg, m in ctx.multiples:
-        v = variables[structure.var_of(rec, seg, ctx)]
+        root = ctx.find(seg)
+        v = variables[views.get((rec.path, root), group_var[root])]
         v.multiple = math.lcm(v.multiple, m)
     for _ in range(len(variables)):
         changed = False

@@ -1,26 +1,30 @@
 """How channels flow through each layer class: the handler registry.
 
-A handler has two jobs: while the graph is walked it maps input channel
-descriptors to output descriptors and declares the layer's bilinear cost terms
-(``walk``); when the model is rebuilt it rewrites the layer's config for new
-widths (``configure``). Handlers are looked up along the layer class's MRO, so
-subclasses of built-in layers inherit their rule; ``register_handler`` teaches
-the walker a custom layer.
+This is the one table of layer classes. A handler describes its layer class
+for every part of the package: while the graph is walked it maps input
+channel descriptors to output descriptors and declares the layer's bilinear
+cost terms (``walk``); when the model is rebuilt it rewrites the layer's
+config for new widths (``configure``); for the pruning baselines it names the
+layer's maskable weights (``weight_specs``) and which input channel each
+output channel comes from (``channel_map``). Handlers are looked up along the
+layer class's MRO, so subclasses of built-in layers inherit their rule;
+``register_handler`` teaches the package a custom layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 
-import keras
+import numpy as np
 from keras import layers as L
 from keras.src.ops import core as _ops_core
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
 from keras_precrop import layers as _custom
-from keras_precrop.graph import (
+from keras_precrop.channels import (
     Part,
     UnsupportedLayerError,
     as_part,
@@ -30,18 +34,162 @@ from keras_precrop.graph import (
 )
 
 
-class Handler:
-    """Base rule: subclasses implement ``walk`` and, if needed, ``configure``."""
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """How a maskable weight of a layer class is laid out and persisted.
 
-    rule = "base"
+    Attributes:
+        constraint_attr: the layer attribute that ``get_config`` serializes as
+            this weight's constraint (``kernel_constraint``, ...); the mask
+            constraint is stored there so it survives ``.keras`` save/load.
+        kind: ``"kernel"`` (mixes input into output channels), ``"depthwise"``
+            (one ``k x k x multiplier`` slab per input channel), ``"bias"`` or
+            ``"scale"`` (per-output-channel vectors: biases, BN gamma/beta).
+        in_axis: kernel axis indexing input channels (``None`` for vectors).
+        out_axis: kernel axis indexing output channels, or the depthwise
+            multiplier axis (``None`` for vectors).
+        groups: a grouped convolution's group count: its kernel's input axis
+            holds the ``c_in / groups`` channels of each group, and output
+            channel ``o`` belongs to group ``o // (c_out / groups)``.
+    """
+
+    constraint_attr: str
+    kind: str
+    in_axis: int | None = None
+    out_axis: int | None = None
+    groups: int = 1
+
+    def block_diagonal(self, local):
+        """A grouped kernel's ``(c_in / groups, c_out)`` channel matrix over all ``c_in`` inputs.
+
+        Entry ``[j * a + i, o]`` (``a = c_in / groups``) is ``local[i, o]`` when
+        output ``o`` belongs to group ``j``, else ``False``: a group's outputs
+        see only its own inputs. The identity for an ungrouped kernel.
+        """
+        if self.groups == 1:
+            return local
+        a, n_out = local.shape
+        b = n_out // self.groups
+        full = np.zeros((a * self.groups, n_out), local.dtype)
+        for j in range(self.groups):
+            full[j * a:(j + 1) * a, j * b:(j + 1) * b] = local[:, j * b:(j + 1) * b]
+        return full
+
+    def group_local(self, full):
+        """The inverse of :meth:`block_diagonal`: each output's own group's rows."""
+        if self.groups == 1:
+            return full
+        n_in, n_out = full.shape
+        a, b = n_in // self.groups, n_out // self.groups
+        rows = (np.arange(n_out) // b)[None, :] * a + np.arange(a)[:, None]
+        return full[rows, np.arange(n_out)[None, :]]
+
+
+_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
+
+
+class Handler:
+    """How channels flow through a layer class: the base of every handler.
+
+    Register an instance for a layer class with :func:`register_handler`;
+    subclasses of that class inherit it. The contract:
+
+    * ``walk(ctx, rec, node, ins)`` runs once per call of the layer, in
+      topological order. ``ins`` holds a :data:`~keras_precrop.channels.Channels`
+      descriptor per input tensor of ``node`` (``rec.calls`` is the number of
+      earlier calls; a shared layer's inputs are already tied to its first
+      call's). It returns one descriptor per output tensor and declares, on
+      the context ``ctx`` (a :class:`~keras_precrop.channels.WalkContext`),
+      how the layer couples channels and what it costs:
+
+      - ``ctx.new_output(rec, width)``: channels the layer creates (filters,
+        units); they become ``rec.out_segment``.
+      - ``ctx.add_kernel(rec, ins[0], out, params=..., macs=..., bias=...)``:
+        a prunable kernel with its parameters and MACs (per channel pair) and
+        its SynExp objective entry; ``out=None`` for a depthwise kernel.
+      - ``ctx.add_term(rec, params, macs, a, b)``: any other cost bilinear in
+        widths, ``ctx.tie(a, b, rec.path)``: channels that must stay equal,
+        ``ctx.fix(channels)``: channels that must not change.
+
+      The context keeps the rules of shared layers: parameters and objective
+      entries count on the first call only, MACs on every call. Raise
+      :class:`~keras_precrop.channels.UnsupportedLayerError` for a
+      configuration the rule cannot describe.
+    * ``configure(rec, config, width)`` returns the layer's config for new
+      widths when the model is rebuilt; ``width(segment)`` is the new width of
+      a segment (e.g. ``rec.out_segment``).
+    * ``weight_specs`` names the maskable weights for the pruning baselines
+      (``keras_precrop.pai``; ``specs_of(layer)`` when they depend on the
+      layer's config) and ``channel_map(rec, node)`` says which input
+      channel each output channel comes from.
+
+    Example: a 1x1 convolution written from ``keras.ops``, taught to the
+    package in one place, then profiled, pruned and masked.
+
+    >>> import math
+    >>> import keras
+    >>> import keras_precrop as kp
+    >>> from keras_precrop.channels import output_shape
+    >>> class Pointwise(keras.layers.Layer):
+    ...     def __init__(self, filters, **kwargs):
+    ...         super().__init__(**kwargs)
+    ...         self.filters = filters
+    ...     def build(self, input_shape):
+    ...         self.kernel = self.add_weight(shape=(input_shape[-1], self.filters), name="kernel")
+    ...     def call(self, x):
+    ...         return keras.ops.matmul(x, self.kernel)
+    ...     def get_config(self):
+    ...         return {**super().get_config(), "filters": self.filters}
+    >>> class PointwiseHandler(kp.Handler):
+    ...     def walk(self, ctx, rec, node, ins):
+    ...         out = ctx.new_output(rec, rec.layer.filters)
+    ...         pixels = math.prod(output_shape(node)[1:-1])
+    ...         ctx.add_kernel(rec, ins[0], out, params=1, macs=pixels)
+    ...         return [out]
+    ...     def configure(self, rec, config, width):
+    ...         return {**config, "filters": width(rec.out_segment)}
+    ...     weight_specs = {"kernel": kp.WeightSpec("kernel_constraint", "kernel", in_axis=0, out_axis=1)}
+    >>> kp.register_handler(Pointwise, PointwiseHandler())
+    >>> x = keras.Input((8, 8, 3))
+    >>> h = Pointwise(16, name="expand")(x)
+    >>> model = keras.Model(x, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+    >>> kp.profile(model).total_params == model.count_params() == 3 * 16 + 16 * 10 + 10
+    True
+    >>> small = kp.precrop(model, params=0.5)  # 3 w + 10 w + 10 <= 109 parameters
+    >>> small.get_layer("expand").filters, small.count_params()
+    (7, 101)
+    >>> sorted(kp.pai.magnitude(model, 0.5))
+    ['dense/kernel', 'expand/kernel']
+    """
+
+    weight_specs: dict = {}
+    """``{variable name: WeightSpec}`` of the layer's maskable weights, kernels in
+    the order the layer applies them (a separable conv's depthwise kernel
+    before its pointwise one); none by default."""
 
     def walk(self, ctx, rec, node, ins):
-        """Return output descriptors (one per output tensor); add cost terms."""
+        """Return output descriptors (one per output tensor); declare costs on ``ctx``."""
         raise NotImplementedError
+
+    def specs_of(self, layer):
+        """``weight_specs`` of one layer of the class (a copy; override if config-dependent)."""
+        return dict(self.weight_specs)
 
     def configure(self, rec, config, width):
         """Return ``config`` updated for new widths (``width(segment)``)."""
         return config
+
+    def channel_map(self, rec, node):
+        """Which input channel each output channel of a call comes from.
+
+        Returns a list with an int array per input tensor of ``node``, of the
+        output's channel count, naming the input channel each output channel
+        reads (``-1``: none of this input's), or ``None`` when every output
+        channel may depend on every input channel (the default, right for
+        kernels and opaque blocks). The pruning baselines follow channels
+        through layers with it.
+        """
+        return None
 
 
 def _weights(op):
@@ -51,7 +199,7 @@ def _weights(op):
 
 def _const_weights(ctx, rec):
     """Count all of a layer's weights as width-independent constants."""
-    if rec.calls == 0 and _weights(rec.layer):
+    if _weights(rec.layer):
         ctx.add_term(rec, sum(math.prod(w.shape) for w in _weights(rec.layer)), 0)
 
 
@@ -63,24 +211,46 @@ class Tie(Handler):
     constants.
     """
 
-    rule = "tie"
-
     def walk(self, ctx, rec, node, ins):
+        if getattr(rec.layer, "data_format", None) == "channels_first":
+            raise UnsupportedLayerError(f"{rec.path}: only channels_last layers are supported.")
         channels = ins[0]
         for other in ins[1:]:
             ctx.tie(channels, other, rec.path)
-        if rec.calls == 0:
-            total = width_of(ctx, channels)
-            per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
-            for w in _weights(rec.layer):
-                shape = tuple(w.shape)
-                size = math.prod(shape)
-                if per_channel and shape and shape[-1] == total:
-                    for p in channels:
-                        ctx.add_term(rec, size // total, 0, p)
-                else:
-                    ctx.add_term(rec, size, 0)
+        total = width_of(ctx, channels)
+        per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
+        for w in _weights(rec.layer):
+            shape = tuple(w.shape)
+            size = math.prod(shape)
+            if per_channel and shape and shape[-1] == total:
+                for p in channels:
+                    ctx.add_term(rec, size // total, 0, p)
+            else:
+                ctx.add_term(rec, size, 0)
         return [channels] * len(node.outputs)
+
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
+
+class BatchNorm(Tie):
+    """BatchNormalization: tied channels; gamma and beta are maskable."""
+
+    weight_specs = {"gamma": WeightSpec("gamma_constraint", "scale"),
+                    "beta": WeightSpec("beta_constraint", "bias")}
+
+
+class Normalize(Tie):
+    """LayerNormalization, UnitNormalization, Softmax: act along ``axis``.
+
+    When ``axis`` includes the channel axis, every output channel depends on
+    every input channel.
+    """
+
+    def channel_map(self, rec, node):
+        if _acts_on_channels(rec.layer, len(input_shape(node))):
+            return None
+        return _elementwise_map(node)
 
 
 def _acts_on_channels(layer, rank):
@@ -92,10 +262,27 @@ def _acts_on_channels(layer, rank):
     return any(a % rank == rank - 1 for a in axes)
 
 
+def _elementwise_map(node):
+    """Channel maps of an element-wise op: same channel, broadcast or prefix.
+
+    An input with one channel broadcasts to every channel; a narrower one is
+    added into the leading channels (``PrefixAdd``).
+    """
+    width = output_shape(node)[-1]
+    maps = []
+    for t in node.arguments.keras_tensors:
+        c = t.shape[-1]
+        if c == 1 and width != 1:
+            maps.append(np.zeros(width, np.int64))
+        elif c <= width:
+            maps.append(np.concatenate([np.arange(c), np.full(width - c, -1)]))
+        else:
+            return None
+    return maps
+
+
 class Fixed(Handler):
     """An opaque block: its channels never change and its cost is constant."""
-
-    rule = "fixed"
 
     def walk(self, ctx, rec, node, ins):
         for ch in ins:
@@ -109,22 +296,13 @@ class Fixed(Handler):
 
 
 class _Source(Handler):
-    """A layer that creates new output channels from its input channels."""
+    """A layer that creates new output channels (its ``width_key`` config)."""
 
-    rule = "source"
     width_key = "filters"
 
-    def _out(self, ctx, rec, node, ins):
-        """The layer's output segment; later calls are tied to the first."""
-        if rec.out_segment is None:
-            width = rec.layer.get_config()[self.width_key]
-            rec.out_segment = ctx.new_segment(width, rec.path)
-        return Part(rec.out_segment)
-
-    def _reads(self, rec, ins):
-        """Record the input segments this layer reads (for residual views)."""
-        for p in ins[0]:
-            rec.readers.append(p.group)
+    def _out(self, ctx, rec):
+        """The channels the layer creates."""
+        return ctx.new_output(rec, rec.layer.get_config()[self.width_key])
 
     def configure(self, rec, config, width):
         config[self.width_key] = width(rec.out_segment)
@@ -143,6 +321,7 @@ class Conv(_Source):
     """
 
     transpose = False
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1), **_BIAS}
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
@@ -151,41 +330,50 @@ class Conv(_Source):
                 f"{rec.path}: only channels_last convolutions are supported."
             )
         groups = getattr(layer, "groups", 1)
-        if groups > 1 and groups == width_of(ctx, ins[0]):
-            return [_depthwise(ctx, rec, node, ins, layer.filters // groups,
-                               math.prod(layer.kernel_size), layer.use_bias)]
-        out = self._out(ctx, rec, node, ins)
+        if _depthwise_groups(layer, width_of(ctx, ins[0])):
+            return [_depthwise(ctx, rec, node, ins[0], layer.filters // groups, layer.use_bias)]
+        out = self._out(ctx, rec)
         if groups > 1:
             ctx.multiple_of(rec, ins[0], groups)
-            ctx.multiple_of(rec, (out,), groups)
-        self._reads(rec, ins)
+            ctx.multiple_of(rec, out, groups)
         kernel = math.prod(layer.kernel_size) / groups
         spatial_shape = input_shape(node) if self.transpose else output_shape(node)
         pixels = math.prod(spatial_shape[1:-1])
-        first = rec.calls == 0
-        for p in ins[0]:
-            ctx.add_term(rec, kernel if first else 0, kernel * pixels, p, out)
-        if first:
-            if layer.use_bias:
-                ctx.add_term(rec, 1, 0, out)
-            ctx.add_kernel(rec, ins[0], (out,))
-        return [(out,)]
-
+        ctx.add_kernel(rec, ins[0], out, params=kernel, macs=kernel * pixels, bias=layer.use_bias)
+        return [out]
 
     def configure(self, rec, config, width):
         groups = config.get("groups", 1)
         if groups > 1 and rec.out_segment is None:  # depthwise: follows its input
-            channels = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+            channels = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
             config["filters"] = config["filters"] // groups * channels
             config["groups"] = channels
             return config
         return super().configure(rec, config, width)
 
+    def specs_of(self, layer):
+        groups = getattr(layer, "groups", 1)
+        return {name: dataclasses.replace(spec, groups=groups) if spec.kind == "kernel" else spec
+                for name, spec in self.weight_specs.items()}
+
+    def channel_map(self, rec, node):
+        channels = input_shape(node)[-1]
+        if _depthwise_groups(rec.layer, channels):
+            return [np.repeat(np.arange(channels), rec.layer.filters // channels)]
+        return None
+
+
+def _depthwise_groups(layer, channels):
+    """Whether a grouped conv has one input channel per group (a depthwise conv)."""
+    groups = getattr(layer, "groups", 1)
+    return groups > 1 and groups == channels
+
 
 class ConvTranspose(Conv):
-    """Conv*Transpose: MACs per *input* pixel."""
+    """Conv*Transpose: MACs per *input* pixel; kernels are ``(..., out, in)``."""
 
     transpose = True
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2), **_BIAS}
 
 
 class Dense(_Source):
@@ -193,71 +381,58 @@ class Dense(_Source):
 
     width_key = "units"
 
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1), **_BIAS}
+
     def walk(self, ctx, rec, node, ins):
-        layer = rec.layer
-        out = self._out(ctx, rec, node, ins)
-        self._reads(rec, ins)
+        out = self._out(ctx, rec)
         rows = math.prod(input_shape(node)[1:-1])
-        first = rec.calls == 0
-        for p in ins[0]:
-            ctx.add_term(rec, 1 if first else 0, rows, p, out)
-        if first:
-            if layer.use_bias:
-                ctx.add_term(rec, 1, 0, out)
-            ctx.add_kernel(rec, ins[0], (out,))
-        return [(out,)]
+        ctx.add_kernel(rec, ins[0], out, params=1, macs=rows, bias=rec.layer.use_bias)
+        return [out]
 
 
-def _depthwise(ctx, rec, node, ins, multiplier, kernel, bias):
-    """Cost terms of a depthwise kernel; returns the output descriptor."""
+def _depthwise(ctx, rec, node, channels, multiplier, bias):
+    """Declare a layer's depthwise kernel on ``channels``; returns its output channels.
+
+    Each input channel gets ``multiplier`` output channels.
+    """
+    layer = rec.layer
+    out = tuple(Part(p.segment, p.mult * multiplier) for p in channels)
+    kernel = math.prod(layer.kernel_size)
     pixels = math.prod(output_shape(node)[1:-1])
-    first = rec.calls == 0
-    for p in ins[0]:
-        ctx.add_term(rec, kernel * multiplier if first else 0,
-                     kernel * multiplier * pixels, p)
-        if bias and first:
-            ctx.add_term(rec, multiplier, 0, p)
-    if first:
-        ctx.add_kernel(rec, ins[0])
-    return tuple(Part(p.group, p.mult * multiplier) for p in ins[0])
+    ctx.add_kernel(rec, out, params=kernel, macs=kernel * pixels, bias=bias)
+    return out
 
 
 class Depthwise(Handler):
     """DepthwiseConv: output channels are ``depth_multiplier`` x input's."""
 
-    rule = "depthwise"
-
     def walk(self, ctx, rec, node, ins):
-        layer = rec.layer
-        out = _depthwise(ctx, rec, node, ins, layer.depth_multiplier,
-                         math.prod(layer.kernel_size), layer.use_bias)
-        return [out]
+        return [_depthwise(ctx, rec, node, ins[0], rec.layer.depth_multiplier, rec.layer.use_bias)]
+
+    weight_specs = {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1), **_BIAS}
+
+    def channel_map(self, rec, node):
+        channels = input_shape(node)[-1]
+        return [np.repeat(np.arange(channels), rec.layer.depth_multiplier)]
 
 
 class Separable(_Source):
     """SeparableConv: a depthwise kernel then a pointwise one."""
 
+    weight_specs = {"depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
+                    "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
+                    **_BIAS}
+
     def walk(self, ctx, rec, node, ins):
-        layer = rec.layer
-        out = self._out(ctx, rec, node, ins)
-        self._reads(rec, ins)
-        mid = _depthwise(ctx, rec, node, ins, layer.depth_multiplier,
-                         math.prod(layer.kernel_size), False)
+        out = self._out(ctx, rec)
+        mid = _depthwise(ctx, rec, node, ins[0], rec.layer.depth_multiplier, False)
         pixels = math.prod(output_shape(node)[1:-1])
-        first = rec.calls == 0
-        for p in mid:
-            ctx.add_term(rec, 1 if first else 0, pixels, p, out)
-        if first:
-            if layer.use_bias:
-                ctx.add_term(rec, 1, 0, out)
-            ctx.add_kernel(rec, mid, (out,))
-        return [(out,)]
+        ctx.add_kernel(rec, mid, out, params=1, macs=pixels, bias=rec.layer.use_bias)
+        return [out]
 
 
 class Merge(Handler):
     """Add: a residual stream (prefix or tied, resolved in ``graph.py``)."""
-
-    rule = "merge"
 
     def walk(self, ctx, rec, node, ins):
         _const_weights(ctx, rec)
@@ -265,8 +440,11 @@ class Merge(Handler):
             return _broadcast(ctx, rec, node, ins)
         width = max(width_of(ctx, ch) for ch in ins)
         seg = ctx.new_segment(width, rec.path)
-        ctx.merges.append((seg, [ch[0].group for ch in ins], rec.path))
+        ctx.merges.append((seg, [ch[0].segment for ch in ins], rec.path))
         return [(Part(seg),)]
+
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
 
 
 def _broadcast(ctx, rec, node, ins):
@@ -287,17 +465,16 @@ class Broadcast(Handler):
     channel axis only; a size-1 channel axis broadcasts and is not coupled.
     """
 
-    rule = "broadcast"
-
     def walk(self, ctx, rec, node, ins):
         _const_weights(ctx, rec)
         return _broadcast(ctx, rec, node, ins)
 
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
 
 class Concat(Handler):
     """Concatenate on the channel axis: an ordered composite of the inputs."""
-
-    rule = "concat"
 
     def walk(self, ctx, rec, node, ins):
         rank = len(output_shape(node))
@@ -306,15 +483,30 @@ class Concat(Handler):
             return Tie().walk(ctx, rec, node, ins)
         return [tuple(p for ch in ins for p in ch)]
 
+    def channel_map(self, rec, node):
+        rank = len(output_shape(node))
+        if rec.layer.axis % rank != rank - 1:
+            return _elementwise_map(node)
+        sizes = [t.shape[-1] for t in node.arguments.keras_tensors]
+        starts = np.cumsum([0] + sizes)
+        maps = []
+        for size, start in zip(sizes, starts):
+            m = np.full(starts[-1], -1)
+            m[start:start + size] = np.arange(size)
+            maps.append(m)
+        return maps
+
 
 class Flatten(Handler):
     """Flatten: channel c of every pixel, so each part repeats per pixel."""
 
-    rule = "flatten"
-
     def walk(self, ctx, rec, node, ins):
         pixels = math.prod(input_shape(node)[1:-1])
-        return [tuple(Part(p.group, p.mult * pixels) for p in ins[0])]
+        return [tuple(Part(p.segment, p.mult * pixels) for p in ins[0])]
+
+    def channel_map(self, rec, node):
+        shape = input_shape(node)
+        return [np.tile(np.arange(shape[-1]), math.prod(shape[1:-1]))]
 
 
 class Reshape(Handler):
@@ -323,8 +515,6 @@ class Reshape(Handler):
     A reshape to one axis is a flatten; anything else mixes channels with
     other axes and is refused.
     """
-
-    rule = "reshape"
 
     def walk(self, ctx, rec, node, ins):
         shape_in, shape_out = input_shape(node), output_shape(node)
@@ -339,9 +529,14 @@ class Reshape(Handler):
             f"to other axes. Pass ignore=[{rec.layer.name!r}] to keep it fixed."
         )
 
+    def channel_map(self, rec, node):
+        if len(output_shape(node)) == 2:
+            return Flatten().channel_map(rec, node)
+        return [np.arange(input_shape(node)[-1])]
+
     def configure(self, rec, config, width):
         target = list(config["target_shape"])
-        target[-1] = sum(width(p.group) * p.mult for p in rec.outputs[0][0])
+        target[-1] = sum(width(p.segment) * p.mult for p in rec.outputs[0][0])
         config["target_shape"] = tuple(target)
         return config
 
@@ -349,21 +544,22 @@ class Reshape(Handler):
 class Slice(Handler):
     """ChannelSlice: a prefix of its input, never wider than it."""
 
-    rule = "slice"
-
     def walk(self, ctx, rec, node, ins):
         src = as_part(ins[0], rec.path)
-        if rec.out_segment is None:
-            rec.out_segment = ctx.new_segment(rec.layer.width, rec.path)
-            ctx.leq.append((rec.out_segment, src.group))
-        return [(Part(rec.out_segment),)]
+        out = ctx.new_output(rec, rec.layer.width)
+        if rec.calls == 0:
+            ctx.leq.append((rec.out_segment, src.segment))
+        return [out]
 
     def configure(self, rec, config, width):
         config["width"] = width(rec.out_segment)
         return config
 
+    def channel_map(self, rec, node):
+        return [np.arange(rec.layer.width)]
 
-class GroupNorm(Tie):
+
+class GroupNorm(Normalize):
     """GroupNormalization over channels: per-channel gamma/beta.
 
     The group count is kept, so the width moves in multiples of ``groups``;
@@ -383,7 +579,7 @@ class GroupNorm(Tie):
         spec = rec.layer.input_spec  # set when the layer was built
         original = next(iter(spec.axes.values()))
         if _acts_on_channels(rec.layer, spec.ndim) and config["groups"] == original:
-            config["groups"] = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+            config["groups"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
         return config
 
 
@@ -391,7 +587,7 @@ class LayerScale(Tie):
     """ConvNeXt's LayerScale: a per-channel scale whose config names its width."""
 
     def configure(self, rec, config, width):
-        config["projection_dim"] = sum(width(p.group) * p.mult for p in rec.inputs[0][0])
+        config["projection_dim"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
         return config
 
 
@@ -411,12 +607,13 @@ def _refuse_op(rec, node, why):
 class OpPad(Handler):
     """``keras.ops.pad``: spatial padding keeps the channels; padding them is refused."""
 
-    rule = "pad"
-
     def walk(self, ctx, rec, node, ins):
         if not _channel_kept(node):
             _refuse_op(rec, node, "pads the channel axis")
         return [ins[0]]
+
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
 
 
 class OpReshape(Handler):
@@ -425,8 +622,6 @@ class OpReshape(Handler):
     The op is replayed as recorded, so a target shape that spells out the
     channel count (rather than ``-1``) keeps those channels fixed.
     """
-
-    rule = "reshape"
 
     def walk(self, ctx, rec, node, ins):
         shape_in, shape_out = input_shape(node), output_shape(node)
@@ -440,12 +635,12 @@ class OpReshape(Handler):
             ctx.notes.append(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
         return outs
 
+    channel_map = Reshape.channel_map
+
 
 class OpAxes(Handler):
     """``keras.ops`` reductions and axis ops (mean, sum, max, min, squeeze,
     expand_dims) that leave the channel axis last and whole."""
-
-    rule = "axes"
 
     def walk(self, ctx, rec, node, ins):
         shape_in, shape_out = input_shape(node), output_shape(node)
@@ -456,12 +651,18 @@ class OpAxes(Handler):
             _refuse_op(rec, node, "reduces or moves the channel axis")
         return [ins[0]]
 
+    def channel_map(self, rec, node):
+        return [np.arange(input_shape(node)[-1])]
+
 
 _REGISTRY: dict[type, Handler] = {}
 
 
 def register_handler(layer_class, rule):
-    """Teach the walker how channels flow through ``layer_class``.
+    """Teach the package how channels flow through ``layer_class``.
+
+    The handler serves profiling, solving, rebuilding and the pruning
+    baselines alike (see :class:`Handler` for a worked example).
 
     Args:
         layer_class: a ``keras.layers.Layer`` (or ``keras.Operation``) subclass.
@@ -480,19 +681,25 @@ def register_handler(layer_class, rule):
     _REGISTRY[layer_class] = rule
 
 
-def lookup(op, path, ignored=False):
-    """The handler for operation ``op`` (searched along its class's MRO).
-
-    Unknown classes get the opaque ``Fixed`` rule when ``ignored``, and an
-    :class:`UnsupportedLayerError` otherwise (``op=None``: always ``Fixed``).
-    """
-    if op is None:
-        return _REGISTRY_FIXED
+def handler_of(op):
+    """The handler registered for ``op``'s class or a base class, or ``None``."""
     for cls in type(op).__mro__:
         if cls in _REGISTRY:
             return _REGISTRY[cls]
+    return None
+
+
+def lookup(op, path, ignored=False):
+    """The handler for operation ``op`` (searched along its class's MRO).
+
+    Unknown classes get the opaque rule :data:`OPAQUE` when ``ignored``, and
+    an :class:`UnsupportedLayerError` otherwise.
+    """
+    handler = handler_of(op)
+    if handler is not None:
+        return handler
     if ignored:
-        return _REGISTRY_FIXED
+        return OPAQUE
     raise UnsupportedLayerError(
         f"Layer {path!r} of class {type(op).__name__} is not supported: the "
         "walker does not know how its channels flow. Either keep its channels "
@@ -501,7 +708,7 @@ def lookup(op, path, ignored=False):
     )
 
 
-_REGISTRY_FIXED = Fixed()
+OPAQUE = Fixed()  # the rule of ignored layers that no handler accepts
 
 for _cls in (L.Conv1D, L.Conv2D, L.Conv3D):
     register_handler(_cls, Conv())
@@ -530,9 +737,11 @@ for _module, _name, _rule in (
 register_handler(L.Flatten, Flatten())
 register_handler(L.Reshape, Reshape())
 register_handler(_custom.ChannelSlice, Slice())
+register_handler(L.BatchNormalization, BatchNorm())
+for _cls in (L.LayerNormalization, L.UnitNormalization, L.RMSNormalization, L.Softmax):
+    register_handler(_cls, Normalize())
 for _cls in (
-    L.BatchNormalization, L.LayerNormalization, L.UnitNormalization, L.RMSNormalization,
-    L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU, L.Softmax,
+    L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU,
     L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
     L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D,
     L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
@@ -561,8 +770,9 @@ for _module, _names in (
                "Clip", "Tanh", "Sign")),
     (_ops_nn, ("Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu",
                "Swish", "HardSwish", "Gelu", "Elu", "Selu", "LeakyRelu",
-               "Softplus", "Softsign", "Softmax", "Mish")),
+               "Softplus", "Softsign", "Mish")),
 ):
     for _name in _names:
         if hasattr(_module, _name):
             register_handler(getattr(_module, _name), Tie())
+register_handler(_ops_nn.Softmax, Normalize())

@@ -15,12 +15,7 @@ import keras
 import numpy as np
 
 from keras_precrop import layers as _layers
-from keras_precrop.graph import (
-    ModelGraph,
-    _all_layer_names,
-    _functional_of,
-    _topological_nodes,
-)
+from keras_precrop.graph import ModelGraph, functional_of, topological_nodes
 
 
 class _Rebuilder:
@@ -31,16 +26,15 @@ class _Rebuilder:
         self.widths = np.asarray(widths)
         self.new_ops = {}
         self.calls = {}
-        self.names = set(_all_layer_names(_functional_of(graph.model), ""))
+        self.names = graph.layer_names()
 
     def width(self, seg):
         """New width of a segment's group."""
-        ctx = self.graph.ctx
-        return int(self.widths[self.graph.structure.seg_var[ctx.find(seg)]])
+        return int(self.widths[self.graph.group_variable(seg)])
 
     def model(self, fn, tensors):
         """Replay functional ``fn`` on ``tensors`` (old id -> new tensor)."""
-        for node in _topological_nodes(fn):
+        for node in topological_nodes(fn):
             op = node.operation
             if isinstance(op, keras.layers.InputLayer):
                 continue
@@ -49,7 +43,7 @@ class _Rebuilder:
             if isinstance(op, keras.Model):
                 outs = new_op(*args, **kwargs)
             else:
-                rec = self.graph.ctx.records[id(op)]
+                rec = self.graph.record(op)
                 call = self.calls.get(id(op), 0)
                 self.calls[id(op)] = call + 1
                 args = self._slice_readers(rec, call, args)
@@ -67,7 +61,7 @@ class _Rebuilder:
         if isinstance(op, keras.Model):
             new = self._nested(op)
         elif isinstance(op, keras.layers.Layer):
-            rec = self.graph.ctx.records[id(op)]
+            rec = self.graph.record(op)
             config = rec.handler.configure(rec, op.get_config(), self.width)
             new = type(op).from_config(config)
         else:  # a stateless keras.ops operation recorded in the graph
@@ -77,7 +71,7 @@ class _Rebuilder:
 
     def _nested(self, model):
         """Rebuild a nested Functional/Sequential model with its own inputs."""
-        fn = _functional_of(model)
+        fn = functional_of(model)
         tensors, inputs = {}, []
         for t in fn.inputs:
             seg_channels = self._new_width_of_old_tensor(t)
@@ -91,19 +85,17 @@ class _Rebuilder:
 
     def _new_width_of_old_tensor(self, t):
         channels = self.graph.tensor_channels[id(t)]
-        return sum(self.width(p.group) * p.mult for p in channels)
+        return sum(self.width(p.segment) * p.mult for p in channels)
 
     def _slice_readers(self, rec, call, args):
         """Put a ChannelSlice in front of a reader whose view is narrower."""
-        views = self.graph.structure.views
-        ctx = self.graph.ctx
-        if not views or not rec.readers:
+        if not rec.read_segments:
             return args
         channels = rec.inputs[call][0]
-        key = (rec.path, ctx.find(channels[0].group))
-        if len(channels) != 1 or key not in views:
+        view = self.graph.view(rec, channels[0].segment)
+        if len(channels) != 1 or view is None:
             return args
-        width = int(self.widths[views[key]])
+        width = int(self.widths[view])
         x = args[0]
         if width >= x.shape[-1]:
             return args
@@ -130,9 +122,9 @@ def rebuild(graph: ModelGraph, widths) -> keras.Model:
 
     Args:
         graph: the walked model.
-        widths: integer width of every variable of ``graph.structure``.
+        widths: integer width of every variable of ``graph.variables``.
     """
-    fn = _functional_of(graph.model)
+    fn = functional_of(graph.model)
     builder = _Rebuilder(graph, widths)
     tensors = {}
     for t in fn.inputs:

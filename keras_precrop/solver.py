@@ -436,12 +436,15 @@ class WidthProblem:
 
     names: list[str]          # (V,) a readable name per variable (a channel group or a residual view)
     widths: np.ndarray        # (V,) original channel counts C_v (float > 0)
-    term_coef: np.ndarray     # (T, 2) cost of each bilinear term at the ORIGINAL widths: column 0 params, column 1 MACs
-    term_vars: np.ndarray     # (T, 2) int: the (at most two) variables whose ratios multiply the term; -1 = no factor
+    term_coef: np.ndarray     # (T, 2) cost of each bilinear term at the ORIGINAL widths:
+    #                           column 0 params, column 1 MACs
+    term_vars: np.ndarray     # (T, 2) int: the (at most two) variables whose ratios multiply
+    #                           the term; -1 = no factor
     const: np.ndarray         # (2,) params and MACs that do not depend on any variable
     obj_var: np.ndarray       # (K,) int: objective = sum_k obj_weight[k] * x[obj_var[k]]
     obj_weight: np.ndarray    # (K,) float > 0
-    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual view is never wider than its stream)
+    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual
+    #                           view is never wider than its stream)
     lower: np.ndarray         # (V,) lower bounds on x (log ratio), e.g. log(min_channels / C_v)
 
     def __post_init__(self):

@@ -17,12 +17,14 @@ import csv
 import dataclasses
 import importlib.util
 import logging
-import math
 import os
 import time
 
 import keras
 import tensorflow as tf
+
+from keras_precrop import progress as _progress
+from keras_precrop.optimizers import SGDWithL2
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
 
@@ -150,53 +152,6 @@ def learning_rate_schedule(recipe, steps_per_epoch, global_batch_size, epochs=No
         values = [lr0 * recipe.decay_rate**i for i in range(len(boundaries) + 1)]
         return schedules.PiecewiseConstantDecay(boundaries, values)
     raise ValueError(f"Unknown schedule {recipe.schedule!r}; use 'linear', 'exponential' or 'step'.")
-
-
-@keras.saving.register_keras_serializable(package="keras_precrop")
-class SGDWithL2(keras.optimizers.SGD):
-    """Momentum SGD with L2 weight decay on conv/dense kernels only.
-
-    The seed paper trains with PyTorch's ``SGD(weight_decay=wd)``, which adds
-    ``wd * w`` to the gradient before the momentum update (coupled L2). Keras'
-    own ``weight_decay`` is decoupled (``w -= lr * wd * w`` outside the
-    momentum), which at momentum 0.9 decays about 10x less for the same
-    coefficient, so the table's values would not carry over; this class
-    keeps the coupled form. Only variables of rank >= 2 (conv, depthwise and
-    dense kernels) are decayed: BatchNorm scales/offsets and biases are rank
-    1. The rule depends on shapes, not names, so it survives ``.keras``
-    save/load and renamed layers.
-
-    Args:
-        l2: decay coefficient (the table's "weight decay").
-        **kwargs: ``keras.optimizers.SGD`` arguments (``learning_rate``,
-            ``momentum``, ...); Keras' decoupled ``weight_decay`` is refused.
-    """
-
-    def __init__(self, l2=0.0, **kwargs):
-        if kwargs.get("weight_decay"):
-            raise ValueError(
-                "SGDWithL2 applies coupled L2 through `l2`; do not also pass Keras' "
-                f"decoupled weight_decay={kwargs['weight_decay']!r}."
-            )
-        if not isinstance(l2, (int, float)) or not math.isfinite(l2) or l2 < 0:
-            raise ValueError(f"l2 must be a finite number >= 0, got {l2!r}.")
-        super().__init__(**kwargs)
-        self.l2 = float(l2)
-
-    @staticmethod
-    def decays(variable):
-        """True for the variables L2 applies to: kernels, i.e. rank >= 2."""
-        return len(variable.shape) >= 2
-
-    def update_step(self, gradient, variable, learning_rate):
-        """Adds ``l2 * variable`` to a kernel's gradient, then takes the SGD step."""
-        if self.l2 and self.decays(variable):
-            gradient = gradient + keras.ops.cast(self.l2, variable.dtype) * variable
-        super().update_step(gradient, variable, learning_rate)
-
-    def get_config(self):
-        """Adds ``l2`` to SGD's config."""
-        return {**super().get_config(), "l2": self.l2}
 
 
 def make_optimizer(recipe, steps_per_epoch, global_batch_size, epochs=None):
@@ -373,6 +328,25 @@ class _EpochStats(keras.callbacks.Callback):
             logs["epoch_time"] = time.perf_counter() - self._start
 
 
+class _PlainProgressLogger(keras.callbacks.Callback):
+    """Plain progress lines within each epoch, for output that is not a terminal.
+
+    ``fit`` pairs it with Keras' ``verbose=2`` (an ``Epoch i/n`` header and
+    one line at the end of each epoch), so a log shows progress inside long
+    epochs without Keras' progress-bar control characters.
+    """
+
+    def __init__(self, interval):
+        super().__init__()
+        self._interval = interval
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._progress = _progress.PlainProgress(self.params.get("steps"), self._interval, last_line=False)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._progress.update(batch + 1, logs or {})
+
+
 @dataclasses.dataclass
 class TrainResult:
     """What ``fit`` returns.
@@ -490,7 +464,8 @@ def fit(
     eval_steps=None,
     callbacks=(),
     tensorboard=None,
-    verbose=2,
+    verbose=1,
+    log_every=30.0,
 ):
     """Trains a compiled model, resuming from ``model_dir`` if a run was cut short.
 
@@ -514,7 +489,11 @@ def fit(
         tensorboard: write TensorBoard logs; None does so if the
             ``tensorboard`` package is installed (and warns if not), True
             requires it.
-        verbose: ``model.fit`` verbosity (2: one line per epoch).
+        verbose: 0 silent; 1 progress within epochs (Keras' progress bar on
+            a terminal or in a notebook, else a plain line every
+            ``log_every`` seconds, so log files hold no control characters);
+            2 one line per epoch.
+        log_every: seconds between the plain progress lines of ``verbose=1``.
 
     Returns:
         A ``TrainResult``.
@@ -522,6 +501,9 @@ def fit(
     model_dir = _worker_dir(model_dir, model.distribute_strategy)
     tf.io.gfile.makedirs(model_dir)
     monitor = "val_accuracy" if eval_data is not None else "loss"
+    progress = []
+    if verbose == 1 and not _progress.interactive():
+        verbose, progress = 2, [_PlainProgressLogger(log_every)]
     model.fit(
         train_data,
         validation_data=eval_data,
@@ -530,7 +512,8 @@ def fit(
         validation_steps=eval_steps,
         shuffle=False,  # tf.data pipelines shuffle themselves
         callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard))
-        + list(callbacks),
+        + list(callbacks)
+        + progress,
         verbose=verbose,
     )
     return TrainResult(model=model, history=read_history(model_dir), model_dir=model_dir)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from keras_precrop import costs as _costs
 from keras_precrop import graph as _graph
+from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
 
 
 def _planned_width(graph, widths, rec):
     """Output channels of ``rec``'s first output under the planned widths."""
-    structure, ctx = graph.structure, graph.ctx
-    return sum(int(widths[structure.seg_var[ctx.find(p.group)]]) * p.mult
-               for p in rec.outputs[0][0])
+    return sum(int(widths[graph.group_variable(p.segment)]) * p.mult for p in rec.outputs[0][0])
 
 
 def first_mismatch(new_model, graph, widths, plan):
@@ -27,7 +26,7 @@ def first_mismatch(new_model, graph, widths, plan):
     Args:
         new_model: the model rebuilt from ``graph`` with ``widths``.
         graph: the walked original model (:class:`graph.ModelGraph`).
-        widths: the width of every variable of ``graph.structure`` used for
+        widths: the width of every variable of ``graph.variables`` used for
             the rebuild.
         plan: the :class:`~keras_precrop.Plan` whose per-layer costs
             (``params_new``, ``macs_new``) and totals were predicted.
@@ -39,7 +38,7 @@ def first_mismatch(new_model, graph, widths, plan):
     try:
         rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix")
         prof = _costs.ModelProfile(rebuilt)
-    except (_graph.UnsupportedLayerError, _graph.UnsupportedModelError) as err:
+    except (UnsupportedLayerError, UnsupportedModelError) as err:
         return f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"
     actual = {row.name: row for row in prof.layers}
     records = {rec.path: rec for rec in rebuilt.layers}
@@ -54,7 +53,7 @@ def first_mismatch(new_model, graph, widths, plan):
             have, want = getattr(row, key), layer[f"{key}_new"]
             if have != want:
                 return f"layer {name!r} has {have:,} {label}; the plan predicts {want:,}"
-        have = _graph.width_of(rebuilt.ctx, records[name].outputs[0][0])
+        have = rebuilt.width(records[name].outputs[0][0])
         want = _planned_width(graph, widths, rec)
         if have != want:
             return f"layer {name!r} outputs {have} channels; the plan gives {want}"

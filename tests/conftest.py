@@ -1,23 +1,57 @@
-"""Shared pytest configuration and the independent MAC reference.
+"""Shared pytest configuration, references and model builders.
 
-:func:`tf_macs` counts multiply-accumulates from TensorFlow's own traced
-inference graph (shapes from TensorFlow, not from the walker), so tests can
-check profiles, plans and rebuilt models against it.
+* The independent MAC reference: :func:`tf_macs` counts the convolution and
+  matmul ops of TensorFlow's own traced inference graph.
+* :func:`assert_matches_plan` and :func:`assert_budget_use`: a rebuilt model
+  against its plan, by Keras', TensorFlow's and the layers' own numbers.
+* :func:`random_cnns`: a hypothesis strategy for random functional CNNs.
+* Small models for the pruning baselines, the ``resnet20`` fixture and mask
+  counts.
+* :func:`run_python`: a fresh interpreter on this checkout.
+
+Test modules import these functions from ``tests.conftest`` rather than from
+each other.
 """
 
 import collections
 import math
 import os
+import pathlib
 import re
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
-import keras_precrop as kp  # noqa: E402
+from keras_precrop import models, pai, profile  # noqa: E402
+from keras_precrop.planning import _Grid  # noqa: E402  (the plan's width grid)
+
+L = keras.layers
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_python(args, env=None, **kwargs):
+    """``python ARGS`` in a fresh interpreter that imports this checkout.
+
+    ``env`` replaces the environment (default: this one); this checkout goes
+    first on its ``PYTHONPATH``. Returns the ``subprocess.CompletedProcess``
+    with text output.
+    """
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    kwargs.setdefault("cwd", REPO)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          timeout=600, **kwargs)
+
+
+# -- the independent MAC reference: TensorFlow's traced graph ----------------
 
 _COUNTED_OPS = {
     "Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
@@ -77,6 +111,9 @@ def tf_macs(model):
     return sum(graph_macs(trace_graph(model)).values())
 
 
+# -- a rebuilt model against its plan ------------------------------------------
+
+
 def _layers(model):
     """Layers of ``model`` with nested models' layers in place, by ``/`` path."""
     for layer in model.layers:
@@ -124,13 +161,11 @@ def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
     without exceeding one: so the binding budget is met within one step's
     cost, and within 1% wherever every step costs less than 1% of it.
     """
-    from keras_precrop.plan import _Grid  # the plan's width grid
-
-    cost = kp.profile(model, ignore=plan.ignore, residual=plan.residual).cost
+    cost = profile(model, ignore=plan.ignore, residual=plan.residual).cost
     grid = _Grid(cost, round_to, min_channels, upper)
     budgets = np.array([np.inf if plan.budgets[k] is None else plan.budgets[k]
                         for k in ("params", "macs")])
-    w = np.array([g["new"] for g in plan.groups], dtype=np.float64)
+    w = np.array([g["new"] for g in plan.variables], dtype=np.float64)
     used = cost.totals(w)
     assert np.all(used <= budgets), (used, budgets)
     step_costs = []
@@ -140,9 +175,264 @@ def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
         if up[v] > grid.hi[v] or (cost.bound[v] >= 0 and up[v] > w[cost.bound[v]]):
             continue
         grown = cost.totals(up)
-        assert np.any(grown > budgets * (1 + 1e-12)), f"{plan.groups[v]['name']} could grow"
+        assert np.any(grown > budgets * (1 + 1e-12)), f"{plan.variables[v]['name']} could grow"
         step_costs.append(np.max((grown - used)[np.isfinite(budgets)]
                                  / budgets[np.isfinite(budgets)]))
     binding = np.max(used[np.isfinite(budgets)] / budgets[np.isfinite(budgets)])
     if step_costs and max(step_costs) <= 0.01:
         assert binding >= 0.99, binding
+
+
+# -- random functional CNNs (hypothesis) ---------------------------------------
+
+BLOCKS = ("conv", "residual", "projection", "concat", "depthwise", "separable",
+          "se", "nested_functional", "nested_sequential", "ops", "pool", "grouped",
+          "grouped_depthwise", "norms", "op_nodes", "nasnet")
+
+
+@st.composite
+def block_specs(draw):
+    """A list of (kind, width, stride) block descriptions."""
+    n = draw(st.integers(1, 6))
+    return [
+        (draw(st.sampled_from(BLOCKS)), draw(st.integers(2, 12)), draw(st.sampled_from((1, 1, 2))))
+        for _ in range(n)
+    ]
+
+
+@st.composite
+def random_cnns(draw):
+    """A random functional CNN (spec kept on ``model.spec`` for debugging).
+
+    Its blocks: plain convs (strided or not), residual blocks with identity or
+    projection shortcuts, concatenations, depthwise and separable convs,
+    squeeze-excite gates, nested Functional/Sequential sub-models,
+    ``keras.ops`` calls (element-wise, pad, concatenate, mean), grouped
+    convolutions (depthwise-style and ``groups = g``), layer and group
+    normalization and NASNet-like cells (padding, cropping and a projection
+    feeding adds none of which holds the stream's creator), ending in a pooled
+    or flattened dense head.
+    """
+    spec = draw(block_specs())
+    head = draw(st.sampled_from(("gap", "flatten")))
+    size = draw(st.sampled_from((8, 12, 16)))
+    model = build_cnn(spec, head, size)
+    model.spec = (spec, head, size)
+    return model
+
+
+def build_cnn(spec, head, size):
+    """Build the model described by ``spec`` (see ``block_specs``)."""
+    names = iter(f"l{i}" for i in range(10_000))
+    nm = lambda: next(names)  # noqa: E731
+    inputs = keras.Input((size, size, 3))
+    x = L.Conv2D(8, 3, padding="same", name=nm())(inputs)
+    for kind, width, stride in spec:
+        if x.shape[1] < 2:
+            stride = 1
+        channels = x.shape[-1]
+        if kind == "conv":
+            x = L.Conv2D(width, 3, strides=stride, padding="same", name=nm())(x)
+            x = L.BatchNormalization(name=nm())(x)
+            x = L.ReLU(name=nm())(x)
+        elif kind == "residual":
+            y = L.Conv2D(width, 3, padding="same", name=nm())(x)
+            y = L.ReLU(name=nm())(y)
+            y = L.Conv2D(channels, 3, padding="same", use_bias=False, name=nm())(y)
+            y = L.BatchNormalization(name=nm())(y)
+            x = L.Add(name=nm())([x, y])
+        elif kind == "projection":
+            s = L.Conv2D(width, 1, strides=stride, name=nm())(x)
+            y = L.Conv2D(width, 3, strides=stride, padding="same", name=nm())(x)
+            y = L.Conv2D(width, 3, padding="same", name=nm())(y)
+            x = L.Add(name=nm())([y, s])
+        elif kind == "concat":
+            a = L.Conv2D(width, 1, name=nm())(x)
+            b = L.Conv2D(width + 1, 3, padding="same", name=nm())(x)
+            x = L.Concatenate(name=nm())([a, b, x])
+            x = L.BatchNormalization(name=nm())(x)
+        elif kind == "depthwise":
+            x = L.DepthwiseConv2D(3, strides=stride, padding="same",
+                                  depth_multiplier=1 + (width % 2), name=nm())(x)
+            x = L.Conv2D(width, 1, name=nm())(x)
+        elif kind == "separable":
+            x = L.SeparableConv2D(width, 3, strides=stride, padding="same", name=nm())(x)
+        elif kind == "se":
+            g = L.GlobalAveragePooling2D(name=nm())(x)
+            g = L.Reshape((1, 1, channels), name=nm())(g)
+            g = L.Conv2D(max(1, width // 2), 1, activation="relu", name=nm())(g)
+            g = L.Conv2D(channels, 1, activation="sigmoid", name=nm())(g)
+            x = L.Multiply(name=nm())([x, g])
+        elif kind == "nested_functional":
+            inner_in = keras.Input(x.shape[1:])
+            y = L.Conv2D(width, 3, padding="same", name=nm())(inner_in)
+            y = L.BatchNormalization(name=nm())(y)
+            x = keras.Model(inner_in, y, name=nm())(x)
+        elif kind == "nested_sequential":
+            seq = keras.Sequential([
+                keras.Input(x.shape[1:]),
+                L.Conv2D(width, 1, name=nm()),
+                L.ReLU(name=nm()),
+            ], name=nm())
+            x = seq(x)
+        elif kind == "ops":
+            x = keras.ops.relu(x) * 0.5 + x
+        elif kind == "pool":
+            x = L.MaxPooling2D(2, padding="same", name=nm())(x) if stride == 2 else x
+        elif kind == "grouped":
+            g = next((d for d in (4, 3, 2) if channels % d == 0), 1)
+            x = L.Conv2D(g * (1 + width % 3), 3, strides=stride, padding="same", groups=g,
+                         name=nm())(x)
+        elif kind == "grouped_depthwise":
+            x = L.Conv2D(channels * (1 + width % 2), 3, padding="same", groups=channels,
+                         name=nm())(x)
+        elif kind == "norms":
+            x = L.LayerNormalization(name=nm())(L.Conv2D(2 * width, 1, name=nm())(x))
+            x = L.GroupNormalization(groups=2, name=nm())(x)
+            x = L.Activation("gelu", name=nm())(x)
+        elif kind == "op_nodes":
+            y = keras.ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+            y = L.Conv2D(width, 3, name=nm())(y)
+            y = keras.ops.concatenate([y, x], axis=-1)
+            gate = keras.ops.mean(y, axis=(1, 2), keepdims=True)
+            x = keras.ops.multiply(y, keras.ops.sigmoid(gate))
+        elif kind == "nasnet":
+            x = _nasnet_cell(x, width, nm)
+    if head == "gap":
+        x = L.GlobalAveragePooling2D(name=nm())(x)
+    else:
+        x = L.Flatten(name=nm())(x)
+    outputs = L.Dense(5, name=nm())(x)
+    return keras.Model(inputs, outputs, name="random_cnn")
+
+
+def _nasnet_cell(x, width, nm):
+    """A NASNet normal cell's channel pattern: ``p`` and ``h`` are added in
+    one merge, ``h`` and a separable branch in another (neither holds the
+    stream's creator), ``p`` also through padding and cropping."""
+    p = L.BatchNormalization(name=nm())(L.Conv2D(width, 1, name=nm())(L.ReLU(name=nm())(x)))
+    h = L.Conv2D(width, 1, name=nm())(x)
+    a = L.Add(name=nm())([L.AveragePooling2D(3, 1, padding="same", name=nm())(h), p])
+    b = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(h), h])
+    c = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(p),
+                          L.SeparableConv2D(width, 5, padding="same", name=nm())(h)])
+    shifted = L.Cropping2D(((1, 0), (1, 0)), name=nm())(
+        L.ZeroPadding2D(((0, 1), (0, 1)), name=nm())(p))
+    side = L.Conv2D(width, 1, name=nm())(shifted)
+    return L.Concatenate(name=nm())([p, a, b, c, side])
+
+
+# -- small models and mask counts for the pruning baselines ---------------------
+
+
+def mlp(seed=0, widths=(5, 7, 6, 3)):
+    """Bias-free ReLU MLP: SynFlow has a closed form on it."""
+    keras.utils.set_random_seed(seed)
+    x = inputs = keras.Input((widths[0],))
+    for i, w in enumerate(widths[1:]):
+        x = L.Dense(w, use_bias=False, name=f"d{i}")(x)
+        if i < len(widths) - 2:
+            x = L.ReLU()(x)
+    return keras.Model(inputs, x)
+
+
+def tiny_cnn(dtype="float64", seed=0):
+    """Conv (tanh) -> BN -> Flatten -> Dense, smooth so finite differences work."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5, 5, 2), dtype=dtype)
+    x = L.Conv2D(3, 3, padding="same", activation="tanh", dtype=dtype, name="conv")(inputs)
+    x = L.BatchNormalization(dtype=dtype, name="bn")(x)
+    x = L.Flatten(dtype=dtype)(x)
+    x = L.Dense(4, dtype=dtype, name="fc")(x)
+    return keras.Model(inputs, x)
+
+
+def tiny_batch(seed=0, n=6):
+    """Inputs and labels for :func:`tiny_cnn`."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 5, 5, 2)), rng.integers(0, 4, n)
+
+
+def mixed_cnn(seed=0):
+    """Every kernel layout, plus dropout.
+
+    Conv, depthwise with multiplier 2, separable, transpose, and dense after flatten.
+    """
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    a = L.Conv2D(8, 3, padding="same", name="c1")(inputs)
+    a = L.BatchNormalization(name="bn1")(a)
+    a = L.ReLU()(a)
+    b = L.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="dw")(a)
+    b = L.Conv2D(8, 1, name="pw")(b)
+    s = L.Add()([a, b])
+    c = L.SeparableConv2D(6, 3, padding="same", name="sep")(s)
+    d = L.Concatenate()([s, c])
+    d = L.Dropout(0.1)(L.AveragePooling2D(2)(d))  # its seed state is an int variable
+    t = L.Conv2DTranspose(5, 3, strides=1, padding="same", name="tr")(d)
+    f = L.Flatten()(t)
+    out = L.Dense(4, name="fc")(f)
+    return keras.Model(inputs, out)
+
+
+def small_classifier(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = L.Conv2D(8, 3, padding="same", use_bias=False, name="c1")(inputs)
+    x = L.BatchNormalization(name="bn1")(x)
+    x = L.ReLU()(x)
+    x = L.Conv2D(8, 3, padding="same", name="c2",
+                 kernel_constraint=keras.constraints.MaxNorm(0.5, axis=[0, 1, 2]))(x)
+    x = L.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, L.Dense(3, name="fc")(x))
+
+
+def grouped_cnn():
+    """Grouped convolutions (ResNeXt/ConvNeXt style): depthwise-style, then 4 in / 6 out per group."""
+    x = inputs = keras.Input((8, 8, 3))
+    x = L.Conv2D(16, 3, padding="same", name="stem")(x)
+    x = L.Conv2D(16, 3, padding="same", groups=16, name="dw")(x)  # depthwise-style
+    x = L.Conv2D(24, 3, padding="same", groups=4, name="grouped")(x)  # 4 in, 6 out per group
+    x = L.Conv2D(6, 1, name="head_conv")(x)
+    out = L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, out)
+
+
+def kernel_mask(masks, name):
+    """The mask of layer ``name``'s kernel."""
+    return next(m for p, m in masks.items() if p.startswith(f"{name}/kernel"))
+
+
+@pytest.fixture(scope="session")
+def resnet20():
+    """ResNet-20 with seeded weights, shared by the tests that only read it."""
+    keras.utils.set_random_seed(0)
+    return models.get("resnet20")
+
+
+def count_kept(masks):
+    """Ones over all masks."""
+    return int(sum(np.count_nonzero(m) for m in masks.values()))
+
+
+def count_total(masks):
+    """Entries over all masks."""
+    return int(sum(np.size(m) for m in masks.values()))
+
+
+def check_remove_detached(model, masks, exact=True):
+    """``pai.remove_detached`` against synaptic flow, the independent reference.
+
+    It must remove some weights and keep every weight that carries flow in the
+    linearized network; with ``exact`` it must keep no other.
+    """
+    cleaned = pai.remove_detached(model, masks)
+    flow = pai.synflow_scores(model, masks)
+    assert count_kept(cleaned) < count_kept(masks)
+    for path in masks:
+        if exact:
+            expected = (masks[path] > 0) & (flow[path] > 0)
+            np.testing.assert_array_equal(cleaned[path] > 0, expected, err_msg=path)
+        else:
+            assert np.all(cleaned[path] <= masks[path]), path
+            assert np.all(cleaned[path][flow[path] > 0] == 1), path

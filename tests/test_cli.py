@@ -1,6 +1,7 @@
 """The keras-precrop command line, run in-process and as a console script."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -8,7 +9,19 @@ import keras
 import pytest
 
 import keras_precrop as kp
+from keras_precrop import _startup, cli
 from keras_precrop.cli import main
+from tests.conftest import run_python
+
+# What pip writes for the entry point keras-precrop=keras_precrop.cli:main.
+CONSOLE_SCRIPT = """\
+import re
+import sys
+from keras_precrop.cli import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
 
 
 def test_list(capsys):
@@ -46,10 +59,106 @@ def test_reconfigure_efficientnet_saves_loadable_model(tmp_path):
     assert kp.profile(model).total_macs <= kp.profile(original).total_macs
 
 
+def _table_rows(out):
+    """``{layer name: {column: (before, after)}}`` from a plan table."""
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        changes = [tuple(cell.split(" -> ")) * (2 // len(cell.split(" -> "))) for cell in cells[1:]]
+        rows[cells[0].split(" (")[0]] = dict(zip(header[1:], changes))
+    return rows
+
+
+def test_plan_table_shows_in_and_out_channels_of_the_rebuilt_model(capsys, tmp_path):
+    out_model, out_plan = tmp_path / "m.keras", tmp_path / "plan.json"
+    assert main(["precrop", "resnet20", "--params", "0.5", "--out", str(out_model),
+                 "--plan", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    original, rebuilt = kp.models.get("resnet20"), keras.models.load_model(out_model)
+    kernels = (keras.layers.Conv2D, keras.layers.Dense)
+    convs = [layer for layer in rebuilt.layers if isinstance(layer, kernels)]
+    assert convs and any(layer.name in rows for layer in convs)
+    for layer in convs:
+        before = original.get_layer(layer.name).kernel.shape
+        if layer.name not in rows:  # unchanged, hence hidden
+            assert tuple(layer.kernel.shape) == tuple(before)
+            continue
+        row = rows[layer.name]
+        # The table's channels are the kernels' input and output axes.
+        assert row["In channels"] == (str(before[-2]), str(layer.kernel.shape[-2]))
+        assert row["Out channels"] == (str(before[-1]), str(layer.kernel.shape[-1]))
+        assert row["Params"][1] == f"{layer.count_params():,}"
+    # Hidden rows are announced, and --all shows them.
+    costly = [row for row in kp.Plan.from_json(str(out_plan)).layers if row["params"] or row["macs"]]
+    hidden = len(costly) - len(rows)
+    assert hidden > 0 and f"{hidden} unchanged layers not shown (--all shows every layer)." in out
+    assert main(["precrop", "resnet20", "--apply", str(out_plan), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert len(_table_rows(out)) == len(costly) and "not shown" not in out
+
+
+def _model_with_permute(path):
+    """A model whose Permute layer the walker refuses unless it is ignored."""
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(8, 3, name="b")(inputs)
+    x = keras.layers.Conv2D(4, 3, name="c")(x)
+    x = keras.layers.Permute((2, 1, 3), name="perm")(x)
+    x = keras.layers.Conv2D(4, 3, name="d")(x)
+    keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x)).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--flops", "0"],
+     "--flops 0 must be a positive, finite ratio of the original model's FLOPs (e.g. 0.5)."),
+    (["--params", "-1"], "--params -1 must be a positive, finite ratio"),
+    (["--params", "nan"], "--params nan must be a positive, finite ratio"),
+    (["--max_macs", "0"], "--max_macs 0 must be a positive, finite number of MACs."),
+    (["--params", "1.5"], "--params 1.5 asks for 150% of the original model's parameters, but PreCrop "
+     "only removes channels: the model would come back unchanged. Use reconfigure (PreConfig) to let "
+     "layers grow."),
+    (["--params", "50"], "--params 50 asks for 5000% of the original model's parameters"),
+    (["--params", "0.5", "--flops", "1.2"], "--flops 1.2 asks for 120% of the original model's FLOPs"),
+    (["--max_params", "1e9"], "--max_params 1000000000 asks for more than the original model's "
+     "274,042 parameters"),
+    (["--params", "0.5", "--max_params", "1000"],
+     "Give either --params 0.5 (a ratio) or --max_params 1000 (an absolute count), not both."),
+    ([], "Give at least one budget: --params, --flops, --max_params or --max_macs."),
+    (["--params", "0.5", "--round_to", "0"], "--round_to 0 must be a positive integer."),
+    (["--params", "0.5", "--ignore", "lstm,gru"],
+     "--ignore gru,lstm names no layer of model 'resnet20'"),
+])
+def test_errors_name_the_flags_the_user_typed(argv, message, capsys):
+    assert main(["precrop", "resnet20", *argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # no table of an unchanged model
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"keras-precrop: error: {message}"), lines
+
+
+def test_every_keyword_translated_to_a_flag_is_a_flag_of_that_name():
+    options = vars(cli._parser().parse_args(["precrop", "resnet20"]))
+    assert set(cli._FLAGS) <= set(options)
+
+
+def test_library_hints_speak_flags(capsys, tmp_path):
+    path = _model_with_permute(tmp_path / "m.keras")
+    assert main(["precrop", path, "--params", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "--ignore perm" in err and "ignore=" not in err, err
+    assert main(["precrop", path, "--params", "0.7", "--ignore", "perm"]) == 0
+
+
+def test_reconfigure_may_grow_where_precrop_may_not(capsys):
+    assert main(["reconfigure", "resnet20", "--params", "1.5"]) == 0
+    assert "Params: 274,042 -> " in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,match", [
-    (["precrop", "resnet20", "--params", "-1"], "positive"),
     (["precrop", "nosuch", "--params", "0.5"], "Unknown model"),
-    (["precrop", "resnet20"], "at least one budget"),
     (["precrop", "missing.keras", "--params", "0.5"], "no such model file"),
     (["profile", "resnet20", "--input_shape", "a,b"], "input_shape"),
     (["profile"], "give the model once"),
@@ -66,4 +175,55 @@ def test_console_script_is_quiet_on_errors():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "keras-precrop: error: params budget must be a positive finite number, got 0.0"]
+        "keras-precrop: error: --params 0 must be a positive, finite ratio of the original "
+        "model's parameters (e.g. 0.5)."]
+
+
+def _both_forms(args, tmp_path):
+    """``(stdout, stderr)`` of ``python -m keras_precrop ARGS`` and of the console script.
+
+    Both run in a fresh interpreter on this checkout, with no TensorFlow log
+    level set, as from a user's shell.
+    """
+    script = tmp_path / "keras-precrop"
+    script.write_text(CONSOLE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    results = []
+    for command in (["-m", "keras_precrop"], [str(script)]):
+        done = run_python(command + args, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append((done.stdout, done.stderr))
+    return results
+
+
+def _assert_same_and_quiet(results):
+    (module_out, module_err), (script_out, script_err) = results
+    assert module_out == script_out and module_out
+    assert module_err == script_err == "", module_err + script_err
+
+
+def test_both_command_forms_list_the_zoo_quietly(tmp_path):
+    results = _both_forms(["list"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert results[0][0].split() == kp.models.list()
+
+
+@pytest.mark.slow
+def test_both_command_forms_profile_quietly(tmp_path):
+    results = _both_forms(["profile", "resnet20"], tmp_path)
+    _assert_same_and_quiet(results)
+    assert "Total params: 274,042" in results[0][0]
+
+
+@pytest.mark.parametrize("argv,orig_argv,expected", [
+    (["/usr/bin/keras-precrop", "list"], ["python", "/usr/bin/keras-precrop", "list"], True),
+    ([r"C:\env\Scripts\keras-precrop.exe", "list"], [], True),
+    (["-m", "list"], ["python", "-m", "keras_precrop", "list"], True),
+    (["-m"], ["python", "-W", "ignore", "-mkeras_precrop.cli"], True),
+    (["-m", "-q"], ["python", "-m", "pytest", "-q"], False),
+    (["-c"], ["python", "-c", "import keras_precrop"], False),
+    (["train.py"], ["python", "train.py"], False),
+    ([], [], False),
+])
+def test_only_the_command_is_recognized_as_the_command(argv, orig_argv, expected):
+    assert _startup.is_command(argv, orig_argv) is expected

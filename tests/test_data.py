@@ -17,8 +17,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 
-from keras_precrop import data  # noqa: E402
-from keras_precrop import models  # noqa: E402
+from keras_precrop import data, models  # noqa: E402
 
 TFDS_DIR = Path(__file__).resolve().parents[2] / "shared" / "tfds"
 needs_cifar = pytest.mark.skipif(

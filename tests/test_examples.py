@@ -20,8 +20,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-# layers, pai and train register PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
-from keras_precrop import layers, models, pai, train  # noqa: E402, F401
+# Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
+from keras_precrop import models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TFDS_DIR = REPO.parent / "shared" / "tfds"
@@ -83,6 +83,8 @@ def test_cifar_baseline(tmp_path):
     assert results["macs_ratio"] == 1.0
     assert f"Total params: {expected:,}" in stdout  # the table is printed before training
     assert stdout.index("Total params") < stdout.index("Epoch 1/2")
+    # The default --verbose=1 into a pipe: plain lines, no progress-bar control characters.
+    assert not any(c in stdout for c in "\r\b\x1b") and "2/2 - " in stdout
     assert (results["steps_per_epoch"], results["recipe"]) == (2, "cifar10")  # 64 mock examples / 32
     lr0 = 0.1 * 32 / 128
     assert [row["learning_rate"] for row in results["history"]] == pytest.approx([lr0, lr0 / 2])
@@ -90,8 +92,11 @@ def test_cifar_baseline(tmp_path):
 
 
 def test_cifar_precrop_params(tmp_path):
-    results, _ = _train(tmp_path, "train_cifar.py", ["--method=precrop_params", "--params=0.3", *_SHORT])
+    results, stdout = _train(
+        tmp_path, "train_cifar.py", ["--method=precrop_params", "--params=0.3", "--verbose=0", *_SHORT]
+    )
     _check_results(results, epochs=2)
+    assert "Epoch" not in stdout and "2/2 - " not in stdout  # --verbose=0 trains silently
     trained = keras.saving.load_model(tmp_path / "last.keras")
     assert results["params"] == trained.count_params()
     assert results["params"] <= 0.3 * models.get("resnet20").count_params()
@@ -99,8 +104,11 @@ def test_cifar_precrop_params(tmp_path):
 
 
 def test_cifar_synflow_keeps_masked_weights_zero(tmp_path):
-    results, stdout = _train(tmp_path, "train_cifar.py", ["--method=synflow", "--params=0.1", *_SHORT])
+    results, stdout = _train(
+        tmp_path, "train_cifar.py", ["--method=synflow", "--params=0.1", "--verbose=2", *_SHORT]
+    )
     _check_results(results, epochs=2)
+    assert re.search(r"^100/100 - \d+s - .*density: 0.1000$", stdout, re.M)  # SynFlow's one line
     trained = keras.saving.load_model(tmp_path / "last.keras")
     kernels = [w.numpy() for w in trained.weights if w.trainable and len(w.shape) >= 2]
     kept = sum(int(np.count_nonzero(k)) for k in kernels)

@@ -1,7 +1,7 @@
 """Channel-coupling groups of small hand-built models (MorphNet-style stubs).
 
 Each test builds a stub, pins which layers share a width variable (through the
-profile's ``in_groups``/``out_groups`` names and the variables' ``kind``,
+profile's ``in_variables``/``out_variables`` names and the variables' ``kind``,
 ``fixed`` and ``bound``), and then proves the claimed structure with costs:
 the cost model evaluated at changed widths must equal ``count_params()`` and
 TensorFlow's graph MACs of the same stub rebuilt by hand with those widths.
@@ -22,18 +22,18 @@ def _rows(prof):
     return {row.name: row for row in prof.layers}
 
 
-def _group(prof, name):
+def _variable(prof, name):
     """The one width variable called ``name``, with its index."""
-    found = [(i, g) for i, g in enumerate(prof.groups) if g.name == name]
-    assert len(found) == 1, (name, [g.name for g in prof.groups])
+    found = [(i, g) for i, g in enumerate(prof.variables) if g.name == name]
+    assert len(found) == 1, (name, [g.name for g in prof.variables])
     return found[0]
 
 
 def _assert_costs_match(prof, changes, reference):
     """Cost model at ``changes`` (variable name -> width) == the hand-built model."""
-    names = {g.name for g in prof.groups}
+    names = {g.name for g in prof.variables}
     assert set(changes) <= names, set(changes) - names
-    widths = [changes.get(g.name, g.width) for g in prof.groups]
+    widths = [changes.get(g.name, g.width) for g in prof.variables]
     params, macs = prof.cost.totals(widths)
     assert params == reference.count_params()
     assert macs == tf_macs(reference)
@@ -85,30 +85,30 @@ def test_residual_chain_prefix_mode():
     model = _residual_chain()
     prof = kp.profile(model)  # residual="prefix" is the default
     rows = _rows(prof)
-    stream, g = _group(prof, "stem")
+    stream, g = _variable(prof, "stem")
     assert (g.kind, g.fixed, g.bound) == ("stream", False, None)
     # The creator (stem) and every Add output share the stream's variable.
-    assert rows["stem"].out_groups == ["stem"]
-    assert rows["add1"].out_groups == rows["add2"].out_groups == ["stem"]
+    assert rows["stem"].out_variables == ["stem"]
+    assert rows["add1"].out_variables == rows["add2"].out_variables == ["stem"]
     # Writers keep their own width, bounded by the stream.
     for writer in ("b1", "b2"):
-        assert rows[writer].out_groups == [writer]
-        assert _group(prof, writer)[1].bound == stream
-        assert _group(prof, writer)[1].kind == "channels"
-    assert rows["add1"].in_groups == ["stem", "b1"]
-    assert rows["add2"].in_groups == ["b2", "stem"]
+        assert rows[writer].out_variables == [writer]
+        assert _variable(prof, writer)[1].bound == stream
+        assert _variable(prof, writer)[1].kind == "channels"
+    assert rows["add1"].in_variables == ["stem", "b1"]
+    assert rows["add2"].in_variables == ["b2", "stem"]
     # The first reader reads the whole stream; later readers get bounded views.
-    assert rows["a1"].in_groups == ["stem"]
+    assert rows["a1"].in_variables == ["stem"]
     for reader in ("a2", "head"):
-        assert rows[reader].in_groups == [f"{reader}:in"]
-        _, view = _group(prof, f"{reader}:in")
+        assert rows[reader].in_variables == [f"{reader}:in"]
+        _, view = _variable(prof, f"{reader}:in")
         assert (view.kind, view.bound, view.fixed, view.width) == ("view", stream, False, 16)
     # Block-internal widths are free and unbounded; model input/output fixed.
     for inner in ("a1", "a2"):
-        assert rows[inner].out_groups == [inner]
-        assert _group(prof, inner)[1].bound is None
-    assert _group(prof, IMG)[1].fixed and _group(prof, "head")[1].fixed
-    assert {g.name for g in prof.groups} == {
+        assert rows[inner].out_variables == [inner]
+        assert _variable(prof, inner)[1].bound is None
+    assert _variable(prof, IMG)[1].fixed and _variable(prof, "head")[1].fixed
+    assert {g.name for g in prof.variables} == {
         IMG, "stem", "a1", "b1", "a2", "b2", "head", "a2:in", "head:in"}
     _assert_unchanged(prof, model)
     changes = {"stem": 12, "a1": 5, "b1": 7, "a2:in": 9, "a2": 6, "b2": 10, "head:in": 11}
@@ -120,14 +120,14 @@ def test_residual_chain_tie_mode():
     model = _residual_chain()
     prof = kp.profile(model, residual="tie")
     rows = _rows(prof)
-    _, g = _group(prof, "stem")
+    _, g = _variable(prof, "stem")
     assert (g.kind, g.fixed, g.bound) == ("stream", False, None)
     for name in ("stem", "b1", "b2", "add1", "add2", "gap"):
-        assert rows[name].out_groups == ["stem"], name
+        assert rows[name].out_variables == ["stem"], name
     for reader in ("a1", "a2", "head"):
-        assert rows[reader].in_groups == ["stem"]
-    assert all(g.kind != "view" and g.bound is None for g in prof.groups)
-    assert {g.name for g in prof.groups} == {IMG, "stem", "a1", "a2", "head"}
+        assert rows[reader].in_variables == ["stem"]
+    assert all(g.kind != "view" and g.bound is None for g in prof.variables)
+    assert {g.name for g in prof.variables} == {IMG, "stem", "a1", "a2", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"stem": 12, "a1": 5, "a2": 6},
                         _residual_chain(stem=12, a1=5, b1=12, a2=6, b2=12, a2_in=12, head_in=12))
@@ -144,13 +144,13 @@ def test_projection_shortcut_creates_the_stream():
     model = keras.Model(x, _head(s))
     prof = kp.profile(model)
     rows = _rows(prof)
-    stream, g = _group(prof, "proj")
-    assert g.kind == "stream" and rows["add"].out_groups == ["proj"]
-    assert _group(prof, "b")[1].bound == stream
+    stream, g = _variable(prof, "proj")
+    assert g.kind == "stream" and rows["add"].out_variables == ["proj"]
+    assert _variable(prof, "b")[1].bound == stream
     # c0 feeds two convs but is no residual stream: no views, no bound.
-    _, c0 = _group(prof, "c0")
+    _, c0 = _variable(prof, "c0")
     assert (c0.kind, c0.bound) == ("channels", None)
-    assert rows["a"].in_groups == rows["proj"].in_groups == ["c0"]
+    assert rows["a"].in_variables == rows["proj"].in_variables == ["c0"]
     _assert_unchanged(prof, model)
 
 
@@ -177,14 +177,14 @@ def test_concatenation_is_a_composite_of_its_inputs_groups():
     prof = kp.profile(model)
     rows = _rows(prof)
     first = [IMG, "c0", "c1"]
-    assert rows["cat1"].out_groups == first
-    assert rows["bn1"].in_groups == rows["bn1"].out_groups == first
-    assert rows["c2"].in_groups == first
-    assert rows["cat2"].out_groups == first + ["c2"]
-    assert rows["bn2"].in_groups == rows["c3"].in_groups == first + ["c2"]
+    assert rows["cat1"].out_variables == first
+    assert rows["bn1"].in_variables == rows["bn1"].out_variables == first
+    assert rows["c2"].in_variables == first
+    assert rows["cat2"].out_variables == first + ["c2"]
+    assert rows["bn2"].in_variables == rows["c3"].in_variables == first + ["c2"]
     assert rows["bn1"].params == 4 * (3 + 6 + 4)
-    assert {g.name for g in prof.groups} == {IMG, "c0", "c1", "c2", "c3", "head"}
-    assert not any(g.fixed for g in prof.groups if g.name in ("c0", "c1", "c2", "c3"))
+    assert {g.name for g in prof.variables} == {IMG, "c0", "c1", "c2", "c3", "head"}
+    assert not any(g.fixed for g in prof.variables if g.name in ("c0", "c1", "c2", "c3"))
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c0": 3, "c1": 2, "c2": 4, "c3": 5},
                         _dense_block(c0=3, c1=2, c2=4, c3=5))
@@ -208,9 +208,9 @@ def test_depthwise_ties_input_and_output(multiplier):
     model = _depthwise_stub(multiplier=multiplier)
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["dw"].in_groups == rows["dw"].out_groups == ["pw"]
-    assert rows["bn"].in_groups == rows["proj"].in_groups == ["pw"]
-    assert {g.name for g in prof.groups} == {IMG, "pw", "proj", "head"}
+    assert rows["dw"].in_variables == rows["dw"].out_variables == ["pw"]
+    assert rows["bn"].in_variables == rows["proj"].in_variables == ["pw"]
+    assert {g.name for g in prof.variables} == {IMG, "pw", "proj", "head"}
     assert rows["dw"].params == (9 + 1) * 8 * multiplier
     _assert_unchanged(prof, model)
     # Shrinking pw shrinks dw's output by multiplier x as much (proj's input).
@@ -223,7 +223,7 @@ def test_mobilenet_v2_depthwise_layers_tie_their_channels():
     depthwise = [row for row in prof.layers if row.class_name == "DepthwiseConv2D"]
     assert len(depthwise) == 17
     for row in depthwise:
-        assert row.in_groups == row.out_groups, row.name
+        assert row.in_variables == row.out_variables, row.name
 
 
 def test_densenet121_convs_read_every_earlier_block_of_their_stage():
@@ -232,12 +232,12 @@ def test_densenet121_convs_read_every_earlier_block_of_their_stage():
     rows = _rows(prof)
     earlier = ["conv1_conv"]
     for k in range(1, 7):
-        assert rows[f"conv2_block{k}_1_conv"].in_groups == earlier
-        assert rows[f"conv2_block{k}_0_bn"].out_groups == earlier
+        assert rows[f"conv2_block{k}_1_conv"].in_variables == earlier
+        assert rows[f"conv2_block{k}_0_bn"].out_variables == earlier
         earlier = earlier + [f"conv2_block{k}_2_conv"]
-        assert rows[f"conv2_block{k}_concat"].out_groups == earlier
-    assert rows["pool2_conv"].in_groups == earlier
-    assert rows["conv3_block1_1_conv"].in_groups == ["pool2_conv"]
+        assert rows[f"conv2_block{k}_concat"].out_variables == earlier
+    assert rows["pool2_conv"].in_variables == earlier
+    assert rows["conv3_block1_1_conv"].in_variables == ["pool2_conv"]
 
 
 def test_efficientnet_b0_squeeze_excite_gates_tie_to_their_features():
@@ -247,14 +247,14 @@ def test_efficientnet_b0_squeeze_excite_gates_tie_to_their_features():
     blocks = [name[:-len("_se_expand")] for name in rows if name.endswith("_se_expand")]
     assert len(blocks) == 16
     for block in blocks:
-        features = rows[f"{block}_se_excite"].out_groups
-        assert rows[f"{block}_se_excite"].in_groups == features * 2
-        assert rows[f"{block}_se_reduce"].in_groups == features
-        assert rows[f"{block}_se_expand"].out_groups == features
-        assert rows[f"{block}_se_reduce"].out_groups == [f"{block}_se_reduce"]
+        features = rows[f"{block}_se_excite"].out_variables
+        assert rows[f"{block}_se_excite"].in_variables == features * 2
+        assert rows[f"{block}_se_reduce"].in_variables == features
+        assert rows[f"{block}_se_expand"].out_variables == features
+        assert rows[f"{block}_se_reduce"].out_variables == [f"{block}_se_reduce"]
     # The features are the depthwise conv's input: the expand conv, or the stem.
-    assert rows["block1a_se_excite"].out_groups == ["stem_conv"]
-    assert rows["block2a_se_excite"].out_groups == ["block2a_expand_conv"]
+    assert rows["block1a_se_excite"].out_variables == ["stem_conv"]
+    assert rows["block2a_se_excite"].out_variables == ["block2a_expand_conv"]
 
 
 def _separable_stub(c=6, sep=5):
@@ -268,7 +268,7 @@ def test_separable_conv_reads_its_input_group_and_creates_one():
     model = _separable_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["sep"].in_groups == ["c"] and rows["sep"].out_groups == ["sep"]
+    assert rows["sep"].in_variables == ["c"] and rows["sep"].out_variables == ["sep"]
     assert rows["sep"].params == 9 * 6 * 2 + 12 * 5 + 5
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c": 4, "sep": 3}, _separable_stub(c=4, sep=3))
@@ -286,8 +286,8 @@ def test_conv_transpose_reads_its_input_group_and_creates_one():
     model = _transpose_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["up"].in_groups == ["c"] and rows["up"].out_groups == ["up"]
-    assert rows["post"].in_groups == ["up"]
+    assert rows["up"].in_variables == ["c"] and rows["up"].out_variables == ["up"]
+    assert rows["post"].in_variables == ["up"]
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c": 3, "up": 2}, _transpose_stub(c=3, up=2))
 
@@ -305,8 +305,8 @@ def test_conv1d_chain():
     model = _conv1d_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["bn"].in_groups == rows["c2"].in_groups == ["c1"]
-    assert rows["head"].in_groups == ["c2"]
+    assert rows["bn"].in_variables == rows["c2"].in_variables == ["c1"]
+    assert rows["head"].in_variables == ["c2"]
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c1": 5, "c2": 2}, _conv1d_stub(c1=5, c2=2))
 
@@ -330,11 +330,11 @@ def test_squeeze_excite_gate_is_tied_to_the_features():
     model = _se_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["reduce"].in_groups == ["feat"] and rows["reduce"].out_groups == ["reduce"]
-    assert rows["expand"].in_groups == ["reduce"] and rows["expand"].out_groups == ["feat"]
-    assert rows["excite"].in_groups == ["feat", "feat"]
-    assert rows["excite"].out_groups == rows["proj"].in_groups == ["feat"]
-    assert {g.name for g in prof.groups} == {IMG, "feat", "reduce", "proj", "head"}
+    assert rows["reduce"].in_variables == ["feat"] and rows["reduce"].out_variables == ["reduce"]
+    assert rows["expand"].in_variables == ["reduce"] and rows["expand"].out_variables == ["feat"]
+    assert rows["excite"].in_variables == ["feat", "feat"]
+    assert rows["excite"].out_variables == rows["proj"].in_variables == ["feat"]
+    assert {g.name for g in prof.variables} == {IMG, "feat", "reduce", "proj", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"feat": 10, "reduce": 3, "proj": 5},
                         _se_stub(feat=10, reduce=3, proj=5))
@@ -352,8 +352,8 @@ def test_one_channel_gate_broadcasts_without_coupling():
     model = _spatial_gate_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["g"].out_groups == ["g"] and _group(prof, "g")[1].width == 1
-    assert rows["mul"].out_groups == rows["c"].in_groups == ["f"]
+    assert rows["g"].out_variables == ["g"] and _variable(prof, "g")[1].width == 1
+    assert rows["mul"].out_variables == rows["c"].in_variables == ["f"]
     _assert_costs_match(prof, {"f": 5}, _spatial_gate_stub(f=5))
 
 
@@ -370,12 +370,12 @@ def test_keras_ops_in_a_functional_model_tie_channels():
     model = _ops_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["c2"].in_groups == ["c1"]
+    assert rows["c2"].in_variables == ["c1"]
     op_rows = [row for row in prof.layers if row.name not in ("c1", "c2", "gap", "head")]
     assert len(op_rows) == 4  # multiply, relu, sigmoid, add
     for row in op_rows:
-        assert row.out_groups == ["c1"] and row.params == row.macs == 0
-    assert {g.name for g in prof.groups} == {IMG, "c1", "c2", "head"}
+        assert row.out_variables == ["c1"] and row.params == row.macs == 0
+    assert {g.name for g in prof.variables} == {IMG, "c1", "c2", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c1": 5}, _ops_stub(c1=5))
 
@@ -394,9 +394,9 @@ def test_elementwise_merges_tie_their_inputs(merge_class):
     for residual in ("prefix", "tie"):
         prof = kp.profile(model, residual=residual)
         rows = _rows(prof)
-        assert rows["b"].out_groups == rows["merge"].out_groups == rows["c"].in_groups == ["a"]
-        assert {g.name for g in prof.groups} == {IMG, "a", "c", "head"}
-        assert _group(prof, "a")[1].kind == "channels"
+        assert rows["b"].out_variables == rows["merge"].out_variables == rows["c"].in_variables == ["a"]
+        assert {g.name for g in prof.variables} == {IMG, "a", "c", "head"}
+        assert _variable(prof, "a")[1].kind == "channels"
         _assert_costs_match(prof, {"a": 4}, _merge_stub(merge_class, c=4))
 
 
@@ -417,8 +417,8 @@ def test_shape_only_layers_keep_the_channel_group():
     prof = kp.profile(model)
     for row in prof.layers:
         if row.name not in ("conv", "post"):
-            assert row.in_groups == row.out_groups == ["conv"], row.name
-    assert _rows(prof)["post"].in_groups == ["conv"]
+            assert row.in_variables == row.out_variables == ["conv"], row.name
+    assert _rows(prof)["post"].in_variables == ["conv"]
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"conv": 3}, _shape_only_stub(c=3))
 
@@ -443,10 +443,10 @@ def test_nested_models_are_flattened_with_prefixed_names():
     prof = kp.profile(model)
     rows = _rows(prof)
     assert list(rows) == ["inner/conv", "inner/bn", "seq/conv", "seq/relu", "gap", "head"]
-    assert rows["inner/conv"].in_groups == [IMG]
-    assert rows["inner/bn"].out_groups == rows["seq/conv"].in_groups == ["inner/conv"]
-    assert rows["head"].in_groups == ["seq/conv"]
-    assert {g.name for g in prof.groups} == {IMG, "inner/conv", "seq/conv", "head"}
+    assert rows["inner/conv"].in_variables == [IMG]
+    assert rows["inner/bn"].out_variables == rows["seq/conv"].in_variables == ["inner/conv"]
+    assert rows["head"].in_variables == ["seq/conv"]
+    assert {g.name for g in prof.variables} == {IMG, "inner/conv", "seq/conv", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"inner/conv": 5, "seq/conv": 3}, _nested_stub(conv=5, conv2=3))
 
@@ -461,7 +461,7 @@ def test_flatten_into_dense_counts_spatial_times_channels():
     model = _flatten_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["fc"].in_groups == ["conv"] and rows["flat"].out_groups == ["conv"]
+    assert rows["fc"].in_variables == ["conv"] and rows["flat"].out_variables == ["conv"]
     assert rows["fc"].params == 16 * 5 * 7 + 7
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"conv": 2}, _flatten_stub(c=2))
@@ -484,7 +484,7 @@ def test_shared_layer_counts_params_once_and_macs_per_call():
     rows = _rows(prof)
     assert rows["shared"].params == 27 * 6 + 6
     assert rows["shared"].macs == (64 + 16) * 27 * 6
-    assert rows["head"].in_groups == ["shared", "shared"]
+    assert rows["head"].in_variables == ["shared", "shared"]
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"shared": 4}, _two_resolution_stub(c=4))
 
@@ -501,8 +501,8 @@ def test_shared_layer_ties_the_inputs_of_its_calls():
     model = _recurrent_stub()
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["shared"].in_groups == rows["shared"].out_groups == ["pre"]
-    assert {g.name for g in prof.groups} == {IMG, "pre", "head"}
+    assert rows["shared"].in_variables == rows["shared"].out_variables == ["pre"]
+    assert {g.name for g in prof.variables} == {IMG, "pre", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"pre": 4}, _recurrent_stub(c=4))
 
@@ -523,7 +523,7 @@ def test_layer_normalization_ties_and_scales_with_width(axis):
     model = _layer_norm_stub(axis=axis)
     prof = kp.profile(model)
     rows = _rows(prof)
-    assert rows["ln"].in_groups == rows["ln"].out_groups == rows["c2"].in_groups == ["c"]
+    assert rows["ln"].in_variables == rows["ln"].out_variables == rows["c2"].in_variables == ["c"]
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c": 3}, _layer_norm_stub(c=3, axis=axis))
 
@@ -562,12 +562,12 @@ def test_ignore_keeps_a_layers_groups_fixed():
     model = _plain_chain()
     free = kp.profile(model)
     assert all(row.prunable for row in free.layers if row.params)
-    assert not any(g.fixed for g in free.groups if g.name in ("c0", "c1", "c2"))
+    assert not any(g.fixed for g in free.variables if g.name in ("c0", "c1", "c2"))
     prof = kp.profile(model, ignore=["c1"])
     rows = _rows(prof)
-    assert rows["c1"].in_groups == ["c0"] and rows["c1"].out_groups == ["c1"]
-    assert _group(prof, "c0")[1].fixed and _group(prof, "c1")[1].fixed
-    assert not _group(prof, "c2")[1].fixed
+    assert rows["c1"].in_variables == ["c0"] and rows["c1"].out_variables == ["c1"]
+    assert _variable(prof, "c0")[1].fixed and _variable(prof, "c1")[1].fixed
+    assert not _variable(prof, "c2")[1].fixed
     assert not rows["c0"].prunable and not rows["c1"].prunable and rows["c2"].prunable
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"c2": 3}, _plain_chain(c2=3))

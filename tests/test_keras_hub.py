@@ -36,5 +36,5 @@ def test_backbone_profile_precrop_reconfigure(name):
     for new in (kp.precrop(backbone, params=0.5), kp.precrop(backbone, flops=0.5),
                 kp.reconfigure(backbone, params=0.8, flops=1.0)):
         assert_matches_plan(backbone, new.precrop_plan, new)
-        assert [l.name for l in backbone.layers] == [
-            l.name for l in new.layers if not isinstance(l, kp.ChannelSlice)]
+        assert [layer.name for layer in backbone.layers] == [
+            layer.name for layer in new.layers if not isinstance(layer, kp.ChannelSlice)]

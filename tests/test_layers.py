@@ -102,8 +102,8 @@ def _copy_weights(source, target):
 def test_rebuilt_chain_equals_explicit_zero_padding(params):
     model = _chain()
     new = kp.precrop(model, params=params)
-    assert any(isinstance(l, kp.ChannelSlice) for l in new.layers)
-    assert any(isinstance(l, kp.PrefixAdd) for l in new.layers)
+    assert any(isinstance(layer, kp.ChannelSlice) for layer in new.layers)
+    assert any(isinstance(layer, kp.PrefixAdd) for layer in new.layers)
     hand = _explicit(new)
     assert _copy_weights(new, hand) == 8
     x = _RNG.normal(size=(2, 8, 8, 3)).astype("float32")
@@ -118,9 +118,9 @@ def test_identity_plan_with_copied_weights_gives_the_original_outputs(name):
     else:
         model = kp.models.get(name)
     plan = kp.plan(model, params=1.0)
-    assert all(g["new"] == g["width"] for g in plan.groups)
+    assert all(g["new"] == g["width"] for g in plan.variables)
     new = kp.apply_plan(model, plan)
-    assert _copy_weights(model, new) == sum(1 for l in model.layers if l.weights)
+    assert _copy_weights(model, new) == sum(1 for layer in model.layers if layer.weights)
     x = _RNG.normal(size=(2,) + tuple(model.input_shape[1:])).astype("float32")
     np.testing.assert_allclose(new(x, training=False), model(x, training=False),
                                rtol=1e-5, atol=1e-5)

@@ -25,7 +25,7 @@ TORCHVISION_PARAMS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_model(name):
     """Builds each default model once per session (tests only read it)."""
     keras.utils.set_random_seed(0)

@@ -30,16 +30,16 @@ def _rebuilt(name, **options):
 def test_tied_residual_streams(name):
     model, plan, new = _rebuilt(name, residual="tie")
     assert_budget_use(plan, model, 1.0)
-    assert not any(isinstance(l, (kp.ChannelSlice, kp.PrefixAdd)) for l in new.layers)
-    assert all(g["kind"] != "view" for g in plan.groups)
+    assert not any(isinstance(layer, (kp.ChannelSlice, kp.PrefixAdd)) for layer in new.layers)
+    assert all(g["kind"] != "view" for g in plan.variables)
 
 
 @pytest.mark.parametrize("name", ZOO)
 def test_paper_mode_widths_are_floor_sqrt_density_times_width(name):
     model, plan, _ = _rebuilt(name, mode="paper")
     densities = plan.solver["layer_densities_solved"]
-    groups = {g["name"]: g for g in plan.groups}
-    variables = kp.profile(model).groups
+    groups = {g["name"]: g for g in plan.variables}
+    variables = kp.profile(model).variables
     bound = {v.name: variables[v.bound].name for v in variables if v.bound is not None}
     checked = 0
     for layer, p in densities.items():

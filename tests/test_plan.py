@@ -2,6 +2,7 @@
 
 import functools
 import json
+import pathlib
 
 import keras
 import numpy as np
@@ -16,10 +17,11 @@ _APPS = {
     "ResNet50": keras.applications.ResNet50,
     "DenseNet121": keras.applications.DenseNet121,
 }
+OLD_PLAN = pathlib.Path(__file__).parent / "data" / "plan_v0_resnet20_params0.5.json"
 BUDGETS = [(0.1, None), (0.3, None), (0.5, None), (0.8, None), (None, 0.3), (None, 0.5), (0.5, 0.5)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name):
     if name in _APPS:
         return _APPS[name](weights=None)
@@ -36,13 +38,13 @@ def _check_precrop(model, params, flops, mode="exact", **options):
     assert_matches_plan(model, plan, new)  # Keras', TensorFlow's and the layers' own numbers
     x = np.random.default_rng(0).uniform(size=(1,) + tuple(model.input_shape[1:]))
     assert tuple(new(x).shape) == (1,) + tuple(model.output_shape[1:])
-    assert all(g["new"] <= g["width"] for g in plan.groups)
+    assert all(g["new"] <= g["width"] for g in plan.variables)
     if mode != "paper":
         assert_budget_use(plan, model, 1.0, options.get("round_to", 1),
                           options.get("min_channels", 1))
         binding = []
-        for key, ratio, achieved, total in (("params", params, plan.params, model.count_params()),
-                                            ("macs", flops, plan.macs, plan.original["macs"])):
+        for ratio, achieved, total in ((params, plan.params, model.count_params()),
+                                       (flops, plan.macs, plan.original["macs"])):
             if ratio is None:
                 continue
             assert achieved <= ratio * total
@@ -95,21 +97,21 @@ def test_reconfigure_same_flops_fewer_params(name):
     assert plan.params == pytest.approx(0.8 * model.count_params(), rel=0.0125)
     assert plan.params <= 0.8 * model.count_params()
     assert plan.macs <= plan.original["macs"]
-    assert any(g["new"] > g["width"] for g in plan.groups)  # some layers widen
+    assert any(g["new"] > g["width"] for g in plan.variables)  # some layers widen
     assert kp.profile(new).total_params == plan.params == new.count_params()
 
 
 def test_precrop_full_budget_keeps_widths():
     model = _model("mobilenet_v2_cifar")
     plan = kp.plan(model, params=1.0)
-    assert all(g["new"] == g["width"] for g in plan.groups)
+    assert all(g["new"] == g["width"] for g in plan.variables)
     assert plan.params == model.count_params()
 
 
 def test_round_to_and_min_channels():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, round_to=4, min_channels=8)
-    for g in plan.groups:
+    for g in plan.variables:
         if not g["fixed"]:
             assert g["new"] % 4 == 0 or g["new"] == g["width"]
             assert g["new"] >= 8
@@ -120,8 +122,31 @@ def test_round_to_and_min_channels():
 def test_ignore_keeps_layer_widths():
     model = _model("resnet20")
     plan = kp.plan(model, params=0.3, ignore=["stage1_block1_conv1"])
-    layer = next(l for l in plan.layers if l["name"] == "stage1_block1_conv1")
+    layer = next(row for row in plan.layers if row["name"] == "stage1_block1_conv1")
     assert layer["channels_new"] == layer["channels"]
+
+
+def test_summary_counts_the_layers_it_hides_and_reads_older_plans():
+    model = _model("resnet20")
+    plan = kp.plan(model, params=0.5)
+    changed, everything = [], []
+    plan.summary(print_fn=changed.append, only_changed=True)
+    plan.summary(print_fn=everything.append)
+    costly = [layer for layer in plan.layers if layer["params"] or layer["macs"]]
+    hidden = sum(layer["params"] == layer["params_new"] for layer in costly)
+    assert 0 < hidden < len(costly)
+    assert f"{hidden} unchanged layers not shown (only_changed=False shows every layer)." in changed
+    rows = [line for line in everything if line.startswith("| ")]
+    assert len(rows) == 1 + len(costly) and not any("not shown" in line for line in everything)
+    assert "In channels" in rows[0] and "Out channels" in rows[0]
+    # Plans saved before input channels were recorded still print.
+    old = plan.to_dict()
+    for layer in old["layers"]:
+        del layer["channels_in"], layer["channels_in_new"]
+    lines = []
+    kp.Plan.from_dict(old).summary(print_fn=lines.append)
+    first_row = [line for line in lines if line.startswith("| ")][1]
+    assert first_row.split("|")[2].strip() == "?"
 
 
 def test_deterministic():
@@ -134,7 +159,7 @@ def test_deterministic():
 def test_keras_round_trip_identical_outputs(tmp_path):
     model = _model("resnet20")
     new = kp.precrop(model, params=0.3)
-    assert any(isinstance(l, (kp.ChannelSlice, kp.PrefixAdd)) for l in new.layers)
+    assert any(isinstance(layer, (kp.ChannelSlice, kp.PrefixAdd)) for layer in new.layers)
     path = tmp_path / "m.keras"
     new.save(path)
     loaded = keras.models.load_model(path)
@@ -149,8 +174,21 @@ def test_plan_json_round_trip_identical_model(tmp_path):
     assert again == plan
     assert kp.Plan.from_json(str(tmp_path / "p.json")) == plan
     a, b = kp.apply_plan(model, plan), kp.apply_plan(model, again)
-    assert [l.get_config() for l in a.layers] == [l.get_config() for l in b.layers]
+    assert [layer.get_config() for layer in a.layers] == [layer.get_config() for layer in b.layers]
     json.loads(plan.to_json())  # plain JSON
+
+
+def test_plan_written_by_earlier_code_loads_and_applies():
+    """The fixture was written by ``kp.plan(resnet20, params=0.5)`` before "groups" became "variables"."""
+    data = json.loads(OLD_PLAN.read_text())
+    assert "groups" in data and "variables" not in data
+    old = kp.Plan.from_json(str(OLD_PLAN))
+    assert old.variables == data["groups"]
+    now = kp.plan(_model("resnet20"), params=0.5)
+    assert old.variables == now.variables and old.predicted == now.predicted
+    rebuilt = kp.apply_plan(_model("resnet20"), old)
+    assert rebuilt.count_params() == old.params == kp.profile(rebuilt).total_params
+    assert "variables" in json.loads(old.to_json()) and kp.Plan.from_json(old.to_json()) == old
 
 
 def test_plan_for_other_model_is_refused():
@@ -159,19 +197,72 @@ def test_plan_for_other_model_is_refused():
         kp.apply_plan(kp.models.get("resnet32"), plan)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(params=0.0), "positive"),
-    (dict(params=-1.0), "positive"),
-    (dict(params=float("nan")), "positive"),
-    (dict(flops=float("inf")), "positive"),
-    (dict(), "at least one budget"),
-    (dict(params=0.5, max_params=10), "not both"),
-    (dict(params=0.5, round_to=0), "round_to"),
-    (dict(params=0.5, mode="magic"), "mode"),
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(params=0.0), "params=0.0 must be a positive, finite ratio of the original model's parameters"),
+    (dict(flops=0), "flops=0 must be a positive, finite ratio of the original model's FLOPs"),
+    (dict(params=-1), "params=-1 must be a positive"),
+    (dict(params=float("nan")), "params=nan must be a positive"),
+    (dict(flops=float("inf")), "flops=inf must be a positive"),
+    (dict(max_macs=0), "max_macs=0 must be a positive, finite number of MACs"),
+    (dict(max_params=np.float64(-5.0)), "max_params=-5.0 must be a positive, finite number of parameters"),
+    (dict(), "Give at least one budget: params=, flops=, max_params= or max_macs="),
+    (dict(params=0.5, max_params=10), "Give either params=0.5 (a ratio) or max_params=10"),
+    (dict(flops=0.5, max_macs=10), "Give either flops=0.5 (a ratio) or max_macs=10"),
+    (dict(params=0.5, round_to=0), "round_to=0 must be a positive integer"),
+    (dict(params=0.5, min_channels=2.5), "min_channels=2.5 must be a positive integer"),
+    (dict(params=0.5, mode="magic"), "mode='magic' is unknown"),
+    (dict(params=0.5, upper=-1), "upper=-1 must be a positive ratio or None"),
 ])
-def test_bad_budgets(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_are_named_as_passed(kwargs, message):
+    with pytest.raises(ValueError) as err:
         kp.plan(_model("resnet20"), **kwargs)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(params="0.5"), "params='0.5' must be a ratio of the original model's parameters"),
+    (dict(flops=True), "flops=True must be a ratio of the original model's FLOPs"),
+    (dict(max_params=[10]), "max_params=[10] must be a number of parameters"),
+])
+def test_budget_of_another_type_is_named(kwargs, message):
+    with pytest.raises(TypeError) as err:
+        kp.plan(_model("resnet20"), **kwargs)
+    assert str(err.value).startswith(message)
+
+
+def _above_original(model):
+    """Budgets above the original model, with the start of the error each must give."""
+    params, macs = model.count_params(), kp.profile(model).total_macs
+    return [
+        (dict(params=1.5), "params=1.5 asks for 150% of the original model's parameters"),
+        (dict(params=50), "params=50 asks for 5000% of the original model's parameters"),
+        (dict(flops=1.01), "flops=1.01 asks for 101% of the original model's FLOPs"),
+        (dict(params=0.5, flops=1.2), "flops=1.2 asks for 120%"),
+        (dict(max_params=params + 1),
+         f"max_params={params + 1} asks for more than the original model's {params:,} parameters"),
+        (dict(max_macs=float(2 * macs)),
+         f"max_macs={float(2 * macs)!r} asks for more than the original model's {macs:,} MACs"),
+    ]
+
+
+def test_precrop_budget_above_original_points_to_reconfigure():
+    model = _model("resnet20")
+    for kwargs, message in _above_original(model):
+        for call in (kp.precrop, kp.plan):  # plan's default upper=1.0 is PreCrop too
+            with pytest.raises(ValueError) as err:
+                call(model, **kwargs)
+            text = str(err.value)
+            assert text.startswith(message) and "Use reconfigure (PreConfig)" in text, text
+
+
+def test_budget_equal_to_original_is_accepted_and_grows_only_with_reconfigure():
+    model = _model("resnet20")
+    n = model.count_params()
+    assert kp.plan(model, max_params=n).params == n
+    assert kp.plan(model, params=1.0, max_macs=kp.profile(model).total_macs).params == n
+    grown = kp.reconfigure(model, params=1.5)
+    assert n < grown.count_params() == grown.precrop_plan.params <= 1.5 * n
+    assert kp.plan(model, params=1.5, upper=2.0).params > n
 
 
 def test_infeasible_budget_states_minimum():

@@ -2,7 +2,7 @@
 
 Parameter totals are checked against ``model.count_params()`` and MACs against
 the convolution and matmul ops of TensorFlow's own traced inference graph
-(``tests/conftest.py``'s :func:`tf_macs`), whose shapes come from
+(``tests.conftest.tf_macs``), whose shapes come from
 TensorFlow, not from the walker.
 """
 
@@ -20,8 +20,7 @@ from keras import layers as L
 
 import keras_precrop as kp
 from keras_precrop import models
-from tests.conftest import graph_macs, tf_macs, trace_graph
-from tests.random_cnn import random_cnns
+from tests.conftest import graph_macs, random_cnns, tf_macs, trace_graph
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
@@ -213,10 +212,10 @@ def test_ignored_unsupported_layer_is_an_opaque_block(layer):
     rows = {row.name: row for row in prof.layers}
     assert rows["odd"].params == model.get_layer("odd").count_params()
     assert not rows["odd"].prunable
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     # Its input (c0's channels) and its output feeding c1 are both fixed.
-    assert fixed[rows["odd"].in_groups[0]] and fixed[rows["c1"].in_groups[0]]
-    assert rows["c0"].out_groups == rows["odd"].in_groups
+    assert fixed[rows["odd"].in_variables[0]] and fixed[rows["c1"].in_variables[0]]
+    assert rows["c0"].out_variables == rows["odd"].in_variables
 
 
 def test_register_handler_teaches_a_custom_layer():
@@ -226,11 +225,11 @@ def test_register_handler_teaches_a_custom_layer():
     kp.register_handler(TiedScale, "tie")
     prof = kp.profile(_custom_model(TiedScale))
     rows = {row.name: row for row in prof.layers}
-    assert rows["scale"].in_groups == rows["scale"].out_groups == ["c0"]
-    assert rows["c1"].in_groups == ["c0"]
+    assert rows["scale"].in_variables == rows["scale"].out_variables == ["c0"]
+    assert rows["c1"].in_variables == ["c0"]
     # The per-channel scale shrinks with c0: compare with a model built narrower.
     narrow = _custom_model(TiedScale, width=5)
-    widths = [5 if g.name == "c0" else g.width for g in prof.groups]
+    widths = [5 if g.name == "c0" else g.width for g in prof.variables]
     params, macs = prof.cost.totals(widths)
     assert (params, macs) == (narrow.count_params(), tf_macs(narrow))
 
@@ -300,9 +299,9 @@ def test_add_of_a_concatenation_keeps_its_channels_fixed_with_a_note():
     prof = kp.profile(model)
     assert prof.total_params == model.count_params()
     assert prof.total_macs == tf_macs(model)
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     assert fixed["a"] and fixed["b"] and fixed["d"]
-    assert {row.name: row for row in prof.layers}["e"].in_groups == ["a", "b"]
+    assert {row.name: row for row in prof.layers}["e"].in_variables == ["a", "b"]
     assert len(prof.notes) == 1 and prof.notes[0].startswith("add:")
     lines = []
     prof.summary(print_fn=lines.append)
@@ -373,23 +372,23 @@ def test_to_dict_is_json_and_consistent(build):
     assert data["layers"] == [dataclasses.asdict(row) for row in prof.layers]
     assert sum(row["params"] for row in data["layers"]) == prof.total_params
     assert sum(row["macs"] for row in data["layers"]) == prof.total_macs
-    assert len(data["groups"]) == len(prof.groups)
-    for entry, group in zip(data["groups"], prof.groups):
+    assert len(data["variables"]) == len(prof.variables)
+    for entry, group in zip(data["variables"], prof.variables):
         assert (entry["name"], entry["width"], entry["fixed"], entry["kind"]) == (
             group.name, group.width, group.fixed, group.kind)
-        bound = None if group.bound is None else prof.groups[group.bound].name
+        bound = None if group.bound is None else prof.variables[group.bound].name
         assert entry["bound"] == bound
         assert entry["layers"] == group.layers
 
 
 def test_prunable_flags(build):
     prof = kp.profile(build("resnet20"))
-    fixed = {g.name: g.fixed for g in prof.groups}
+    fixed = {g.name: g.fixed for g in prof.variables}
     for row in prof.layers:
-        names = set(row.in_groups + row.out_groups)
+        names = set(row.in_variables + row.out_variables)
         has_weights = row.params > 0
         expected = has_weights and any(not fixed[n] for n in names)
         assert row.prunable == expected, row.name
     # The model input (RGB) and output (logits) groups are never prunable.
-    assert fixed[prof.layers[0].in_groups[0]]
-    assert fixed[prof.layers[-1].out_groups[0]]
+    assert fixed[prof.layers[0].in_variables[0]]
+    assert fixed[prof.layers[-1].out_variables[0]]

@@ -6,8 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from tests.conftest import assert_budget_use, assert_matches_plan
-from tests.random_cnn import random_cnns
+from tests.conftest import assert_budget_use, assert_matches_plan, random_cnns
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
@@ -37,7 +36,7 @@ def _check(model, params, flops, upper, residual):
         if budget is not None:
             assert value <= budget
     if upper == 1.0:
-        assert all(g["new"] <= g["width"] for g in plan.groups)
+        assert all(g["new"] <= g["width"] for g in plan.variables)
 
 
 @settings(max_examples=25, **_SETTINGS)

@@ -22,15 +22,10 @@ def _paper_widths_at_budget(prof, budget):
     layers = np.unique(cm.obj_layer)
     alpha = per_layer[layers, 0]
     rest = per_layer[:, 0].sum() - alpha.sum()
-    graph, structure = prof.graph, prof.graph.structure
     producer = {}
     for k, i in enumerate(layers):
-        rec = graph.layers[i]
-        if rec.out_segment is not None:
-            producer.setdefault(structure.seg_var[graph.find(rec.out_segment)], k)
-        for (path, _), v in structure.views.items():
-            if path == rec.path:
-                producer.setdefault(v, k)
+        for v in prof.graph.produced_variables(prof.graph.layers[i]):
+            producer.setdefault(v, k)
 
     def widths(scale):
         p = kp.solve_densities(alpha, params_budget=scale * budget - rest).densities

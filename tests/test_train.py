@@ -391,7 +391,7 @@ def test_fit_without_tensorboard(reference, tmp_path):
     assert [row["epoch"] for row in result.history] == [0]
     assert "val_accuracy" not in result.history[0]
     with pytest.raises(ValueError, match="val_accuracy"):
-        result.final_accuracy
+        result.final_accuracy  # noqa: B018 - reading the property raises
 
 
 def test_resumes_after_kill(reference, tmp_path):

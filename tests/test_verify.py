@@ -44,7 +44,7 @@ def test_corrupted_group_width_names_the_layer():
     assert plan.widths["c1"] > 1
 
     def shrink_c1(data):
-        next(g for g in data["groups"] if g["name"] == "c1")["new"] -= 1
+        next(g for g in data["variables"] if g["name"] == "c1")["new"] -= 1
 
     with pytest.raises(kp.RebuildMismatchError, match=re.escape("layer 'c1' has")) as err:
         kp.apply_plan(model, _corrupt(plan, shrink_c1))
@@ -81,7 +81,7 @@ def test_a_writer_wider_than_its_stream_is_refused():
     plan = kp.plan(model, params=0.6)
 
     def widen_writer(data):
-        groups = {g["name"]: g for g in data["groups"]}
+        groups = {g["name"]: g for g in data["variables"]}
         groups["stem"]["new"] = 3  # the stream; its writer c2 keeps its width
         assert groups["c2"]["new"] > 3
 
@@ -156,7 +156,7 @@ def test_check_is_cheap_next_to_the_rebuild():
     model = _nasnet_like_cell()
     plan = kp.plan(model, params=0.5)
     graph = walk(model, residual=plan.residual)
-    widths = [plan.widths[v.name] for v in graph.structure.variables]
+    widths = [plan.widths[v.name] for v in graph.variables]
     start = time.perf_counter()
     new = rebuild(graph, widths)
     built = time.perf_counter() - start

@@ -10,10 +10,8 @@ and ``imagenet_resnet(blocks_per_stage)``.
 from keras_precrop.models.cifar_resnet import cifar_resnet
 from keras_precrop.models.imagenet_resnet import imagenet_resnet
 from keras_precrop.models.mobilenet_cifar import mobilenet_v2_cifar
-from keras_precrop.models.registry import get
-from keras_precrop.models.registry import list_models
-from keras_precrop.models.vgg import VGG16_PLAN
-from keras_precrop.models.vgg import vgg
+from keras_precrop.models.registry import get, list_models
+from keras_precrop.models.vgg import VGG16_PLAN, vgg
 
 list = list_models  # noqa: A001 - the public name is keras_precrop.models.list()
 

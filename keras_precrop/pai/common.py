@@ -5,90 +5,21 @@ Every pruner in ``keras_precrop.pai`` scores the same set of weights (see
 so they all keep exactly the same number of weights for a given density.
 """
 
-import dataclasses
-
 import keras
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class WeightSpec:
-    """How a prunable weight of a layer class is laid out and persisted.
-
-    Attributes:
-        constraint_attr: the layer attribute that ``get_config`` serializes as
-            this weight's constraint (``kernel_constraint``, ...); the mask
-            constraint is stored there so it survives ``.keras`` save/load.
-        kind: ``"kernel"`` (mixes input into output channels), ``"depthwise"``
-            (one ``k x k x multiplier`` slab per input channel), ``"bias"`` or
-            ``"scale"`` (per-output-channel vectors: biases, BN gamma/beta).
-        in_axis: kernel axis indexing input channels (``None`` for vectors).
-        out_axis: kernel axis indexing output channels, or the depthwise
-            multiplier axis (``None`` for vectors).
-        groups: a grouped convolution's group count: its kernel's input axis
-            holds the ``c_in / groups`` channels of each group, and output
-            channel ``o`` belongs to group ``o // (c_out / groups)``.
-    """
-
-    constraint_attr: str
-    kind: str
-    in_axis: int | None = None
-    out_axis: int | None = None
-    groups: int = 1
-
-
-_CONV = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1)}
-_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
-
-# Layer class -> {variable name -> spec} for kernels; biases are in _BIAS.
-_KERNELS = (
-    (keras.layers.Dense, {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1)}),
-    (keras.layers.Conv1D, _CONV),
-    (keras.layers.Conv2D, _CONV),
-    (keras.layers.Conv3D, _CONV),
-    # Transposed convolutions store kernels as (..., out, in).
-    (keras.layers.Conv1DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.Conv2DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.Conv3DTranspose, {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2)}),
-    (keras.layers.DepthwiseConv1D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
-    (keras.layers.DepthwiseConv2D, {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1)}),
-    (
-        keras.layers.SeparableConv1D,
-        {
-            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
-            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
-        },
-    ),
-    (
-        keras.layers.SeparableConv2D,
-        {
-            "depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
-            "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
-        },
-    ),
-)
-_BATCHNORM = {
-    "gamma": WeightSpec("gamma_constraint", "scale"),
-    "beta": WeightSpec("beta_constraint", "bias"),
-}
+from keras_precrop import handlers
 
 
 def weight_specs(layer):
     """Returns ``{variable name: WeightSpec}`` of every maskable weight of ``layer``.
 
-    Maskable weights are kernels and biases of conv/dense layers and BN
-    gamma/beta; an empty dict for any other layer.
+    The layer's handler (``keras_precrop.handlers``) names them: kernels and
+    biases of conv/dense layers and BN gamma/beta for the built-in layers; an
+    empty dict for a layer without maskable weights or without a handler.
     """
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return dict(_BATCHNORM)
-    for cls, kernels in _KERNELS:
-        if isinstance(layer, cls):
-            groups = getattr(layer, "groups", 1)
-            if groups > 1:
-                kernels = {name: dataclasses.replace(spec, groups=groups)
-                           for name, spec in kernels.items()}
-            return {**kernels, **_BIAS}
-    return {}
+    handler = handlers.handler_of(layer)
+    return {} if handler is None else handler.specs_of(layer)
 
 
 def iter_layers(model):
@@ -148,8 +79,8 @@ def prunable_weights(model, include_bias=False, include_batchnorm=False):
     for path, (layer, var, spec) in named_weights(model).items():
         if not var.trainable:
             continue
-        if isinstance(layer, keras.layers.BatchNormalization):
-            if include_batchnorm:
+        if not any(s.kind in ("kernel", "depthwise") for s in weight_specs(layer).values()):
+            if include_batchnorm:  # BN gamma/beta: per-channel weights of a layer without kernel
                 out[path] = var
         elif spec.kind == "bias":
             if include_bias:
@@ -275,29 +206,6 @@ def density_schedule(density, iterations, schedule):
     if schedule == "linear":
         return [1.0 - (1.0 - density) * s for s in steps]
     raise ValueError(f"schedule must be 'exponential' or 'linear', got {schedule!r}.")
-
-
-def block_diagonal(local, groups):
-    """A grouped kernel's ``(c_in / groups, c_out)`` channel matrix over all ``c_in`` inputs.
-
-    Entry ``[j * a + i, o]`` (``a = c_in / groups``) is ``local[i, o]`` when
-    output ``o`` belongs to group ``j``, else ``False``: a group's outputs
-    see only its own inputs.
-    """
-    a, n_out = local.shape
-    b = n_out // groups
-    full = np.zeros((a * groups, n_out), local.dtype)
-    for j in range(groups):
-        full[j * a:(j + 1) * a, j * b:(j + 1) * b] = local[:, j * b:(j + 1) * b]
-    return full
-
-
-def group_local(full, groups):
-    """The inverse of :func:`block_diagonal`: each output's own group's rows."""
-    n_in, n_out = full.shape
-    a, b = n_in // groups, n_out // groups
-    rows = (np.arange(n_out) // b)[None, :] * a + np.arange(a)[:, None]
-    return full[rows, np.arange(n_out)[None, :]]
 
 
 def spread(spec, matrix, ndim):

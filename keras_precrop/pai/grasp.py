@@ -17,7 +17,8 @@ from keras_precrop.pai import common, gradients
 _EPS = 1e-10
 
 
-def grasp_scores(model, data, loss=None, temperature=200.0, include_bias=False, include_batchnorm=False, training=False, num_batches=None):
+def grasp_scores(model, data, loss=None, temperature=200.0, include_bias=False, include_batchnorm=False,
+                 training=False, num_batches=None):
     """GraSP scores ``w * Hg / (|sum(w * Hg)| + 1e-10)``; larger is kept.
 
     Args:
@@ -66,7 +67,8 @@ def grasp_scores(model, data, loss=None, temperature=200.0, include_bias=False, 
     return {path: s / norm for path, s in scores.items()}
 
 
-def grasp(model, data, density, loss=None, temperature=200.0, scope="global", include_bias=False, include_batchnorm=False, training=False, num_batches=None):
+def grasp(model, data, density, loss=None, temperature=200.0, scope="global", include_bias=False,
+          include_batchnorm=False, training=False, num_batches=None):
     """Prunes ``model``'s weights to ``density`` by GraSP scores (single shot).
 
     Args:
@@ -85,5 +87,6 @@ def grasp(model, data, density, loss=None, temperature=200.0, scope="global", in
         ``{weight path: float32 0/1 array}`` keeping ``round(density * n)`` weights.
     """
     common.check_density(density)
-    scores = grasp_scores(model, data, loss, temperature, include_bias, include_batchnorm, training, num_batches)
+    scores = grasp_scores(model, data, loss, temperature, include_bias, include_batchnorm, training,
+                          num_batches)
     return common.masks_from_scores(scores, density, scope)

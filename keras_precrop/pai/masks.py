@@ -6,83 +6,17 @@ momentum, weight decay and under ``tf.distribute`` strategies alike), so a
 masked weight is exactly zero after every step without any callback. The
 constraint is also stored in the layer attribute that ``get_config``
 serializes (``kernel_constraint``, ``depthwise_constraint``, ...), so a model
-saved as ``.keras`` reloads with its masks (import ``keras_precrop.pai``
-before ``keras.saving.load_model``, so ``MaskConstraint`` is registered).
+saved as ``.keras`` reloads with its masks (``import keras_precrop`` registers
+``MaskConstraint``, defined in ``keras_precrop.constraints``).
 """
 
-import base64
 import contextlib
-import math
-import zlib
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_precrop.constraints import MaskConstraint
 from keras_precrop.pai import common
-
-
-def _encode(mask):
-    """Bit-packs and zlib-compresses a 0/1 array into an ASCII string."""
-    bits = np.packbits(np.asarray(mask, dtype=bool).ravel())
-    return base64.b64encode(zlib.compress(bits.tobytes(), 9)).decode("ascii")
-
-
-def _decode(data, shape):
-    """Inverse of :func:`_encode`."""
-    size = math.prod(shape)
-    bits = np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype=np.uint8)
-    return np.unpackbits(bits, count=size).reshape(shape)
-
-
-@keras.saving.register_keras_serializable(package="keras_precrop")
-class MaskConstraint(keras.constraints.Constraint):
-    """Multiplies a weight by a fixed 0/1 mask after every optimizer update.
-
-    The mask lives in a non-trainable float32 ``tf.Variable`` created in the
-    current distribution strategy's scope (so every replica reads a local
-    copy) rather than a graph constant, which would embed one copy per traced
-    function and hit the 2 GB graph limit on large models. Load a masked model
-    inside ``strategy.scope()`` to get mirrored masks.
-
-    In ``get_config`` the mask is bit-packed, zlib-compressed and base64
-    encoded, which round-trips exactly and stays small: masks for all 25.6M
-    weights of a ResNet-50 take 0.5 MB of config at 1% density and 4.3 MB at
-    50%, where a nested list of 0/1 would take about 77 MB. The alternative, a non-trainable mask weight on a
-    wrapper layer, would change the model's layers and weight names.
-
-    Args:
-        mask: 0/1 array of the weight's shape (or the encoded string from
-            ``get_config``).
-        shape: the mask's shape; required only with an encoded mask.
-        inner: an optional constraint the weight already had; it is applied
-            before masking.
-    """
-
-    def __init__(self, mask, shape=None, inner=None):
-        if isinstance(mask, str):
-            mask = _decode(mask, tuple(shape))
-        self._mask_array = np.asarray(mask, dtype=np.float32)
-        self.inner = keras.constraints.get(inner)
-        with tf.init_scope():
-            self._mask = tf.Variable(self._mask_array, trainable=False, name="mask")
-
-    @property
-    def mask(self):
-        """The 0/1 mask as a float32 numpy array."""
-        return self._mask_array
-
-    def __call__(self, w):
-        if self.inner is not None:
-            w = self.inner(w)
-        return w * tf.cast(self._mask, w.dtype)
-
-    def get_config(self):
-        return {
-            "mask": _encode(self._mask_array),
-            "shape": list(self._mask_array.shape),
-            "inner": keras.constraints.serialize(self.inner) if self.inner else None,
-        }
 
 
 def check_masks(model, masks):
@@ -100,7 +34,8 @@ def check_masks(model, masks):
             other than 0 and 1 (including NaN).
     """
     if not isinstance(masks, dict) or not masks:
-        raise ValueError(f"masks must be a non-empty dict {{weight path: 0/1 array}}, got {type(masks).__name__}.")
+        raise ValueError(
+            f"masks must be a non-empty dict {{weight path: 0/1 array}}, got {type(masks).__name__}.")
     weights = common.named_weights(model)
     unknown = [p for p in masks if p not in weights]
     if unknown:
@@ -151,7 +86,7 @@ def apply_masks(model, masks):
     Raises:
         ValueError: see :func:`check_masks`.
     """
-    for path, (layer, var, spec, mask) in check_masks(model, masks).items():
+    for layer, var, spec, mask in check_masks(model, masks).values():
         inner = getattr(layer, spec.constraint_attr, None)
         if isinstance(inner, MaskConstraint):
             inner = inner.inner
@@ -195,12 +130,14 @@ def sparsity_report(masks, model=None):
         shape = "x".join(str(d) for d in np.shape(m))
         rows.append((path, shape, f"{kept:,}", f"{size:,}", f"{kept / size:.4f}"))
     header = ("Weight", "Shape", "Kept", "Total", "Density")
-    footer = [("Total (masked weights)", "", f"{kept_total:,}", f"{size_total:,}", f"{kept_total / max(size_total, 1):.4f}")]
+    footer = [("Total (masked weights)", "", f"{kept_total:,}", f"{size_total:,}",
+               f"{kept_total / max(size_total, 1):.4f}")]
     if model is not None:
         n_params = model.count_params()
         pruned = size_total - kept_total
         footer.append(
-            ("Total (all parameters)", "", f"{n_params - pruned:,}", f"{n_params:,}", f"{(n_params - pruned) / n_params:.4f}")
+            ("Total (all parameters)", "", f"{n_params - pruned:,}", f"{n_params:,}",
+             f"{(n_params - pruned) / n_params:.4f}")
         )
     widths = [max(len(r[i]) for r in [header, *rows, *footer]) for i in range(5)]
 

@@ -54,7 +54,8 @@ def _weight_level(shape, density, rng, path):
 
 def _filter_level(shape, spec, density, rng, path):
     units = np.zeros((shape[spec.in_axis], shape[spec.out_axis]), bool)
-    units.ravel()[rng.choice(units.size, common.num_kept(density, units.size, repr(path)), replace=False)] = True
+    keep = common.num_kept(density, units.size, repr(path))
+    units.ravel()[rng.choice(units.size, keep, replace=False)] = True
     return np.broadcast_to(common.spread(spec, units, len(shape)), shape)
 
 

@@ -14,7 +14,8 @@ import tensorflow as tf
 from keras_precrop.pai import common, gradients
 
 
-def snip_scores(model, data, loss=None, include_bias=False, include_batchnorm=False, training=False, num_batches=None):
+def snip_scores(model, data, loss=None, include_bias=False, include_batchnorm=False, training=False,
+                num_batches=None):
     """SNIP scores ``|w * sum_b dL_b/dw|`` normalized to sum to one.
 
     Args:
@@ -51,7 +52,8 @@ def snip_scores(model, data, loss=None, include_bias=False, include_batchnorm=Fa
     return {path: s / norm for path, s in scores.items()}
 
 
-def snip(model, data, density, loss=None, scope="global", include_bias=False, include_batchnorm=False, training=False, num_batches=None):
+def snip(model, data, density, loss=None, scope="global", include_bias=False, include_batchnorm=False,
+         training=False, num_batches=None):
     """Prunes ``model``'s weights to ``density`` by SNIP scores (single shot).
 
     Args:

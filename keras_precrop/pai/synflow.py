@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_precrop import progress as _progress
 from keras_precrop.pai import common
 
 # float32 is used while R stays in this range: 8 orders of magnitude of
@@ -185,7 +186,8 @@ def _keep_round(scores, alive, density, sizes, scope):
     return np.concatenate(kept)
 
 
-def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=False, input_shape=None, dtype="auto"):
+def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=False, input_shape=None,
+                   dtype="auto"):
     """One round of SynFlow scores, ``|w * dR/dw|`` of the linearized network.
 
     Args:
@@ -244,7 +246,8 @@ def synflow(
         dtype: precision of the linearized network: ``"auto"`` (float32 while
             the flow stays within ``[1e-30, 1e30]``, else float64),
             ``"float32"`` (the reference's) or ``"float64"``.
-        verbose: 0 silent, 1 progress bar, 2 one line at the end.
+        verbose: 0 silent, 1 progress (a bar on a terminal, plain lines in a
+            log file), 2 one line at the end.
 
     Returns:
         ``{weight path: float32 0/1 array}`` keeping exactly
@@ -264,7 +267,7 @@ def synflow(
     sizes = scorer.linearized.sizes
     alive = np.arange(sum(sizes))
     flat_mask = np.ones(alive.size)
-    progress = keras.utils.Progbar(iterations, verbose=verbose, stateful_metrics=["density"])
+    progress = _progress.progbar(iterations, verbose, stateful_metrics=["density"])
     for k, round_density in enumerate(densities):
         scores = scorer.scores(flat_mask)
         alive = _keep_round(scores, alive, round_density, sizes, scope)

@@ -1,7 +1,8 @@
 """Plans: from budgets to integer channel widths, and back to a model.
 
 A :class:`Plan` is the bridge between solving and rebuilding: it records the
-width chosen for every channel group (and residual view), the per-layer costs
+width chosen for every width variable (a channel group or a residual view;
+see ``channels.py`` for the vocabulary), the per-layer costs
 and densities it implies, and how the budgets were met. Plans are plain JSON,
 so a plan computed once (on a laptop, say) can be applied later to a model
 built inside a TPU or GPU strategy scope with :func:`apply_plan`.
@@ -9,7 +10,7 @@ built inside a TPU or GPU strategy scope with :func:`apply_plan`.
 Three translation modes:
 
 * ``mode="exact"`` solves the channel-width program (the SynExp objective over
-  group widths, budgets as exact bilinear costs), rounds to integers and
+  the width variables, budgets as exact bilinear costs), rounds to integers and
   repairs greedily so the rebuilt model never exceeds a budget and meets the
   binding one within ~1%.
 * ``mode="paper"`` solves per-layer densities (``solve_densities``) and maps
@@ -53,17 +54,22 @@ class RebuildMismatchError(PlanMismatchError):
     """The rebuilt model disagrees with its plan's per-layer prediction."""
 
 
+_OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
+
+
 @dataclasses.dataclass
 class Plan:
     """Channel widths for a model, with the costs they imply.
 
     Attributes:
         model_name: name of the model the plan was made for.
-        mode: ``"exact"`` or ``"paper"``.
+        mode: ``"exact"``, ``"layerwise"`` or ``"paper"``.
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
         ignore: layer names whose channels were kept fixed.
-        groups: per width variable: name, kind, original and new width, fixed.
-        layers: per layer: name, class, params/MACs before and after, density.
+        variables: per width variable: name, kind, original and new width,
+            fixed (older plans call this key ``"groups"``; they load too).
+        layers: per layer: name, class, input and output channels, params/MACs
+            before and after, density.
         original: ``{"params", "macs"}`` of the original model.
         predicted: ``{"params", "macs"}`` of the rebuilt model (exact integers).
         budgets: absolute ``{"params", "macs"}`` targets (``None`` if unset).
@@ -74,7 +80,7 @@ class Plan:
     mode: str
     residual: str
     ignore: list
-    groups: list
+    variables: list
     layers: list
     original: dict
     predicted: dict
@@ -93,8 +99,8 @@ class Plan:
 
     @property
     def widths(self):
-        """``{group name: new width}``."""
-        return {g["name"]: g["new"] for g in self.groups}
+        """``{variable name: new width}``."""
+        return {v["name"]: v["new"] for v in self.variables}
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -109,6 +115,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data):
+        """A plan from :meth:`to_dict`'s data (older plans' keys included)."""
+        data = {_OLD_KEYS.get(k, k): v for k, v in data.items()}
         fields = {f.name for f in dataclasses.fields(cls)}
         missing = fields - set(data)
         if missing:
@@ -124,24 +132,43 @@ class Plan:
                 text = f.read()
         return cls.from_dict(json.loads(text))
 
-    def summary(self, print_fn=print, only_changed=False):
-        """Print a before/after table of layers, then totals vs. budgets."""
-        rows = [("Layer (type)", "Channels", "Params", "MACs", "Density")]
+    def summary(self, print_fn=print, only_changed=False, show_all_hint="only_changed=False"):
+        """Print a before/after table of layers, then totals vs. budgets.
+
+        Each layer shows its input and output channels, parameters and MACs,
+        as ``before -> after`` where they change. Layers without parameters
+        or MACs (activations, adds, pooling) are left out.
+
+        Args:
+            print_fn: where each line goes.
+            only_changed: leave out layers whose parameters did not change;
+                a note under the table says how many were left out.
+            show_all_hint: how the caller shows every layer, for that note
+                (the command line passes its ``--all`` flag).
+        """
+        rows = [("Layer (type)", "In channels", "Out channels", "Params", "MACs", "Density")]
+        hidden = 0
         for layer in self.layers:
             if not (layer["params"] or layer["macs"]):
                 continue
             if only_changed and layer["params_new"] == layer["params"]:
+                hidden += 1
                 continue
             rows.append((
                 f"{layer['name']} ({layer['class_name']})",
-                f"{layer['channels']} -> {layer['channels_new']}",
-                f"{layer['params']:,} -> {layer['params_new']:,}",
-                f"{layer['macs']:,} -> {layer['macs_new']:,}",
+                # Plans written before input channels were recorded lack them.
+                _change(layer.get("channels_in", "?"), layer.get("channels_in_new", "?")),
+                _change(layer["channels"], layer["channels_new"]),
+                _change(f"{layer['params']:,}", f"{layer['params_new']:,}"),
+                _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
         print_fn(f'Plan ({self.mode}, residual={self.residual}): "{self.model_name}"')
         for line in _costs._table(rows):
             print_fn(line)
+        if hidden:
+            print_fn(f"{hidden} unchanged layer{'s' * (hidden > 1)} not shown "
+                     f"({show_all_hint} shows every layer).")
         for key, label in (("params", "Params"), ("macs", "MACs")):
             before, after = self.original[key], self.predicted[key]
             budget = self.budgets[key]
@@ -151,18 +178,64 @@ class Plan:
             print_fn(text)
 
 
-def _resolve_budget(name, ratio, absolute, original):
-    """Absolute (integer) budget from a ratio of the original or an absolute value."""
+def _change(before, after):
+    """A table cell: ``before -> after``, or one value if it did not change."""
+    return before if before == after else f"{before} -> {after}"
+
+
+def _spelled(name, value):
+    """``name=value`` as the user wrote the argument (numpy scalars as numbers)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return f"{name}={value!r}"
+
+
+# The budget arguments: (ratio keyword, what the ratio is of, absolute keyword, its unit).
+_BUDGET_ARGS = (("params", "parameters", "max_params", "parameters"),
+                ("flops", "FLOPs", "max_macs", "MACs"))
+
+
+def _resolve_budget(kind, ratio, absolute, original, can_grow):
+    """Absolute (integer) budget from a ratio of the original or an absolute value.
+
+    Args:
+        kind: 0 for the parameter budget, 1 for the FLOP/MAC budget.
+        ratio: the ratio argument (``params`` / ``flops``) or None.
+        absolute: the absolute argument (``max_params`` / ``max_macs``) or None.
+        original: the original model's parameters / MACs.
+        can_grow: whether widths may exceed the original (PreConfig); if
+            not, a budget above the original is refused, since it would
+            silently return the model unchanged.
+
+    Returns:
+        The budget as a float integer, or None when neither argument is given.
+
+    Raises:
+        TypeError, ValueError: naming the argument as the user passed it
+            (``flops=0``), so the command line can translate it to its flag.
+    """
+    ratio_name, ratio_unit, absolute_name, absolute_unit = _BUDGET_ARGS[kind]
     if ratio is not None and absolute is not None:
-        raise ValueError(f"Give either {name} (a ratio) or max_{name} (absolute), not both.")
-    value = ratio if ratio is not None else absolute
-    if value is None:
+        raise ValueError(f"Give either {_spelled(ratio_name, ratio)} (a ratio) or "
+                         f"{_spelled(absolute_name, absolute)} (an absolute count), not both.")
+    if ratio is None and absolute is None:
         return None
+    is_ratio = ratio is not None
+    name, value = (ratio_name, ratio) if is_ratio else (absolute_name, absolute)
+    what = (f"ratio of the original model's {ratio_unit} (e.g. 0.5)" if is_ratio
+            else f"number of {absolute_unit}")
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(f"{name} budget must be a number, got {value!r}")
+        raise TypeError(f"{_spelled(name, value)} must be a {what}.")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} budget must be a positive finite number, got {value!r}")
-    budget = float(value) * original if ratio is not None else float(value)
+        raise ValueError(f"{_spelled(name, value)} must be a positive, finite {what}.")
+    if not can_grow and (value > 1 if is_ratio else value > original):
+        size = (f"{value:.0%} of the original model's {ratio_unit}" if is_ratio
+                else f"more than the original model's {original:,} {absolute_unit}")
+        raise ValueError(
+            f"{_spelled(name, value)} asks for {size}, but PreCrop only removes channels: "
+            "the model would come back unchanged. Use reconfigure (PreConfig) to let "
+            "layers grow.")
+    budget = float(value) * original if is_ratio else float(value)
     # Params and MACs are integers: round away float noise (0.9999999999999999 * 393).
     return float(math.floor(budget * (1 + 1e-12)))
 
@@ -185,25 +258,36 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         upper: cap on each width ratio: 1.0 prunes only (PreCrop); ``None``
             lets widths grow (PreConfig).
         round_to: widths are multiples of this (e.g. 8 for accelerators).
-        min_channels: no group is narrower than this.
+        min_channels: no width variable is narrower than this.
         ignore: layer names whose channels stay fixed.
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
 
     Returns:
         A :class:`Plan`.
+
+    Raises:
+        ValueError: for a budget that is not a positive finite number, both
+            forms of one budget, no budget, or (with ``upper <= 1``, i.e.
+            PreCrop) a budget above the original model, which could only
+            return the model unchanged; the message names the argument as
+            passed (``params=1.5``).
+        TypeError: for a budget that is not a number.
+        InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+        raise ValueError(f"{_spelled('mode', mode)} is unknown; use one of {sorted(_MODES)}.")
     for name, value in (("round_to", round_to), ("min_channels", min_channels)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if upper is not None and (not math.isfinite(upper) or upper <= 0):
-        raise ValueError(f"upper must be a positive ratio or None, got {upper!r}")
+            raise ValueError(f"{_spelled(name, value)} must be a positive integer.")
+    if upper is not None and (isinstance(upper, bool) or not isinstance(upper, (int, float, np.number))
+                              or not math.isfinite(upper) or upper <= 0):
+        raise ValueError(f"{_spelled('upper', upper)} must be a positive ratio or None.")
     prof = _costs.profile(model, ignore=ignore, residual=residual)
+    can_grow = upper is None or upper > 1
     budgets = np.array([
         np.inf if b is None else b for b in (
-            _resolve_budget("params", params, max_params, prof.total_params),
-            _resolve_budget("macs", flops, max_macs, prof.total_macs))])
+            _resolve_budget(0, params, max_params, prof.total_params, can_grow),
+            _resolve_budget(1, flops, max_macs, prof.total_macs, can_grow))])
     if np.all(np.isinf(budgets)):
         raise ValueError("Give at least one budget: params=, flops=, max_params= or max_macs=.")
     cm = prof.cost
@@ -359,18 +443,11 @@ class _LayerwiseRule:
         self.alpha, self.beta = per_layer[self.layers, 0], per_layer[self.layers, 1]
         self.rest = per_layer.sum(axis=0) - np.array([self.alpha.sum(), self.beta.sum()])
         self.names = [graph.layers[i].path for i in self.layers]
-        structure, ctx = graph.structure, graph.ctx
-        position = {layer: k for k, layer in enumerate(self.layers.tolist())}
         producer = {}
-        for i, rec in enumerate(graph.layers):
-            if i not in position:
-                continue
-            targets = [] if rec.out_segment is None else [
-                structure.seg_var[ctx.find(rec.out_segment)]]
-            targets += [v for (path, _), v in structure.views.items() if path == rec.path]
-            for v in targets:
+        for k, i in enumerate(self.layers.tolist()):
+            for v in graph.produced_variables(graph.layers[i]):
                 if not cm.fixed[v]:
-                    producer.setdefault(v, position[i])
+                    producer.setdefault(v, k)
         self.var = np.array(sorted(producer), dtype=np.int64)
         self.src = np.array([producer[v] for v in self.var], dtype=np.int64)
 
@@ -477,14 +554,17 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
     has_kernel = set(cm.obj_layer.tolist())
     names = {v.name: i for i, v in enumerate(cm.variables)}
 
-    def channels(layer, w):
-        return "/".join(str(int(w[names[g]])) for g in layer.out_groups) or "-"
+    def channels(variables, w):
+        return "/".join(str(int(w[names[v]])) for v in variables) or "-"
 
     layers = []
     for i, layer in enumerate(prof.layers):
         layers.append({
             "name": layer.name, "class_name": layer.class_name,
-            "channels": channels(layer, cm.widths), "channels_new": channels(layer, widths),
+            "channels": channels(layer.out_variables, cm.widths),
+            "channels_new": channels(layer.out_variables, widths),
+            "channels_in": channels(layer.in_variables, cm.widths),
+            "channels_in_new": channels(layer.in_variables, widths),
             "params": int(round(before[i, 0])), "params_new": int(round(after[i, 0])),
             "macs": int(round(before[i, 1])), "macs_new": int(round(after[i, 1])),
             "density": float(density[i]) if i in has_kernel else None,
@@ -493,9 +573,9 @@ def _make_plan(prof, widths, budgets, mode, residual, ignore, info):
     info = dict(info, objective=float(cm.objective(widths)))
     return Plan(
         model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,
-        groups=[{"name": v.name, "kind": v.kind, "width": int(v.width),
-                 "new": int(widths[i]), "fixed": bool(v.fixed)}
-                for i, v in enumerate(cm.variables)],
+        variables=[{"name": v.name, "kind": v.kind, "width": int(v.width),
+                    "new": int(widths[i]), "fixed": bool(v.fixed)}
+                   for i, v in enumerate(cm.variables)],
         layers=layers,
         original={"params": prof.total_params, "macs": prof.total_macs},
         predicted={"params": int(round(total[0])), "macs": int(round(total[1]))},
@@ -516,18 +596,18 @@ def apply_plan(model, plan):
     first layer that differs.
     """
     graph = walk(model, ignore=plan.ignore, residual=plan.residual)
-    variables = graph.structure.variables
-    planned = {g["name"]: g for g in plan.groups}
+    variables = graph.variables
+    planned = {v["name"]: v for v in plan.variables}
     names = [v.name for v in variables]
     if set(names) != set(planned):
         extra, missing = sorted(set(planned) - set(names)), sorted(set(names) - set(planned))
         raise PlanMismatchError(
             f"Plan for {plan.model_name!r} does not fit model {model.name!r}: "
-            f"groups only in the plan {extra[:5]}, only in the model {missing[:5]}.")
+            f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.")
     for v in variables:
         if planned[v.name]["width"] != v.width:
             raise PlanMismatchError(
-                f"Group {v.name!r} has {v.width} channels in model {model.name!r} "
+                f"Width variable {v.name!r} has {v.width} channels in model {model.name!r} "
                 f"but {planned[v.name]['width']} in the plan.")
     widths = [planned[n]["new"] for n in names]
     new = rebuild(graph, widths)
@@ -544,8 +624,10 @@ def precrop(model, params=None, flops=None, **options):
 
     Args:
         model: functional or Sequential Keras model with a defined input shape.
-        params: parameter budget as a ratio of the original (e.g. 0.5).
-        flops: FLOP budget as a ratio of the original.
+        params: parameter budget as a ratio of the original, in (0, 1]
+            (e.g. 0.5); a larger budget is an error, since PreCrop only
+            removes channels (:func:`reconfigure` lets layers grow).
+        flops: FLOP budget as a ratio of the original, in (0, 1].
         **options: see :func:`plan` (``max_params``, ``max_macs``, ``mode``,
             ``round_to``, ``min_channels``, ``ignore``, ``residual``).
 

@@ -1,0 +1,291 @@
+"""The channel data model that layer handlers write into while a model is walked.
+
+The package's vocabulary, stated once (segment -> group -> width variable / view):
+
+* **segment**: one channel axis as the walk creates it (a model input, the
+  output of a layer that makes new channels, a residual merge, an opaque
+  block), with its original width. Segments are numbered in creation order.
+* **group**: segments that must keep one width (tied through batch norm,
+  activations, depthwise convs, element-wise ops, shared layers, ...), kept
+  in a union-find; its oldest segment represents and names it.
+* **width variable**: a width the solver chooses (``graph.Variable``). Each
+  group is one variable: kind ``"channels"``, or ``"stream"`` for a residual
+  stream (a group joined by ``Add`` merges). Under ``residual="tie"`` all
+  of a stream's writers are in its group. Under ``residual="prefix"`` (the
+  paper's PreCrop rule) the writer that creates the stream (a stem conv, a
+  projection shortcut) sets its width, every other writer keeps its own
+  group, bounded by the stream's width, and each layer that reads the stream
+  gets a **view**: a variable of kind ``"view"`` of its own, bounded likewise.
+
+Profiles, plans and their JSON name variables (``ModelProfile.variables``,
+``Plan.variables``); a layer's ``in_variables``/``out_variables`` are the
+variables it reads and writes.
+
+A tensor's channel axis is described by :data:`Channels`, an ordered tuple of
+:class:`Part` s (a concatenation has several); layer costs are bilinear
+:class:`Term` s in segment widths, kept per layer in a :class:`LayerRecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be analysed (subclassed, undefined shapes, ...)."""
+
+
+class UnsupportedLayerError(ValueError):
+    """A layer's channel semantics are unknown to the walker."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A contiguous block of ``mult * width(segment)`` channels of a tensor.
+
+    ``mult`` > 1 when a depthwise multiplier or a flatten repeats the
+    segment's channels.
+    """
+
+    segment: int
+    mult: int = 1
+
+
+Channels = tuple  # tuple[Part, ...]: a tensor's channel axis, in order
+
+
+@dataclasses.dataclass
+class Term:
+    """``params * w_a * w_b`` parameters and ``macs * w_a * w_b`` MACs.
+
+    ``a`` and ``b`` are segment ids, or ``None`` for a factor of one. The
+    coefficients are per channel, so at the original widths the term's value
+    is ``coef * C_a * C_b``.
+    """
+
+    params: float
+    macs: float
+    a: int | None = None
+    b: int | None = None
+
+
+@dataclasses.dataclass
+class LayerRecord:
+    """What the walker learned about one layer (over all of its calls)."""
+
+    layer: keras.layers.Layer
+    path: str
+    handler: object  # the handlers.Handler that walks and configures it
+    ignored: bool = False
+    calls: int = 0
+    inputs: list = dataclasses.field(default_factory=list)  # Channels per call
+    outputs: list = dataclasses.field(default_factory=list)  # Channels per call
+    terms: list = dataclasses.field(default_factory=list)
+    objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
+    out_segment: int | None = None  # the segment the layer creates (new_output)
+    read_segments: list = dataclasses.field(default_factory=list)  # inputs of its kernels
+
+    @property
+    def class_name(self):
+        return type(self.layer).__name__
+
+
+@dataclasses.dataclass
+class _Segment:
+    width: int
+    name: str
+    depth: int
+    fixed: bool = False
+
+
+class WalkContext:
+    """The state handlers read and write while the graph is walked."""
+
+    def __init__(self, residual):
+        self.residual = residual
+        self.segments: list[_Segment] = []
+        self._parent: list[int] = []
+        self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
+        self.leq: list[tuple[int, int]] = []  # width(a) <= width(b)
+        self.multiples: list[tuple[LayerRecord, int, int]] = []  # (reader, segment, m)
+        self.records: dict[int, LayerRecord] = {}
+        self.order: list[LayerRecord] = []
+        self.depth = 0  # depth of the node being walked
+        self.notes: list[str] = []  # decisions a user should know about
+
+    # -- union-find over segments -------------------------------------------
+    def new_segment(self, width, name, fixed=False):
+        """Create a channel axis of ``width`` channels; returns its id."""
+        self.segments.append(_Segment(int(width), name, self.depth, fixed))
+        self._parent.append(len(self._parent))
+        return len(self._parent) - 1
+
+    def find(self, s):
+        """The representative segment of ``s``'s group."""
+        root = s
+        while self._parent[root] != root:
+            root = self._parent[root]
+        while self._parent[s] != root:
+            self._parent[s], s = root, self._parent[s]
+        return root
+
+    def union(self, a, b, where):
+        """Tie two segments to one width; ``where`` names the layer for errors."""
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return ra
+        sa, sb = self.segments[ra], self.segments[rb]
+        if sa.width != sb.width:
+            raise UnsupportedLayerError(
+                f"{where}: cannot couple channel axes of different widths "
+                f"({sa.name}: {sa.width} vs {sb.name}: {sb.width})."
+            )
+        # The older (shallower, then earlier) segment names the group.
+        if (sb.depth, rb) < (sa.depth, ra):
+            ra, rb, sa, sb = rb, ra, sb, sa
+        self._parent[rb] = ra
+        sa.fixed = sa.fixed or sb.fixed
+        return ra
+
+    def tie(self, a: Channels, b: Channels, where):
+        """Tie two channel descriptors part by part.
+
+        Descriptors built differently (a concatenation against a plain tensor,
+        say a squeeze-excite gate on concatenated features) cannot be tied
+        part by part; their channels are kept fixed instead, with a note.
+        """
+        if len(a) != len(b) or any(p.mult != q.mult for p, q in zip(a, b)):
+            if width_of(self, a) != width_of(self, b):
+                raise UnsupportedLayerError(
+                    f"{where}: cannot couple tensors of {width_of(self, a)} and "
+                    f"{width_of(self, b)} channels. Pass "
+                    f"ignore=[{where.split('/')[-1]!r}] to keep them fixed.")
+            self.fix(a)
+            self.fix(b)
+            self.notes.append(
+                f"{where}: couples a concatenation (or depthwise-multiplied "
+                "tensor) with a differently built tensor; those channels are "
+                "kept fixed.")
+            return
+        for p, q in zip(a, b):
+            self.union(p.segment, q.segment, where)
+
+    def multiple_of(self, rec, channels: Channels, m):
+        """Require each part of ``channels``, as ``rec`` sees it, to stay a multiple of ``m``.
+
+        Grouped convolutions and group normalization keep their group count,
+        so their channel counts move in multiples of it.
+        """
+        for p in channels:
+            need = m // math.gcd(m, p.mult)
+            if need > 1:
+                self.multiples.append((rec, p.segment, need))
+
+    def fix(self, channels: Channels):
+        """Mark every group of a descriptor as not prunable."""
+        for p in channels:
+            self.segments[self.find(p.segment)].fixed = True
+
+    # -- what handlers declare ---------------------------------------------
+    def new_output(self, rec, width) -> Channels:
+        """The channels layer ``rec`` creates: ``width`` new channels named after it.
+
+        The segment is created on the layer's first call and reused on later
+        calls (a shared layer has one set of weights); it is
+        ``rec.out_segment``, the segment ``Handler.configure`` rewrites.
+        """
+        if rec.out_segment is None:
+            rec.out_segment = self.new_segment(width, rec.path)
+        return (Part(rec.out_segment),)
+
+    def add_term(self, rec, params, macs, a=None, b=None):
+        """Add ``coef * width(a) * width(b)``; ``a``/``b`` are Parts or None.
+
+        Parameters belong to the layer and MACs to each call: on a later call
+        of a shared layer the term keeps its MACs only.
+        """
+        if rec.calls:
+            if not macs:
+                return
+            params = 0
+        coef = 1
+        segs = []
+        for p in (a, b):
+            if p is not None:
+                coef *= p.mult
+                segs.append(p.segment)
+        segs += [None] * (2 - len(segs))
+        rec.terms.append(Term(params * coef, macs * coef, segs[0], segs[1]))
+
+    def add_kernel(self, rec, ins: Channels, out: Channels | None = None, *,
+                   params, macs, bias=False):
+        """Declare a prunable kernel: its cost terms and its SynExp objective entry.
+
+        With ``out`` the kernel joins every channel of ``ins`` to every channel
+        of ``out`` (a convolution or dense kernel): ``params`` weights and
+        ``macs`` multiply-accumulates per channel pair, and the layer reads
+        ``ins`` (a layer reading a residual stream may get a view of it).
+        Without ``out`` the kernel is depthwise: ``params`` weights and
+        ``macs`` MACs per channel of ``ins``, which are also its output
+        channels (pass them multiplied by the depth multiplier).
+
+        Args:
+            rec: the layer's record.
+            ins: the channels the kernel reads.
+            out: the channels it writes, or ``None`` for a depthwise kernel.
+            params: weights per channel pair (depthwise: per channel).
+            macs: multiply-accumulates per channel pair and call.
+            bias: the layer adds one bias per output channel.
+        """
+        outs = ins if out is None else out
+        for p in ins:
+            for q in ((None,) if out is None else out):
+                self.add_term(rec, params, macs, p, q)
+        if bias:
+            for q in outs:
+                self.add_term(rec, 1, 0, q)
+        if rec.calls == 0:
+            self._add_objective(rec, ins, *(() if out is None else (out,)))
+            if out is not None:
+                rec.read_segments.extend(p.segment for p in ins)
+
+    def _add_objective(self, rec, *factors: Channels):
+        """Declare a prunable kernel whose density is the product of factors.
+
+        A factor with several parts (a concatenation) contributes the
+        width-weighted mean of its parts' log ratios, a concave lower bound
+        of its true log ratio that keeps the program convex.
+        """
+        for channels in factors:
+            total = sum(p.mult * self.segments[p.segment].width for p in channels)
+            for p in channels:
+                weight = p.mult * self.segments[p.segment].width / total
+                rec.objective.append((weight, p.segment))
+
+
+def width_of(ctx, channels: Channels):
+    """Original number of channels described by ``channels``."""
+    return sum(p.mult * ctx.segments[p.segment].width for p in channels)
+
+
+def output_shape(node):
+    """Static shape of a node's first output."""
+    return tuple(node.outputs[0].shape)
+
+
+def input_shape(node):
+    """Static shape of a node's first tensor argument."""
+    return tuple(node.arguments.keras_tensors[0].shape)
+
+
+def as_part(channels: Channels, where) -> Part:
+    """The single part of a plain (non-concatenated) descriptor."""
+    if len(channels) != 1:
+        raise UnsupportedLayerError(
+            f"{where}: expected a plain tensor, got a concatenation of "
+            f"{len(channels)} blocks."
+        )
+    return channels[0]
