@@ -33,6 +33,7 @@ from keras_precrop.layers import ChannelSlice, PrefixAdd
 from keras_precrop.planning import (
     Plan,
     PlanMismatchError,
+    RebuildMismatchError,
     apply_plan,
     plan,
     precrop,
@@ -72,6 +73,7 @@ __all__ = [
     "Plan",
     "PlanMismatchError",
     "PrefixAdd",
+    "RebuildMismatchError",
     "SolveResult",
     "UnsupportedLayerError",
     "UnsupportedModelError",

@@ -29,6 +29,7 @@ A tensor's channel axis is described by :data:`Channels`, an ordered tuple of
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import keras
 
@@ -109,6 +110,7 @@ class WalkContext:
         self._parent: list[int] = []
         self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
         self.leq: list[tuple[int, int]] = []  # width(a) <= width(b)
+        self.multiples: list[tuple[LayerRecord, int, int]] = []  # (reader, segment, m)
         self.records: dict[int, LayerRecord] = {}
         self.order: list[LayerRecord] = []
         self.depth = 0  # depth of the node being walked
@@ -170,6 +172,17 @@ class WalkContext:
             return
         for p, q in zip(a, b):
             self.union(p.segment, q.segment, where)
+
+    def multiple_of(self, rec, channels: Channels, m):
+        """Require each part of ``channels``, as ``rec`` sees it, to stay a multiple of ``m``.
+
+        Grouped convolutions and group normalization keep their group count,
+        so their channel counts move in multiples of it.
+        """
+        for p in channels:
+            need = m // math.gcd(m, p.mult)
+            if need > 1:
+                self.multiples.append((rec, p.segment, need))
 
     def fix(self, channels: Channels):
         """Mark every group of a descriptor as not prunable."""

@@ -24,6 +24,7 @@ and view). The result, a :class:`ModelGraph`, holds:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 
 import keras
@@ -309,6 +310,8 @@ class Variable:
         fixed: the width may not change (model inputs and outputs, ignored layers).
         kind: ``"channels"``, ``"stream"`` or ``"view"``.
         bound: index of the variable this one may never be wider than.
+        multiple: the width stays a multiple of this (grouped convolutions,
+            group normalization keep their group count).
         layers: paths of the layers whose costs depend on it.
     """
 
@@ -317,6 +320,7 @@ class Variable:
     fixed: bool
     kind: str  # "channels", "stream" or "view"
     bound: int | None = None  # a view/writer is never wider than this variable
+    multiple: int = 1  # widths move in multiples of this (grouped convs, GroupNorm)
     layers: list = dataclasses.field(default_factory=list)
 
 
@@ -371,8 +375,12 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
         for rec in ctx.order:
             if any(p.mult != 1 or len(ch) != 1 for ch in rec.inputs[0] for p in ch):
                 continue
+            own = None if rec.out_segment is None else ctx.find(rec.out_segment)
             for root in dict.fromkeys(ctx.find(seg) for seg in rec.read_segments):
-                if root not in streams:
+                # A layer whose output is tied into the stream it reads (by an
+                # element-wise op, e.g. InceptionResNet's x + scale * conv(x))
+                # reads it whole: a view would narrow its output too.
+                if root not in streams or root == own:
                     continue
                 if root not in read:
                     read.add(root)
@@ -382,6 +390,7 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                 variables.append(Variable(
                     f"{rec.path}:in", stream.width, False, "view",
                     bound=group_var[root]))
+    _resolve_multiples(ctx, variables, group_var, views)
     for rec in ctx.order:
         for term in rec.terms:
             for s in (term.a, term.b):
@@ -391,6 +400,27 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                     if rec.path not in v.layers:
                         v.layers.append(rec.path)
     return _Structure(variables, group_var, views)
+
+
+def _resolve_multiples(ctx, variables, group_var, views):
+    """Give each variable the multiple its readers need.
+
+    A bounded variable (view, writer) passes its multiple on to its bound, so
+    clipping it to the bound keeps it a multiple.
+    """
+    for rec, seg, m in ctx.multiples:
+        root = ctx.find(seg)
+        v = variables[views.get((rec.path, root), group_var[root])]
+        v.multiple = math.lcm(v.multiple, m)
+    for _ in range(len(variables)):
+        changed = False
+        for v in variables:
+            if v.bound is not None:
+                b = variables[v.bound]
+                if b.multiple % v.multiple:
+                    b.multiple, changed = math.lcm(b.multiple, v.multiple), True
+        if not changed:
+            break
 
 
 def _resolve_streams(ctx, writers):
@@ -407,16 +437,27 @@ def _resolve_streams(ctx, writers):
             parent[find(ctx.find(s))] = find(ctx.find(out))
     merge_outs = {ctx.find(out) for out, _, _ in ctx.merges}
     members: dict[int, set] = {}
-    where: dict[int, str] = {}
+    stream_merges: dict[int, list] = {}
     for out, ins, name in ctx.merges:
         key = find(ctx.find(out))
-        where.setdefault(key, name)
+        stream_merges.setdefault(key, []).append((ins, name))
         members.setdefault(key, set()).update(ctx.find(s) for s in [out, *ins])
+
+    def order(s):  # the creator: the widest, then shallowest input
+        return -ctx.segments[s].width, ctx.segments[s].depth, s
+
     for key, segs in members.items():
-        inputs = sorted(segs - merge_outs, key=lambda s: (
-            -ctx.segments[s].width, ctx.segments[s].depth, s))
+        inputs = sorted(segs - merge_outs, key=order)
         creator = inputs[0] if inputs else min(segs)
         for s in sorted(segs - set(inputs[1:])):
-            creator = ctx.union(creator, s, where[key])
-        for w in inputs[1:]:
+            creator = ctx.union(creator, s, stream_merges[key][0][1])
+        # A merge's output is as wide as its widest input (PrefixAdd), so one
+        # whose inputs are all writers (NASNet's cells add two branches that
+        # both also feed other merges of the stream) would come out narrower
+        # than the stream it stands for: its widest input is tied to it.
+        for ins, name in stream_merges[key]:
+            roots = {ctx.find(s) for s in ins}
+            if creator not in roots:
+                creator = ctx.union(creator, min(roots, key=order), name)
+        for w in {ctx.find(w) for w in inputs[1:]} - {creator}:
             writers[w] = creator

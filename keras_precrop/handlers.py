@@ -14,10 +14,12 @@ layer class's MRO, so subclasses of built-in layers inherit their rule;
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 
 import numpy as np
 from keras import layers as L
+from keras.src.ops import core as _ops_core
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
@@ -46,12 +48,41 @@ class WeightSpec:
         in_axis: kernel axis indexing input channels (``None`` for vectors).
         out_axis: kernel axis indexing output channels, or the depthwise
             multiplier axis (``None`` for vectors).
+        groups: a grouped convolution's group count: its kernel's input axis
+            holds the ``c_in / groups`` channels of each group, and output
+            channel ``o`` belongs to group ``o // (c_out / groups)``.
     """
 
     constraint_attr: str
     kind: str
     in_axis: int | None = None
     out_axis: int | None = None
+    groups: int = 1
+
+    def block_diagonal(self, local):
+        """A grouped kernel's ``(c_in / groups, c_out)`` channel matrix over all ``c_in`` inputs.
+
+        Entry ``[j * a + i, o]`` (``a = c_in / groups``) is ``local[i, o]`` when
+        output ``o`` belongs to group ``j``, else ``False``: a group's outputs
+        see only its own inputs. The identity for an ungrouped kernel.
+        """
+        if self.groups == 1:
+            return local
+        a, n_out = local.shape
+        b = n_out // self.groups
+        full = np.zeros((a * self.groups, n_out), local.dtype)
+        for j in range(self.groups):
+            full[j * a:(j + 1) * a, j * b:(j + 1) * b] = local[:, j * b:(j + 1) * b]
+        return full
+
+    def group_local(self, full):
+        """The inverse of :meth:`block_diagonal`: each output's own group's rows."""
+        if self.groups == 1:
+            return full
+        n_in, n_out = full.shape
+        a, b = n_in // self.groups, n_out // self.groups
+        rows = (np.arange(n_out) // b)[None, :] * a + np.arange(a)[:, None]
+        return full[rows, np.arange(n_out)[None, :]]
 
 
 _BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
@@ -88,7 +119,8 @@ class Handler:
       widths when the model is rebuilt; ``width(segment)`` is the new width of
       a segment (e.g. ``rec.out_segment``).
     * ``weight_specs`` names the maskable weights for the pruning baselines
-      (``keras_precrop.pai``) and ``channel_map(rec, node)`` says which input
+      (``keras_precrop.pai``; ``specs_of(layer)`` when they depend on the
+      layer's config) and ``channel_map(rec, node)`` says which input
       channel each output channel comes from.
 
     Example: a 1x1 convolution written from ``keras.ops``, taught to the
@@ -138,6 +170,10 @@ class Handler:
     def walk(self, ctx, rec, node, ins):
         """Return output descriptors (one per output tensor); declare costs on ``ctx``."""
         raise NotImplementedError
+
+    def specs_of(self, layer):
+        """``weight_specs`` of one layer of the class (a copy; override if config-dependent)."""
+        return dict(self.weight_specs)
 
     def configure(self, rec, config, width):
         """Return ``config`` updated for new widths (``width(segment)``)."""
@@ -274,7 +310,15 @@ class _Source(Handler):
 
 
 class Conv(_Source):
-    """Conv1D/2D/3D: ``k * c_in * c_out`` weights, MACs per output pixel."""
+    """Conv1D/2D/3D: ``k * c_in * c_out / groups`` weights, MACs per output pixel.
+
+    A grouped convolution with one input channel per group (``groups ==
+    c_in``, ConvNeXt's depthwise convs) is a depthwise conv: its output
+    (``filters / groups`` channels per input channel) follows its input's
+    width. Any other ``groups = g`` keeps ``g`` groups and changes the
+    channels per group, so its input and output widths move in multiples of
+    ``g`` (ResNeXt, RegNet).
+    """
 
     transpose = False
     weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1), **_BIAS}
@@ -286,18 +330,43 @@ class Conv(_Source):
                 f"{rec.path}: only channels_last convolutions are supported."
             )
         groups = getattr(layer, "groups", 1)
-        if groups != 1 and not rec.ignored:
-            raise UnsupportedLayerError(
-                f"{rec.path} ({type(layer).__name__}) is a grouped convolution "
-                f"(groups={groups}); its widths cannot change freely. Pass "
-                f"ignore=[{layer.name!r}] to keep its channels fixed."
-            )
+        if _depthwise_groups(layer, width_of(ctx, ins[0])):
+            return [_depthwise(ctx, rec, node, ins[0], layer.filters // groups, layer.use_bias)]
         out = self._out(ctx, rec)
+        if groups > 1:
+            ctx.multiple_of(rec, ins[0], groups)
+            ctx.multiple_of(rec, out, groups)
         kernel = math.prod(layer.kernel_size) / groups
         spatial_shape = input_shape(node) if self.transpose else output_shape(node)
         pixels = math.prod(spatial_shape[1:-1])
         ctx.add_kernel(rec, ins[0], out, params=kernel, macs=kernel * pixels, bias=layer.use_bias)
         return [out]
+
+    def configure(self, rec, config, width):
+        groups = config.get("groups", 1)
+        if groups > 1 and rec.out_segment is None:  # depthwise: follows its input
+            channels = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+            config["filters"] = config["filters"] // groups * channels
+            config["groups"] = channels
+            return config
+        return super().configure(rec, config, width)
+
+    def specs_of(self, layer):
+        groups = getattr(layer, "groups", 1)
+        return {name: dataclasses.replace(spec, groups=groups) if spec.kind == "kernel" else spec
+                for name, spec in self.weight_specs.items()}
+
+    def channel_map(self, rec, node):
+        channels = input_shape(node)[-1]
+        if _depthwise_groups(rec.layer, channels):
+            return [np.repeat(np.arange(channels), rec.layer.filters // channels)]
+        return None
+
+
+def _depthwise_groups(layer, channels):
+    """Whether a grouped conv has one input channel per group (a depthwise conv)."""
+    groups = getattr(layer, "groups", 1)
+    return groups > 1 and groups == channels
 
 
 class ConvTranspose(Conv):
@@ -321,10 +390,13 @@ class Dense(_Source):
         return [out]
 
 
-def _depthwise(ctx, rec, node, channels, bias):
-    """Declare a layer's depthwise kernel on ``channels``; returns its output channels."""
+def _depthwise(ctx, rec, node, channels, multiplier, bias):
+    """Declare a layer's depthwise kernel on ``channels``; returns its output channels.
+
+    Each input channel gets ``multiplier`` output channels.
+    """
     layer = rec.layer
-    out = tuple(Part(p.segment, p.mult * layer.depth_multiplier) for p in channels)
+    out = tuple(Part(p.segment, p.mult * multiplier) for p in channels)
     kernel = math.prod(layer.kernel_size)
     pixels = math.prod(output_shape(node)[1:-1])
     ctx.add_kernel(rec, out, params=kernel, macs=kernel * pixels, bias=bias)
@@ -335,7 +407,7 @@ class Depthwise(Handler):
     """DepthwiseConv: output channels are ``depth_multiplier`` x input's."""
 
     def walk(self, ctx, rec, node, ins):
-        return [_depthwise(ctx, rec, node, ins[0], rec.layer.use_bias)]
+        return [_depthwise(ctx, rec, node, ins[0], rec.layer.depth_multiplier, rec.layer.use_bias)]
 
     weight_specs = {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1), **_BIAS}
 
@@ -353,7 +425,7 @@ class Separable(_Source):
 
     def walk(self, ctx, rec, node, ins):
         out = self._out(ctx, rec)
-        mid = _depthwise(ctx, rec, node, ins[0], False)
+        mid = _depthwise(ctx, rec, node, ins[0], rec.layer.depth_multiplier, False)
         pixels = math.prod(output_shape(node)[1:-1])
         ctx.add_kernel(rec, mid, out, params=1, macs=pixels, bias=rec.layer.use_bias)
         return [out]
@@ -487,6 +559,102 @@ class Slice(Handler):
         return [np.arange(rec.layer.width)]
 
 
+class GroupNorm(Normalize):
+    """GroupNormalization over channels: per-channel gamma/beta.
+
+    The group count is kept, so the width moves in multiples of ``groups``;
+    with one channel per group (``groups`` equal to the width, or -1) the
+    layer is an instance norm and its ``groups`` follows the width instead.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        outs = super().walk(ctx, rec, node, ins)
+        groups = rec.layer.groups
+        per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
+        if per_channel and groups not in (-1, width_of(ctx, ins[0])):
+            ctx.multiple_of(rec, ins[0], groups)
+        return outs
+
+    def configure(self, rec, config, width):
+        spec = rec.layer.input_spec  # set when the layer was built
+        original = next(iter(spec.axes.values()))
+        if _acts_on_channels(rec.layer, spec.ndim) and config["groups"] == original:
+            config["groups"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+        return config
+
+
+class LayerScale(Tie):
+    """ConvNeXt's LayerScale: a per-channel scale whose config names its width."""
+
+    def configure(self, rec, config, width):
+        config["projection_dim"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+        return config
+
+
+def _channel_kept(node):
+    """Whether an op leaves the channel count unchanged and on the last axis."""
+    return input_shape(node)[-1] == output_shape(node)[-1]
+
+
+def _refuse_op(rec, node, why):
+    raise UnsupportedLayerError(
+        f"{rec.path} ({type(rec.layer).__name__} {input_shape(node)} -> "
+        f"{output_shape(node)}) {why}. Pass ignore=[{rec.layer.name!r}] to keep "
+        "its channels fixed."
+    )
+
+
+class OpPad(Handler):
+    """``keras.ops.pad``: spatial padding keeps the channels; padding them is refused."""
+
+    def walk(self, ctx, rec, node, ins):
+        if not _channel_kept(node):
+            _refuse_op(rec, node, "pads the channel axis")
+        return [ins[0]]
+
+    def channel_map(self, rec, node):
+        return _elementwise_map(node)
+
+
+class OpReshape(Handler):
+    """``keras.ops.reshape`` that keeps channels last.
+
+    The op is replayed as recorded, so a target shape that spells out the
+    channel count (rather than ``-1``) keeps those channels fixed.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        shape_in, shape_out = input_shape(node), output_shape(node)
+        flatten = len(shape_out) == 2
+        if not flatten and not (shape_in[-1] == shape_out[-1] and math.prod(
+                shape_in[1:-1]) == math.prod(shape_out[1:-1])):
+            _refuse_op(rec, node, "moves channels to other axes")
+        outs = Flatten().walk(ctx, rec, node, ins) if flatten else [ins[0]]
+        if list(rec.layer.newshape)[-1] != -1:
+            ctx.fix(ins[0])
+            ctx.notes.append(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
+        return outs
+
+    channel_map = Reshape.channel_map
+
+
+class OpAxes(Handler):
+    """``keras.ops`` reductions and axis ops (mean, sum, max, min, squeeze,
+    expand_dims) that leave the channel axis last and whole."""
+
+    def walk(self, ctx, rec, node, ins):
+        shape_in, shape_out = input_shape(node), output_shape(node)
+        axis = getattr(rec.layer, "axis", None)
+        axes = () if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+        rank = max(len(shape_in), len(shape_out))
+        if axis is None or any(a % rank == rank - 1 for a in axes) or not _channel_kept(node):
+            _refuse_op(rec, node, "reduces or moves the channel axis")
+        return [ins[0]]
+
+    def channel_map(self, rec, node):
+        return [np.arange(input_shape(node)[-1])]
+
+
 _REGISTRY: dict[type, Handler] = {}
 
 
@@ -556,11 +724,21 @@ for _cls in (L.Add, _custom.PrefixAdd):
 for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
+register_handler(L.GroupNormalization, GroupNorm())
+# keras.applications' own layers: ConvNeXt's per-channel LayerScale, and
+# InceptionResNetV2's ``x + scale * r`` (a residual add whose inputs it ties).
+for _module, _name, _rule in (
+    ("keras.src.applications.convnext", "LayerScale", LayerScale()),
+    ("keras.src.applications.inception_resnet_v2", "CustomScaleLayer", Broadcast()),
+):
+    _cls = getattr(importlib.import_module(_module), _name, None)
+    if _cls is not None:
+        register_handler(_cls, _rule)
 register_handler(L.Flatten, Flatten())
 register_handler(L.Reshape, Reshape())
 register_handler(_custom.ChannelSlice, Slice())
 register_handler(L.BatchNormalization, BatchNorm())
-for _cls in (L.LayerNormalization, L.UnitNormalization, L.Softmax):
+for _cls in (L.LayerNormalization, L.UnitNormalization, L.RMSNormalization, L.Softmax):
     register_handler(_cls, Normalize())
 for _cls in (
     L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU,
@@ -581,6 +759,12 @@ for _name in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Maximum",
               "Minimum", "Power", "Where"):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), Broadcast())
+for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate", Concat()),
+                     ("Mean", OpAxes()), ("Sum", OpAxes()), ("Max", OpAxes()),
+                     ("Min", OpAxes()), ("Squeeze", OpAxes()), ("ExpandDims", OpAxes())):
+    if hasattr(_ops_np, _name):
+        register_handler(getattr(_ops_np, _name), _rule)
+register_handler(_ops_core.Cast, Tie())
 for _module, _names in (
     (_ops_np, ("Abs", "Absolute", "Negative", "Square", "Sqrt", "Exp", "Log",
                "Clip", "Tanh", "Sign")),

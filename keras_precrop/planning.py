@@ -43,12 +43,17 @@ from keras_precrop import _json
 from keras_precrop import costs as _costs
 from keras_precrop import latency as _latency
 from keras_precrop import solver as _solver
+from keras_precrop import verify as _verify
 from keras_precrop.graph import walk
 from keras_precrop.rebuild import rebuild
 
 
 class PlanMismatchError(ValueError):
     """A plan does not fit the model it is applied to."""
+
+
+class RebuildMismatchError(PlanMismatchError):
+    """The rebuilt model disagrees with its plan's per-layer prediction."""
 
 
 _OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
@@ -320,17 +325,22 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
 
 
 class _Grid:
-    """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi]."""
+    """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi].
+
+    A variable that must stay a multiple of ``m`` (grouped convolutions,
+    group normalization) steps by ``lcm(round_to, m)``.
+    """
 
     def __init__(self, cm, round_to, min_channels, upper):
         self.cm = cm
-        self.step = np.where(cm.fixed, 0, round_to).astype(np.float64)
+        # A grouped conv's channels move in multiples of its groups as well.
+        step = np.lcm(round_to, [v.multiple for v in cm.variables]).astype(np.float64)
+        self.step = np.where(cm.fixed, 0, step)
         c = cm.widths
-        base = max(round_to, min_channels)
-        base = math.ceil(base / round_to) * round_to
+        base = np.ceil(max(round_to, min_channels) / step) * step
         self.lo = np.where(cm.fixed, c, np.minimum(c, base))
         cap = np.inf if upper is None else upper
-        hi = np.maximum(np.floor(c * cap / round_to) * round_to, self.lo)
+        hi = np.maximum(np.floor(c * cap / step) * step, self.lo)
         if cap >= 1:  # the original width is always allowed
             hi = np.maximum(hi, c)
         self.hi = np.where(cm.fixed, c, hi)
@@ -622,6 +632,10 @@ def apply_plan(model, plan):
     Call it inside ``strategy.scope()`` to create the pruned model's variables
     there. The model must be the architecture the plan was made for (same
     layer names and original widths); otherwise :class:`PlanMismatchError`.
+    The rebuilt model is walked afresh and checked against the plan (each
+    layer's parameters, MACs and output width, and the totals); a model that
+    disagrees is never returned: :class:`RebuildMismatchError` names the
+    first layer that differs.
     """
     graph = walk(model, ignore=plan.ignore, residual=plan.residual)
     variables = graph.variables
@@ -637,7 +651,14 @@ def apply_plan(model, plan):
             raise PlanMismatchError(
                 f"Width variable {v.name!r} has {v.width} channels in model {model.name!r} "
                 f"but {planned[v.name]['width']} in the plan.")
-    return rebuild(graph, [planned[n]["new"] for n in names])
+    widths = [planned[n]["new"] for n in names]
+    new = rebuild(graph, widths)
+    mismatch = _verify.first_mismatch(new, graph, widths, plan)
+    if mismatch is not None:
+        raise RebuildMismatchError(
+            f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
+            f"disagrees with the plan: {mismatch}.")
+    return new
 
 
 def precrop(model, params=None, flops=None, **options):

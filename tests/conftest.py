@@ -2,6 +2,8 @@
 
 * The independent MAC reference: :func:`tf_macs` counts the convolution and
   matmul ops of TensorFlow's own traced inference graph.
+* :func:`assert_matches_plan` and :func:`assert_budget_use`: a rebuilt model
+  against its plan, by Keras', TensorFlow's and the layers' own numbers.
 * :func:`random_cnns`: a hypothesis strategy for random functional CNNs.
 * Small models for the pruning baselines, the ``resnet20`` fixture and mask
   counts.
@@ -28,7 +30,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from keras_precrop import models, pai  # noqa: E402
+from keras_precrop import models, pai, profile  # noqa: E402
+from keras_precrop.planning import _Grid  # noqa: E402  (the plan's width grid)
 
 L = keras.layers
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,7 +67,11 @@ def trace_graph(model):
 
 
 def _op_macs(op):
-    """Multiply-accumulates of one conv/matmul op, from its graph shapes."""
+    """Multiply-accumulates of one conv/matmul op, from its graph shapes.
+
+    A grouped convolution's kernel holds ``c_in / groups`` input channels, so
+    the same formula counts it.
+    """
     out = op.outputs[0].shape.as_list()
     if op.type in ("Conv2D", "DepthwiseConv2dNative"):
         assert op.get_attr("data_format") == b"NHWC", op.name
@@ -82,12 +89,17 @@ def _op_macs(op):
     return math.prod(out) * inner
 
 
-def graph_macs(graph):
-    """MACs per example by op type; fails on ops it cannot see or count."""
-    macs = collections.Counter()
+def graph_macs(graph, macs=None):
+    """MACs per example by op type; fails on ops it cannot see or count.
+
+    Nested functions (Keras compiles grouped convolutions on CPU with XLA,
+    which appears as a ``StatefulPartitionedCall``) are counted inside.
+    """
+    macs = collections.Counter() if macs is None else macs
     for op in graph.get_operations():
-        assert "PartitionedCall" not in op.type, f"{op.name}: a nested function hides its ops"
-        if op.type in _COUNTED_OPS:
+        if "PartitionedCall" in op.type:
+            graph_macs(graph._get_function(op.get_attr("f").name).graph, macs)
+        elif op.type in _COUNTED_OPS:
             macs[op.type] += _op_macs(op)
         else:
             assert not re.search("Conv|MatMul|Einsum", op.type), f"uncounted op {op.type}"
@@ -99,10 +111,83 @@ def tf_macs(model):
     return sum(graph_macs(trace_graph(model)).values())
 
 
+# -- a rebuilt model against its plan ------------------------------------------
+
+
+def _layers(model):
+    """Layers of ``model`` with nested models' layers in place, by ``/`` path."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            for path, inner in _layers(layer):
+                yield f"{layer.name}/{path}", inner
+        else:
+            yield layer.name, layer
+
+
+def assert_matches_plan(model, plan, new):
+    """Independent evidence that ``new`` is the model ``plan`` describes.
+
+    Keras' own parameter count and the MACs of TensorFlow's traced graph
+    equal the plan's totals; every conv/dense layer's ``filters``/``units``
+    equals the width the plan reports for it (a depthwise-style grouped conv
+    keeps one group per input channel and its multiplier); the output shape
+    is the original's.
+    """
+    assert new.count_params() == plan.params
+    assert tf_macs(new) == plan.macs
+    rows = {row["name"]: row for row in plan.layers}
+    old = dict(_layers(model))
+    for path, layer in _layers(new):
+        row = rows.get(path)
+        key = "filters" if hasattr(layer, "filters") else "units" if hasattr(layer, "units") else None
+        if row is None or key is None:
+            continue
+        groups = getattr(old[path], "groups", 1)
+        if groups > 1 and groups == old[path].input.shape[-1]:
+            # Depthwise-style: one group per input channel, as many as it receives.
+            assert layer.groups == layer.input.shape[-1], path
+            assert layer.filters == old[path].filters // groups * layer.groups, path
+            continue
+        assert getattr(layer, key) == int(row["channels_new"]), path
+    assert tuple(new.output.shape) == tuple(model.output.shape)
+
+
+def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
+    """The budgets hold, and the binding one is used as far as the grid allows.
+
+    ``model`` is the original model and ``upper``/``round_to``/``min_channels``
+    the plan's options (they define its width grid). No budget is exceeded,
+    and no single width can grow by one grid step (within its bounds)
+    without exceeding one: so the binding budget is met within one step's
+    cost, and within 1% wherever every step costs less than 1% of it.
+    """
+    cost = profile(model, ignore=plan.ignore, residual=plan.residual).cost
+    grid = _Grid(cost, round_to, min_channels, upper)
+    budgets = np.array([np.inf if plan.budgets[k] is None else plan.budgets[k]
+                        for k in ("params", "macs")])
+    w = np.array([g["new"] for g in plan.variables], dtype=np.float64)
+    used = cost.totals(w)
+    assert np.all(used <= budgets), (used, budgets)
+    step_costs = []
+    for v in np.flatnonzero(~cost.fixed):
+        up = w.copy()
+        up[v] += grid.step[v]
+        if up[v] > grid.hi[v] or (cost.bound[v] >= 0 and up[v] > w[cost.bound[v]]):
+            continue
+        grown = cost.totals(up)
+        assert np.any(grown > budgets * (1 + 1e-12)), f"{plan.variables[v]['name']} could grow"
+        step_costs.append(np.max((grown - used)[np.isfinite(budgets)]
+                                 / budgets[np.isfinite(budgets)]))
+    binding = np.max(used[np.isfinite(budgets)] / budgets[np.isfinite(budgets)])
+    if step_costs and max(step_costs) <= 0.01:
+        assert binding >= 0.99, binding
+
+
 # -- random functional CNNs (hypothesis) ---------------------------------------
 
 BLOCKS = ("conv", "residual", "projection", "concat", "depthwise", "separable",
-          "se", "nested_functional", "nested_sequential", "ops", "pool")
+          "se", "nested_functional", "nested_sequential", "ops", "pool", "grouped",
+          "grouped_depthwise", "norms", "op_nodes", "nasnet")
 
 
 @st.composite
@@ -117,7 +202,17 @@ def block_specs(draw):
 
 @st.composite
 def random_cnns(draw):
-    """A random functional CNN (spec kept on ``model.spec`` for debugging)."""
+    """A random functional CNN (spec kept on ``model.spec`` for debugging).
+
+    Its blocks: plain convs (strided or not), residual blocks with identity or
+    projection shortcuts, concatenations, depthwise and separable convs,
+    squeeze-excite gates, nested Functional/Sequential sub-models,
+    ``keras.ops`` calls (element-wise, pad, concatenate, mean), grouped
+    convolutions (depthwise-style and ``groups = g``), layer and group
+    normalization and NASNet-like cells (padding, cropping and a projection
+    feeding adds none of which holds the stream's creator), ending in a pooled
+    or flattened dense head.
+    """
     spec = draw(block_specs())
     head = draw(st.sampled_from(("gap", "flatten")))
     size = draw(st.sampled_from((8, 12, 16)))
@@ -184,12 +279,47 @@ def build_cnn(spec, head, size):
             x = keras.ops.relu(x) * 0.5 + x
         elif kind == "pool":
             x = L.MaxPooling2D(2, padding="same", name=nm())(x) if stride == 2 else x
+        elif kind == "grouped":
+            g = next((d for d in (4, 3, 2) if channels % d == 0), 1)
+            x = L.Conv2D(g * (1 + width % 3), 3, strides=stride, padding="same", groups=g,
+                         name=nm())(x)
+        elif kind == "grouped_depthwise":
+            x = L.Conv2D(channels * (1 + width % 2), 3, padding="same", groups=channels,
+                         name=nm())(x)
+        elif kind == "norms":
+            x = L.LayerNormalization(name=nm())(L.Conv2D(2 * width, 1, name=nm())(x))
+            x = L.GroupNormalization(groups=2, name=nm())(x)
+            x = L.Activation("gelu", name=nm())(x)
+        elif kind == "op_nodes":
+            y = keras.ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+            y = L.Conv2D(width, 3, name=nm())(y)
+            y = keras.ops.concatenate([y, x], axis=-1)
+            gate = keras.ops.mean(y, axis=(1, 2), keepdims=True)
+            x = keras.ops.multiply(y, keras.ops.sigmoid(gate))
+        elif kind == "nasnet":
+            x = _nasnet_cell(x, width, nm)
     if head == "gap":
         x = L.GlobalAveragePooling2D(name=nm())(x)
     else:
         x = L.Flatten(name=nm())(x)
     outputs = L.Dense(5, name=nm())(x)
     return keras.Model(inputs, outputs, name="random_cnn")
+
+
+def _nasnet_cell(x, width, nm):
+    """A NASNet normal cell's channel pattern: ``p`` and ``h`` are added in
+    one merge, ``h`` and a separable branch in another (neither holds the
+    stream's creator), ``p`` also through padding and cropping."""
+    p = L.BatchNormalization(name=nm())(L.Conv2D(width, 1, name=nm())(L.ReLU(name=nm())(x)))
+    h = L.Conv2D(width, 1, name=nm())(x)
+    a = L.Add(name=nm())([L.AveragePooling2D(3, 1, padding="same", name=nm())(h), p])
+    b = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(h), h])
+    c = L.Add(name=nm())([L.SeparableConv2D(width, 3, padding="same", name=nm())(p),
+                          L.SeparableConv2D(width, 5, padding="same", name=nm())(h)])
+    shifted = L.Cropping2D(((1, 0), (1, 0)), name=nm())(
+        L.ZeroPadding2D(((0, 1), (0, 1)), name=nm())(p))
+    side = L.Conv2D(width, 1, name=nm())(shifted)
+    return L.Concatenate(name=nm())([p, a, b, c, side])
 
 
 # -- small models and mask counts for the pruning baselines ---------------------
@@ -255,6 +385,22 @@ def small_classifier(seed=0):
                  kernel_constraint=keras.constraints.MaxNorm(0.5, axis=[0, 1, 2]))(x)
     x = L.GlobalAveragePooling2D()(x)
     return keras.Model(inputs, L.Dense(3, name="fc")(x))
+
+
+def grouped_cnn():
+    """Grouped convolutions (ResNeXt/ConvNeXt style): depthwise-style, then 4 in / 6 out per group."""
+    x = inputs = keras.Input((8, 8, 3))
+    x = L.Conv2D(16, 3, padding="same", name="stem")(x)
+    x = L.Conv2D(16, 3, padding="same", groups=16, name="dw")(x)  # depthwise-style
+    x = L.Conv2D(24, 3, padding="same", groups=4, name="grouped")(x)  # 4 in, 6 out per group
+    x = L.Conv2D(6, 1, name="head_conv")(x)
+    out = L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, out)
+
+
+def kernel_mask(masks, name):
+    """The mask of layer ``name``'s kernel."""
+    return next(m for p, m in masks.items() if p.startswith(f"{name}/kernel"))
 
 
 @pytest.fixture(scope="session")

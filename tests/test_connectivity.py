@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_precrop import pai
-from tests.conftest import check_remove_detached, count_kept, mixed_cnn
+from tests.conftest import check_remove_detached, count_kept, grouped_cnn, kernel_mask, mixed_cnn
 
 L = keras.layers
 
@@ -80,3 +80,17 @@ def test_unsupported_layer_is_named():
     masks = pai.random_masks(model, 0.5, "weight", seed=0)  # weight level needs no graph
     with pytest.raises(ValueError, match="odd_permute"):
         pai.remove_detached(model, masks)
+
+
+def test_remove_detached_follows_group_boundaries():
+    """Inputs cut from group 0 detach exactly group 0 of the grouped conv."""
+    model = grouped_cnn()
+    masks = {p: np.ones(v.shape, np.float32) for p, v in pai.prunable_weights(model).items()}
+    dw_path = next(p for p in masks if p.startswith("dw/"))
+    masks[dw_path][..., 0:4] = 0  # channels 0-3 = group 0's inputs of "grouped"
+    kept = pai.remove_detached(model, masks)
+    grouped = kernel_mask(kept, "grouped")
+    assert not grouped[..., 0:6].any()  # group 0's outputs lost all their inputs
+    assert grouped[..., 6:].all()
+    head = kernel_mask(kept, "head_conv")
+    assert not head[:, :, 0:6, :].any() and head[:, :, 6:, :].all()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
+from tests.conftest import assert_budget_use, assert_matches_plan
 
 _APPS = {
     "MobileNetV2": keras.applications.MobileNetV2,
@@ -34,10 +35,13 @@ def _check_precrop(model, params, flops, mode="exact", **options):
     prof = kp.profile(new)
     assert new.count_params() == prof.total_params == plan.params
     assert prof.total_macs == plan.macs
+    assert_matches_plan(model, plan, new)  # Keras', TensorFlow's and the layers' own numbers
     x = np.random.default_rng(0).uniform(size=(1,) + tuple(model.input_shape[1:]))
     assert tuple(new(x).shape) == (1,) + tuple(model.output_shape[1:])
     assert all(g["new"] <= g["width"] for g in plan.variables)
     if mode != "paper":
+        assert_budget_use(plan, model, 1.0, options.get("round_to", 1),
+                          options.get("min_channels", 1))
         binding = []
         for ratio, achieved, total in ((params, plan.params, model.count_params()),
                                        (flops, plan.macs, plan.original["macs"])):

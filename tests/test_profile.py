@@ -328,13 +328,12 @@ def test_ignore_works_for_grouped_convolution():
     x = keras.Input((8, 8, 4), name="img")
     h = L.Conv2D(4, 1, groups=2, name="g")(x)
     model = keras.Model(x, L.Conv2D(2, 1, name="e")(h))
-    with pytest.raises(kp.UnsupportedLayerError, match=re.escape("ignore=['g']")):
-        kp.profile(model)
-    prof = kp.profile(model, ignore=["g"])
-    assert prof.total_params == model.count_params()
-    # TF runs grouped convs as a nested function, so count by hand: 64 pixels x
-    # (4 outputs x 2 inputs per group) for g, 64 x 4 x 2 for e.
-    assert prof.total_macs == 64 * 8 + 64 * 8
+    for ignore in ([], ["g"]):
+        prof = kp.profile(model, ignore=ignore)
+        assert prof.total_params == model.count_params()
+        # 64 pixels x (4 outputs x 2 inputs per group) for g, 64 x 4 x 2 for e.
+        assert prof.total_macs == 64 * 8 + 64 * 8 == tf_macs(model)
+    assert not next(r for r in kp.profile(model, ignore=["g"]).layers if r.name == "g").prunable
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_precrop import pai
-from tests.conftest import count_kept, count_total, mixed_cnn
+from tests.conftest import count_kept, count_total, grouped_cnn, kernel_mask, mixed_cnn
 
 
 @pytest.mark.parametrize("builder", ["resnet20", "mixed"])
@@ -46,3 +46,26 @@ def test_random_and_random_masks_are_seeded(resnet20):
     assert count_kept(a) == round(0.1 * count_total(a))
     d, e = (pai.random_masks(resnet20, 0.2, "filter", seed=7) for _ in range(2))
     assert all(np.array_equal(d[p], e[p]) for p in d)
+
+
+@pytest.mark.parametrize("granularity", ["weight", "filter", "channel"])
+def test_random_masks_keep_the_density_of_grouped_kernels(granularity):
+    model = grouped_cnn()
+    masks = pai.random_masks(model, 0.5, granularity=granularity, seed=0)
+    grouped = kernel_mask(masks, "grouped")
+    assert grouped.shape == (3, 3, 4, 24)
+    assert grouped.mean() == pytest.approx(0.5, abs=1 / 24)
+
+
+def test_channel_masks_are_a_narrower_grouped_conv():
+    """Every group keeps the same number of its own inputs and outputs."""
+    model = grouped_cnn()
+    masks = pai.random_masks(model, 0.5, granularity="channel", seed=1)
+    pairs = kernel_mask(masks, "grouped").any(axis=(0, 1))  # (4 inputs in group, 24 outputs)
+    per_group = [pairs[:, 6 * j:6 * j + 6] for j in range(4)]
+    shapes = {(int(g.any(axis=1).sum()), int(g.any(axis=0).sum())) for g in per_group}
+    assert shapes == {(3, 4)}  # 3 x 4 of 4 x 6: half of each group
+    for g in per_group:  # an outer product of kept inputs and kept outputs
+        np.testing.assert_array_equal(g, g.any(axis=1)[:, None] & g.any(axis=0)[None, :])
+    dw = kernel_mask(masks, "dw").any(axis=(0, 1))[0]  # depthwise-style: whole channels
+    assert dw.sum() == 8

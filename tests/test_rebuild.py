@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from tests.conftest import random_cnns
+from tests.conftest import assert_budget_use, assert_matches_plan, random_cnns
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
@@ -27,6 +27,8 @@ def _check(model, params, flops, upper, residual):
     prof = kp.profile(new)
     assert prof.total_params == new.count_params() == plan.params
     assert prof.total_macs == plan.macs
+    assert_matches_plan(model, plan, new)  # TensorFlow's MACs, each layer's width
+    assert_budget_use(plan, model, upper)
     x = np.random.default_rng(0).normal(size=(2,) + tuple(model.input_shape[1:]))
     assert new(x).shape == model(x).shape
     for key, value in (("params", plan.params), ("macs", plan.macs)):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_precrop import models, pai
-from tests.conftest import count_kept, count_total, mixed_cnn, mlp
+from tests.conftest import count_kept, count_total, grouped_cnn, kernel_mask, mixed_cnn, mlp
 
 L = keras.layers
 
@@ -152,3 +152,11 @@ def test_synflow_treats_capped_relus_as_relus():
         np.testing.assert_array_equal(masks[path], expected[path], err_msg=path)
     assert all(mask.sum() > 0 for mask in masks.values())
     assert [layer.max_value for layer in capped.layers if isinstance(layer, keras.layers.ReLU)] == [6.0] * 3
+
+
+def test_synflow_scores_grouped_kernels():
+    model = grouped_cnn()
+    masks = pai.synflow(model, 0.3, iterations=5, verbose=0)
+    total = sum(m.size for m in masks.values())
+    assert sum(m.sum() for m in masks.values()) == round(0.3 * total)
+    assert kernel_mask(masks, "grouped").shape == (3, 3, 4, 24)

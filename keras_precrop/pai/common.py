@@ -19,7 +19,7 @@ def weight_specs(layer):
     empty dict for a layer without maskable weights or without a handler.
     """
     handler = handlers.handler_of(layer)
-    return {} if handler is None else dict(handler.weight_specs)
+    return {} if handler is None else handler.specs_of(layer)
 
 
 def iter_layers(model):

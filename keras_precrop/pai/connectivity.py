@@ -18,8 +18,9 @@ Limits (each raises ``ValueError`` naming the layer rather than guessing):
 
 * The models the graph walker reads: functional or Sequential (nested ones
   are walked in place) with defined input shapes, channels_last layers with a
-  handler (``keras_precrop.register_handler`` teaches a custom one), and
-  ``groups=1`` convolutions.
+  handler (``keras_precrop.register_handler`` teaches a custom one). A
+  grouped convolution connects each group's inputs to that group's outputs
+  (a block-diagonal channel matrix, ``WeightSpec.block_diagonal``).
 * Connectivity is tracked per channel, not per spatial position, and biases
   or BN shifts (constant signals) do not make a channel "reached": a masked
   bias is kept when its channel reaches the output.
@@ -68,7 +69,7 @@ def _connections(spec, mask):
     For a depthwise kernel the matrix is (in, multiplier).
     """
     moved = np.moveaxis(mask, (spec.in_axis, spec.out_axis), (-2, -1))
-    return moved.reshape(-1, *moved.shape[-2:]).any(axis=0)
+    return spec.block_diagonal(moved.reshape(-1, *moved.shape[-2:]).any(axis=0))
 
 
 def _kernels(layer, masks):
@@ -94,7 +95,7 @@ def _keep_kernel(spec, mask, alive, useful):
     """The mask with weights whose input is unreached or output useless removed."""
     rows = np.asarray(alive)[:, None]
     cols = useful.reshape(-1, mask.shape[spec.out_axis]) if spec.kind == "depthwise" else useful[None, :]
-    return mask & common.spread(spec, rows & cols, mask.ndim)
+    return mask & common.spread(spec, spec.group_local(rows & cols), mask.ndim)
 
 
 def _channel_scale(layer, masks):

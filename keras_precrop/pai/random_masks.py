@@ -77,6 +77,27 @@ def _channel_counts(density, n_in, n_out, path):
     return a, b
 
 
+def _grouped_channels(a, n_out, groups, density, priorities, path):
+    """Kept (input within group, output) pairs of a grouped kernel.
+
+    Every group keeps the same number of its own highest-priority inputs and
+    outputs (a narrower grouped conv, as PreCrop builds it); with one input
+    per group (depthwise-style) whole groups are kept or dropped.
+    """
+    p_in, p_out = priorities
+    b = n_out // groups
+    if a == 1:
+        rows = common.top_k(p_in, common.num_kept(density, groups, repr(path)))
+        return np.repeat(rows, b)[None, :]
+    keep_a, keep_b = _channel_counts(density, a, b, path)
+    units = np.zeros((a, n_out), bool)
+    for j in range(groups):
+        ins = common.top_k(p_in[j * a:(j + 1) * a], keep_a)
+        outs = common.top_k(p_out[j * b:(j + 1) * b], keep_b)
+        units[:, j * b:(j + 1) * b] = ins[:, None] & outs[None, :]
+    return units
+
+
 def _channel_level(shape, spec, density, priorities, path):
     p_in, p_out = priorities
     if spec.kind in ("bias", "scale"):
@@ -84,6 +105,9 @@ def _channel_level(shape, spec, density, priorities, path):
     if spec.kind == "depthwise":
         rows = common.top_k(p_in, common.num_kept(density, shape[spec.in_axis], repr(path)))
         units = np.repeat(rows[:, None], shape[spec.out_axis], axis=1)
+    elif spec.groups > 1:
+        units = _grouped_channels(shape[spec.in_axis], shape[spec.out_axis], spec.groups,
+                                  density, priorities, path)
     else:
         a, b = _channel_counts(density, shape[spec.in_axis], shape[spec.out_axis], path)
         units = common.top_k(p_in, a)[:, None] & common.top_k(p_out, b)[None, :]

@@ -1,0 +1,67 @@
+"""Checking a rebuilt model against the plan it was built from.
+
+A plan predicts, layer by layer, the parameters, MACs and output width of the
+model :func:`~keras_precrop.apply_plan` builds. :func:`first_mismatch` walks
+the rebuilt model afresh (its widths now come from the new layers' configs
+and shapes, not from the plan) and compares the two, so a rebuild that
+disagrees with its plan (a bug, or a plan edited by hand) is reported, naming
+the first layer that differs, instead of handing back a wrong model.
+"""
+
+from __future__ import annotations
+
+from keras_precrop import costs as _costs
+from keras_precrop import graph as _graph
+from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
+
+
+def _planned_width(graph, widths, rec):
+    """Output channels of ``rec``'s first output under the planned widths."""
+    return sum(int(widths[graph.group_variable(p.segment)]) * p.mult for p in rec.outputs[0][0])
+
+
+def first_mismatch(new_model, graph, widths, plan):
+    """Where ``new_model`` first disagrees with ``plan``, or ``None``.
+
+    Args:
+        new_model: the model rebuilt from ``graph`` with ``widths``.
+        graph: the walked original model (:class:`graph.ModelGraph`).
+        widths: the width of every variable of ``graph.variables`` used for
+            the rebuild.
+        plan: the :class:`~keras_precrop.Plan` whose per-layer costs
+            (``params_new``, ``macs_new``) and totals were predicted.
+
+    Returns:
+        A sentence naming the first mismatching layer and both values, or
+        ``None`` when every layer, and both totals, agree.
+    """
+    try:
+        rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix")
+        prof = _costs.ModelProfile(rebuilt)
+    except (UnsupportedLayerError, UnsupportedModelError) as err:
+        return f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"
+    actual = {row.name: row for row in prof.layers}
+    records = {rec.path: rec for rec in rebuilt.layers}
+    planned = {layer["name"]: layer for layer in plan.layers}
+    for rec in graph.layers:
+        name = rec.path
+        row, layer = actual.get(name), planned.get(name)
+        if row is None or layer is None:
+            where = "rebuilt model" if row is None else "plan"
+            return f"layer {name!r} is missing from the {where}"
+        for key, label in (("params", "parameters"), ("macs", "MACs")):
+            have, want = getattr(row, key), layer[f"{key}_new"]
+            if have != want:
+                return f"layer {name!r} has {have:,} {label}; the plan predicts {want:,}"
+        have = rebuilt.width(records[name].outputs[0][0])
+        want = _planned_width(graph, widths, rec)
+        if have != want:
+            return f"layer {name!r} outputs {have} channels; the plan gives {want}"
+    for row in prof.layers:  # inserted ChannelSlices cost nothing
+        if row.name not in planned and (row.params or row.macs):
+            return f"layer {row.name!r} is not in the plan but costs {row.params:,} parameters"
+    for label, have, want in (("parameters", new_model.count_params(), plan.params),
+                              ("MACs", prof.total_macs, plan.macs)):
+        if have != want:
+            return f"the rebuilt model has {have:,} {label} in total; the plan predicts {want:,}"
+    return None
