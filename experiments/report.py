@@ -12,6 +12,7 @@ Usage::
 """
 
 import json
+import math
 import pathlib
 import statistics
 
@@ -162,24 +163,28 @@ def _spar_comp():
     lines = [
         f"SynFlow ({data['iterations']} rounds, seed {data['seed']}) vs the SynExp optimum over the same "
         "kernels, no training. r = Pearson correlation of log densities (a layer SynFlow empties counts "
-        "as one weight kept).",
+        "as one weight kept). 'Main path' leaves out ResNet's 1x1 shortcut projections: SynExp treats every "
+        "layer as one link of a chain, while SynFlow's flow through a projection parallel to a 3x3 branch "
+        "is small, so it prunes them far harder (at 10^-1 it keeps 2% of stage 2's and 0.2% of stage 3's).",
         "",
         "| model | density | max abs diff | max abs diff, main path | r(log density) "
-        "| layers SynFlow empties |",
-        "|---|---|---:|---:|---:|---|",
+        "| r, main path | layers SynFlow empties |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     models = data["models"]
     fig, axes = plt.subplots(len(models), 1, figsize=(9, 3.2 * len(models)))
     for ax, (name, rows) in zip(axes, models.items()):
         for row in rows:
-            main = [
-                abs(a - b)
-                for layer, a, b in zip(row["layers"], row["synflow"], row["synexp"])
-                if "shortcut" not in layer
+            main = [i for i, layer in enumerate(row["layers"]) if "shortcut" not in layer]
+            diff = [abs(row["synflow"][i] - row["synexp"][i]) for i in main]
+            logs = [
+                [math.log(max(row[key][i], 1.0 / row["sizes"][i])) for i in main]
+                for key in ("synflow", "synexp")
             ]
             lines.append(
-                f"| {name} | 10^-{row['x']} | {row['max_abs_diff']:.3f} | {max(main):.3f} | "
-                f"{row['r_log_density']:.3f} | {len(row['emptied_by_synflow'])} |"
+                f"| {name} | 10^-{row['x']} | {row['max_abs_diff']:.3f} | {max(diff):.3f} | "
+                f"{row['r_log_density']:.3f} | {statistics.correlation(*logs):.3f} | "
+                f"{len(row['emptied_by_synflow'])} |"
             )
             xs = range(len(row["layers"]))
             line = ax.plot(xs, row["synexp"], "-", label=f"SynExp 10^-{row['x']}")[0]
