@@ -14,16 +14,7 @@ Importing the package registers its Keras-serializable objects (``ChannelSlice``
 reads models that use them.
 """
 
-try:
-    import tensorflow as _tf  # noqa: F401
-except ImportError as _err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "keras-precrop needs TensorFlow. Install one flavour of it, e.g. "
-        "`pip install keras-precrop[cpu]` (CPU only), `keras-precrop[gpu]` "
-        "(CUDA) or `keras-precrop[tf]`."
-    ) from _err
-
-from keras_precrop import data, models, pai, train  # noqa: E402
+from keras_precrop import models, pai, train  # noqa: E402
 from keras_precrop.costs import ModelProfile, profile  # noqa: E402
 from keras_precrop.graph import UnsupportedLayerError, UnsupportedModelError  # noqa: E402
 from keras_precrop.handlers import Handler, register_handler  # noqa: E402
@@ -45,6 +36,15 @@ from keras_precrop.solver import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """Imports ``data`` (tf.data pipelines, needs TensorFlow) on first use."""
+    if name == "data":
+        import importlib
+
+        return importlib.import_module("keras_precrop.data")
+    raise AttributeError(f"module 'keras_precrop' has no attribute {name!r}")
 
 __all__ = [
     "ChannelSlice",

@@ -2,8 +2,9 @@
 
 A mask is attached to its weight as a :class:`MaskConstraint`. Keras 3
 optimizers apply ``variable.constraint`` right after every update (after
-momentum, weight decay and under ``tf.distribute`` strategies alike), so a
-masked weight is exactly zero after every step without any callback. The
+momentum and weight decay, on every backend, under ``tf.distribute``
+strategies and Keras' JAX distribution alike), so a masked weight is exactly
+zero after every step without any callback. The
 constraint is also stored in the layer attribute that ``get_config``
 serializes (``kernel_constraint``, ``depthwise_constraint``, ...), so a model
 saved as ``.keras`` reloads with its masks (import ``keras_precrop.pai``
@@ -17,7 +18,7 @@ import zlib
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from keras_precrop.pai import common
 
@@ -35,15 +36,38 @@ def _decode(data, shape):
     return np.unpackbits(bits, count=size).reshape(shape)
 
 
+def _mask_tensor(mask):
+    """The mask as the backend reads it: a ``tf.Variable`` on TensorFlow, else a tensor."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.convert_to_tensor(mask)
+    import tensorflow as tf
+
+    with tf.init_scope():
+        return tf.Variable(mask, trainable=False, name="mask")
+
+
+def _distribution_scope(variable):
+    """The ``tf.distribute`` scope ``variable`` lives in, so its mask is mirrored alike."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(variable.value, tf.distribute.DistributedValues):
+            return variable.value.distribute_strategy.scope()
+    return contextlib.nullcontext()
+
+
 @keras.saving.register_keras_serializable(package="keras_precrop")
 class MaskConstraint(keras.constraints.Constraint):
     """Multiplies a weight by a fixed 0/1 mask after every optimizer update.
 
-    The mask lives in a non-trainable float32 ``tf.Variable`` created in the
-    current distribution strategy's scope (so every replica reads a local
-    copy) rather than a graph constant, which would embed one copy per traced
-    function and hit the 2 GB graph limit on large models. Load a masked model
-    inside ``strategy.scope()`` to get mirrored masks.
+    On TensorFlow the mask lives in a non-trainable float32 ``tf.Variable``
+    created in the current distribution strategy's scope (so every replica
+    reads a local copy) rather than a graph constant, which would embed one
+    copy per traced function and hit the 2 GB graph limit on large models.
+    Load a masked model inside ``strategy.scope()`` to get mirrored masks. On
+    JAX and PyTorch it is a backend tensor (a constant of the compiled train
+    step on JAX, replicated like the weights under a data-parallel
+    distribution).
 
     In ``get_config`` the mask is bit-packed, zlib-compressed and base64
     encoded, which round-trips exactly and stays small: masks for all 25.6M
@@ -64,8 +88,7 @@ class MaskConstraint(keras.constraints.Constraint):
             mask = _decode(mask, tuple(shape))
         self._mask_array = np.asarray(mask, dtype=np.float32)
         self.inner = keras.constraints.get(inner)
-        with tf.init_scope():
-            self._mask = tf.Variable(self._mask_array, trainable=False, name="mask")
+        self._mask = _mask_tensor(self._mask_array)
 
     @property
     def mask(self):
@@ -75,7 +98,7 @@ class MaskConstraint(keras.constraints.Constraint):
     def __call__(self, w):
         if self.inner is not None:
             w = self.inner(w)
-        return w * tf.cast(self._mask, w.dtype)
+        return w * ops.cast(self._mask, w.dtype)
 
     def get_config(self):
         return {
@@ -135,7 +158,7 @@ def apply_masks(model, masks):
     The model is modified in place and returned. Each mask becomes a
     :class:`MaskConstraint` on its weight (wrapping any constraint the weight
     already had), so ``model.fit`` with any Keras optimizer (momentum, weight
-    decay), under a ``tf.distribute`` strategy, keeps pruned weights at
+    decay) on every backend and under a distribution, keeps pruned weights at
     exactly zero, and ``.keras`` save/load keeps the masks. A compiled model's
     cached train function is dropped so the next ``fit`` traces the
     constraints in. Not covered: optimizers with ``use_ema=True``, which
@@ -155,12 +178,7 @@ def apply_masks(model, masks):
         inner = getattr(layer, spec.constraint_attr, None)
         if isinstance(inner, MaskConstraint):
             inner = inner.inner
-        tf_var = var.value
-        if isinstance(tf_var, tf.distribute.DistributedValues):
-            scope = tf_var.distribute_strategy.scope()
-        else:
-            scope = contextlib.nullcontext()
-        with scope:
+        with _distribution_scope(var):
             constraint = MaskConstraint(mask, inner=inner)
         setattr(layer, spec.constraint_attr, constraint)
         var.constraint = constraint
