@@ -31,6 +31,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
+from tests import test_examples
 from tests.backend_scripts import pruners
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -266,3 +267,21 @@ def test_masks_of_a_keras_file_reload_on_every_backend(tmp_path, jax_cache):
     )
     for backend in OTHER_BACKENDS:
         assert "reloaded" in _check(_run(backend, ["-c", script], jax_cache))
+
+
+@pytest.mark.slow
+def test_cifar_example_trains_masks_under_jax_data_parallel(tmp_path, monkeypatch, jax_cache):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax_cache))
+    flags = ["--model=resnet20", "--method=synflow", "--params=0.2", "--strategy=mirrored", "--epochs=1", "--batch_size=32"]
+    results, stdout = test_examples._train(tmp_path, "train_cifar.py", flags)
+    assert (results["backend"], results["replicas"]) == ("jax", 2)
+    assert len(results["history"]) == 1 and np.isfinite(results["history"][0]["loss"])
+    assert results["params_ratio"] < 0.25
+    trained = keras.saving.load_model(tmp_path / "last.keras")
+    masked = [layer for layer in trained.layers if isinstance(getattr(layer, "kernel_constraint", None), pai.MaskConstraint)]
+    assert len(masked) == 22  # every conv and the classifier of ResNet-20
+    for layer in masked:
+        assert np.all(layer.kernel.numpy()[layer.kernel_constraint.mask == 0] == 0), layer.name
