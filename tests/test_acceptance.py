@@ -91,5 +91,6 @@ def test_cli_precrops_a_zoo_model_into_a_loadable_file(tmp_path, capsys):
 def test_tensorflow_features_say_what_to_install():
     with pytest.raises(ImportError, match=r"keras_precrop\.data .* needs TensorFlow.*keras-precrop\[cpu\]"):
         importlib.import_module("keras_precrop.data")
-    with pytest.raises(ImportError, match=r"the remote path 'gs://bucket/run/history.csv' needs TensorFlow.*keras-precrop\[cpu\]"):
+    remote = r"the remote path 'gs://bucket/run/history.csv' needs TensorFlow.*keras-precrop\[cpu\]"
+    with pytest.raises(ImportError, match=remote):
         kp.train.read_history("gs://bucket/run")

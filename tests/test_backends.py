@@ -147,7 +147,8 @@ def pruner_inputs(tmp_path_factory):
 def test_pruners_match_tensorflow_on_the_same_weights(backend, pruner_inputs, jax_cache):
     folder, reference = pruner_inputs
     output = folder / f"{backend}.npz"
-    _check(_run(backend, [str(REPO / "tests" / "backend_scripts" / "pruners.py"), str(folder / "inputs.npz"), str(output)], jax_cache))
+    script = REPO / "tests" / "backend_scripts" / "pruners.py"
+    _check(_run(backend, [str(script), str(folder / "inputs.npz"), str(output)], jax_cache))
     with np.load(output) as got:
         got = dict(got)
     # SynFlow: the same masks up to float32 rounding near the threshold, which
@@ -275,13 +276,16 @@ def test_cifar_example_trains_masks_under_jax_data_parallel(tmp_path, monkeypatc
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax_cache))
-    flags = ["--model=resnet20", "--method=synflow", "--params=0.2", "--strategy=mirrored", "--epochs=1", "--batch_size=32"]
+    flags = ["--model=resnet20", "--method=synflow", "--params=0.2", "--strategy=mirrored", "--epochs=1"]
+    flags.append("--batch_size=32")
     results, stdout = test_examples._train(tmp_path, "train_cifar.py", flags)
     assert (results["backend"], results["replicas"]) == ("jax", 2)
     assert len(results["history"]) == 1 and np.isfinite(results["history"][0]["loss"])
     assert results["params_ratio"] < 0.25
     trained = keras.saving.load_model(tmp_path / "last.keras")
-    masked = [layer for layer in trained.layers if isinstance(getattr(layer, "kernel_constraint", None), pai.MaskConstraint)]
+    masked = [
+        layer for layer in trained.layers if isinstance(getattr(layer, "kernel_constraint", None), pai.MaskConstraint)
+    ]
     assert len(masked) == 22  # every conv and the classifier of ResNet-20
     for layer in masked:
         assert np.all(layer.kernel.numpy()[layer.kernel_constraint.mask == 0] == 0), layer.name

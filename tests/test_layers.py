@@ -82,7 +82,9 @@ def test_models_with_slices_and_prefix_adds_predict_train_and_round_trip(tmp_pat
     expected = _numpy(model.get_layer("fc")(stream.mean(axis=(1, 2))))
     np.testing.assert_allclose(_numpy(model(x)), expected, rtol=1e-5, atol=1e-6)
 
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     before = model.get_layer("branch").kernel.numpy().copy()
     history = model.fit(x, y, batch_size=2, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
