@@ -13,7 +13,10 @@ Deliberate deviations, each to make the result exact and reproducible:
   ResNet-20, 1e140 on ResNet-110), which overflows float32, the reference's
   precision. With ``dtype="auto"`` the linearized copy runs in float32 (4x
   faster than float64 on CPU) while ``R`` stays within ``[1e-30, 1e30]``
-  and every score is finite, and switches to float64 otherwise.
+  and every score is finite, and switches to float64 otherwise (on JAX with
+  64-bit types enabled for the computation). On PyTorch, Keras computes Dense
+  layers in float32 even in float64, so flows beyond float32's range raise
+  there with a hint to use another backend.
 * Ties at the pruning threshold are broken by position and weights pruned in
   an earlier round never come back, so exactly ``round(density * n)``
   weights are kept. (The reference prunes ``int((1 - d) * n)`` per round,
@@ -34,6 +37,17 @@ from keras_precrop.pai import common, gradients
 # headroom for activations and gradients (float32 spans 1e-38 .. 3e38).
 _FLOAT32_FLOW_RANGE = (1e-30, 1e30)
 _DTYPES = ("auto", "float32", "float64")
+# What to try when the flow overflows. On PyTorch, Keras computes Dense layers'
+# matrix products in float32 even for float64 layers (its type promotion maps
+# 64-bit results to 32 bits off TensorFlow), so float64 cannot help there.
+_FLOAT64_HINTS = {
+    ("float32", "tensorflow"): "; try dtype='float64'.",
+    ("float32", "jax"): "; try dtype='float64'.",
+    ("float64", "torch"): (
+        " on the torch backend, where Keras computes Dense layers in float32 even in "
+        "float64; run SynFlow for this model under KERAS_BACKEND=tensorflow or jax."
+    ),
+}
 
 
 def _computes_in(model, dtype):
@@ -168,7 +182,7 @@ class _Scorer:
                 f"SynFlow's linearized output R = {flow} or its gradients are not "
                 f"finite in {self.linearized.dtype}: the network is too deep or its "
                 "weights too large for synaptic flow to be represented"
-                + ("; try dtype='float64'." if self.linearized.dtype == "float32" else ".")
+                + _FLOAT64_HINTS.get((self.linearized.dtype, keras.backend.backend()), ".")
             )
         return scores
 
