@@ -1,9 +1,11 @@
 """Runs the pai pruners and masked training on given weights; writes what they give to an .npz.
 
-Usage: ``python pruners.py INPUTS.npz OUTPUT.npz`` under any Keras backend.
-``tests/test_backends.py`` writes the inputs under TensorFlow (the weights of
-ResNet-20 and of a small CNN, a data batch), runs this under JAX and PyTorch,
-and compares the masks and scores with TensorFlow's own.
+Usage: ``python pruners.py INPUTS.npz OUTPUT.npz [MASKED.keras]`` under any
+Keras backend. ``tests/test_backends.py`` writes the inputs under TensorFlow
+(the weights of ResNet-20 and of a small CNN, a data batch), runs this under
+JAX and PyTorch, and compares the masks and scores with TensorFlow's own;
+``MASKED.keras`` is the masked model TensorFlow trained and saved, which the
+other backends load and run.
 """
 
 import sys
@@ -35,8 +37,12 @@ def flat(arrays):
     return np.concatenate([np.ravel(a) for a in arrays.values()])
 
 
-def run(inputs, path):
-    """Scores and masks of every pruner, after checking masked training keeps its zeros."""
+def run(inputs, path, saved=None):
+    """Scores and masks of every pruner, after checking masked training keeps its zeros.
+
+    The masked model is saved as ``path + ".keras"``; ``saved``, a masked model
+    saved by another backend, is loaded and run on the same batch.
+    """
     resnet = with_weights(models.get("resnet20"), inputs, "resnet")
     cnn = with_weights(small_cnn(), inputs, "cnn")
     x, y = inputs["x"], inputs["y"]
@@ -65,9 +71,14 @@ def run(inputs, path):
         assert isinstance(model.get_layer("c2").kernel.constraint, pai.MaskConstraint)
     out["masked_fit_loss"] = np.array(history.history["loss"])
     out["masked_kernel"] = cnn.get_layer("c2").kernel.numpy()
+    out["masked_outputs"] = keras.ops.convert_to_numpy(cnn(x))
+    if saved is not None:
+        other = keras.saving.load_model(saved)
+        assert isinstance(other.get_layer("c2").kernel.constraint, pai.MaskConstraint)
+        out["reloaded_outputs"] = keras.ops.convert_to_numpy(other(x))
     np.savez(path, **out)
 
 
 if __name__ == "__main__":
     with np.load(sys.argv[1]) as data:
-        run(dict(data), sys.argv[2])
+        run(dict(data), *sys.argv[2:])
