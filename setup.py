@@ -5,7 +5,15 @@ distributions (``tensorflow``, ``tensorflow-cpu``, ``tensorflow[and-cuda]``,
 ``tensorflow-tpu``) that pip treats as different packages, so requiring one of
 them would force a second, conflicting TensorFlow onto users who already have
 another (Colab, TPU VMs, CUDA images). Pick one with an extra: ``[cpu]``,
-``[gpu]`` or ``[tf]``.
+``[gpu]`` or ``[tf]``. The core (profile, plans, rebuilds, pruners, training)
+runs on any Keras backend: ``[jax]`` and ``[torch]`` install the others.
+TensorFlow Datasets comes with the TensorFlow extras, as only the
+TensorFlow-based ``keras_precrop.data`` uses it.
+
+The ``[test]`` extra installs all three backends so the suite checks each;
+it pins ``torch==2.13.0`` because that is the CPU build this project's
+machines have on disk: an unpinned ``torch`` resolves to a newer CUDA build
+of several GB there.
 """
 
 from setuptools import find_packages, setup
@@ -24,18 +32,22 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "keras>=3.4,<4",
-        "tensorflow-datasets>=4.9",
         "scipy>=1.10",
         "absl-py>=1.0",
         "numpy>=1.24",
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu>=2.16", "tensorboard"],
-        "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "tf": ["tensorflow>=2.16"],
+        "cpu": ["tensorflow-cpu>=2.16", "tensorboard", "tensorflow-datasets>=4.9"],
+        "gpu": ["tensorflow[and-cuda]>=2.16", "tensorflow-datasets>=4.9"],
+        "tf": ["tensorflow>=2.16", "tensorflow-datasets>=4.9"],
+        "jax": ["jax[cpu]"],
+        "torch": ["torch"],
         "test": [
             "tensorflow-cpu>=2.16",
             "tensorboard",
+            "tensorflow-datasets>=4.9",
+            "jax[cpu]",
+            "torch==2.13.0",
             "pytest>=7",
             "hypothesis>=6",
             "ruff>=0.6",

@@ -6,6 +6,12 @@ model), rebuild it inside the scope, print the params/MACs table of the model
 actually trained, train with the seed paper's recipe, and write
 ``results.json`` into ``--model_dir``. A killed run restarted with the same
 flags resumes after its last finished epoch.
+
+The flags are the same on every Keras backend; pick one with the
+``KERAS_BACKEND`` environment variable (``tensorflow``, ``jax`` or
+``torch``). The input pipelines are tf.data (TensorFlow Datasets) on all of
+them; ``--strategy`` is a ``tf.distribute`` strategy on TensorFlow and Keras'
+``DataParallel`` distribution on JAX (see ``keras_precrop.train.get_strategy``).
 """
 
 import json
@@ -53,7 +59,13 @@ def define_flags(default_model):
     flags.DEFINE_string(
         "model_dir", None, "Output directory: checkpoints, logs, results.json.", required=True
     )
-    flags.DEFINE_enum("strategy", "auto", train.STRATEGIES, "tf.distribute strategy.")
+    flags.DEFINE_enum(
+        "strategy",
+        "auto",
+        train.STRATEGIES,
+        "Distribution: a tf.distribute strategy on TensorFlow; keras.distribution.DataParallel "
+        "over the devices on JAX (auto, default, mirrored, tpu); one device on PyTorch (auto, default).",
+    )
     flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu/auto; default: Colab/TPU VM.")
     flags.DEFINE_integer("seed", 0, "Seed of the initialization, masks and input pipeline.")
     flags.DEFINE_integer(
@@ -62,7 +74,9 @@ def define_flags(default_model):
     flags.DEFINE_integer(
         "eval_steps", None, "Evaluation batches, for short runs; default: the whole test split."
     )
-    flags.DEFINE_integer("steps_per_execution", 1, "Training steps per tf.function call (e.g. 64 on TPUs).")
+    flags.DEFINE_integer(
+        "steps_per_execution", 1, "Training steps per compiled call (tf.function, jax.jit; e.g. 64 on TPUs)."
+    )
     flags.DEFINE_enum(
         "mode",
         None,
@@ -276,6 +290,9 @@ def run(dataset):
     """
     start = time.time()
     _check_flags()
+    if keras.backend.backend() != "tensorflow":
+        # TensorFlow only feeds the input pipeline: keep it off the accelerators.
+        tf.config.set_visible_devices([], "GPU")
     strategy = train.get_strategy(FLAGS.strategy, tpu=FLAGS.tpu)  # before any other TF op
     keras.utils.set_random_seed(FLAGS.seed)
     info = data.get_info(dataset)
@@ -286,10 +303,14 @@ def run(dataset):
     reference = kp.models.get(FLAGS.model, input_shape=info.input_shape, num_classes=info.num_classes)
     pipeline = dict(data_dir=FLAGS.data_dir, normalize=not data.model_rescales_inputs(reference))
     train_ds = data.load(dataset, info.train_split, batch_size, seed=FLAGS.seed, **pipeline)
-    # TPUs need static batch shapes, so they skip the last partial test batch.
-    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    # TPUs and data-parallel JAX need whole global batches: skip the last partial test batch.
     eval_ds = data.load(
-        dataset, info.eval_split, batch_size, training=False, drop_remainder=on_tpu, **pipeline
+        dataset,
+        info.eval_split,
+        batch_size,
+        training=False,
+        drop_remainder=train.needs_static_batches(strategy),
+        **pipeline,
     )
     steps = FLAGS.steps_per_epoch or train.steps_per_epoch(train_ds)
 
@@ -337,6 +358,7 @@ def run(dataset):
         "epochs": epochs,
         "batch_size": batch_size,
         "steps_per_epoch": steps,
+        "backend": keras.backend.backend(),
         "strategy": FLAGS.strategy,
         "replicas": strategy.num_replicas_in_sync,
         "seed": FLAGS.seed,

@@ -11,7 +11,7 @@ import zlib
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 
 def _encode(mask):
@@ -27,15 +27,28 @@ def _decode(data, shape):
     return np.unpackbits(bits, count=size).reshape(shape)
 
 
+def _mask_tensor(mask):
+    """The mask as the backend reads it: a ``tf.Variable`` on TensorFlow, else a tensor."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.convert_to_tensor(mask)
+    import tensorflow as tf
+
+    with tf.init_scope():
+        return tf.Variable(mask, trainable=False, name="mask")
+
+
 @keras.saving.register_keras_serializable(package="keras_precrop")
 class MaskConstraint(keras.constraints.Constraint):
     """Multiplies a weight by a fixed 0/1 mask after every optimizer update.
 
-    The mask lives in a non-trainable float32 ``tf.Variable`` created in the
-    current distribution strategy's scope (so every replica reads a local
-    copy) rather than a graph constant, which would embed one copy per traced
-    function and hit the 2 GB graph limit on large models. Load a masked model
-    inside ``strategy.scope()`` to get mirrored masks.
+    On TensorFlow the mask lives in a non-trainable float32 ``tf.Variable``
+    created in the current distribution strategy's scope (so every replica
+    reads a local copy) rather than a graph constant, which would embed one
+    copy per traced function and hit the 2 GB graph limit on large models.
+    Load a masked model inside ``strategy.scope()`` to get mirrored masks. On
+    JAX and PyTorch it is a backend tensor (a constant of the compiled train
+    step on JAX, replicated like the weights under a data-parallel
+    distribution).
 
     In ``get_config`` the mask is bit-packed, zlib-compressed and base64
     encoded, which round-trips exactly and stays small: masks for all 25.6M
@@ -56,8 +69,7 @@ class MaskConstraint(keras.constraints.Constraint):
             mask = _decode(mask, tuple(shape))
         self._mask_array = np.asarray(mask, dtype=np.float32)
         self.inner = keras.constraints.get(inner)
-        with tf.init_scope():
-            self._mask = tf.Variable(self._mask_array, trainable=False, name="mask")
+        self._mask = _mask_tensor(self._mask_array)
 
     @property
     def mask(self):
@@ -67,7 +79,7 @@ class MaskConstraint(keras.constraints.Constraint):
     def __call__(self, w):
         if self.inner is not None:
             w = self.inner(w)
-        return w * tf.cast(self._mask, w.dtype)
+        return w * ops.cast(self._mask, w.dtype)
 
     def get_config(self):
         return {

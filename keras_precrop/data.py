@@ -16,13 +16,26 @@ dataset of ``{"image": uint8 HxWx3, "label": int}`` dicts into batches, and
 ``load`` is a thin ``tfds.load`` wrapper around it. Random augmentations use
 stateless ops seeded from ``tf.data.Dataset.random``, so a ``seed`` makes a
 pipeline reproducible while every epoch still sees new crops and flips.
+
+The pipelines need TensorFlow and TensorFlow Datasets whatever the Keras
+backend: under JAX or PyTorch, ``model.fit`` reads ``tf.data`` batches as
+arrays.
 """
 
 import dataclasses
 
 import keras
-import tensorflow as tf
-import tensorflow_datasets as tfds
+
+try:
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"keras_precrop.data (tf.data input pipelines from TensorFlow Datasets) needs TensorFlow "
+        f"and tensorflow-datasets whatever the Keras backend ({_err}). Install them with e.g. "
+        "`pip install keras-precrop[cpu]` (or [gpu], [tf]); profile, precrop, reconfigure, pai "
+        "and train work without them."
+    ) from _err
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,11 @@ class ChannelSlice(keras.layers.Layer):
 
     def call(self, inputs):
         # A slice op rather than strided indexing: its gradient is a cheap pad
-        # (TF's StridedSliceGrad cost ~9% of a ResNet-20 training step).
-        rank = len(inputs.shape)
-        return ops.slice(inputs, (0,) * rank, (-1,) * (rank - 1) + (self.width,))
+        # (TF's StridedSliceGrad cost ~9% of a ResNet-20 training step). Sizes
+        # are explicit: a size of -1 means "the rest" to TF and JAX but "all
+        # but the last element" to the torch backend.
+        shape = ops.shape(inputs)
+        return ops.slice(inputs, (0,) * len(shape), (*shape[:-1], self.width))
 
     def compute_output_shape(self, input_shape):
         if input_shape[-1] is not None and input_shape[-1] < self.width:

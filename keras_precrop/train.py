@@ -1,27 +1,35 @@
-"""Training with ``model.fit`` under tf.distribute strategies, seed-paper recipes.
+"""Training with ``model.fit`` under a distribution strategy, seed-paper recipes.
 
 * ``get_strategy``: ``"auto"``, ``"default"``, ``"mirrored"``,
-  ``"multiworker"`` or ``"tpu"``.
+  ``"multiworker"`` or ``"tpu"``: a ``tf.distribute`` strategy on TensorFlow,
+  Keras' own distribution API (``keras.distribution.DataParallel``) on JAX,
+  and no distribution on PyTorch.
 * ``RECIPES`` / ``get_recipe``: the seed paper's Table "Hyperparameters used
   in training" (momentum SGD; epochs, batch size, learning rate schedule and
   weight decay per dataset and model family).
 * ``learning_rate_schedule`` / ``make_optimizer``: the schedules with the
   learning rate scaled linearly with the global batch size, and ``SGDWithL2``.
 * ``compile_model``: builds and compiles a model inside ``strategy.scope()``.
+  Recipes, the optimizer, ``compile_model`` and ``fit`` work on every Keras
+  backend; only the ``tf.distribute`` strategies (and ``gs://`` paths) need
+  TensorFlow, and say so when it is missing.
 * ``fit``: trains with ``BackupAndRestore`` (a killed run resumes at the next
   epoch), best/last ``.keras`` checkpoints, TensorBoard and a CSV log that
   keeps the per-epoch history across restarts.
 """
 
+import contextlib
 import csv
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import os
+import sys
 import time
+import types
 
 import keras
-import tensorflow as tf
 
 from keras_precrop import progress as _progress
 from keras_precrop.optimizers import SGDWithL2
@@ -163,15 +171,28 @@ def make_optimizer(recipe, steps_per_epoch, global_batch_size, epochs=None):
     )
 
 
+def _tensorflow(feature):
+    """Imports TensorFlow for ``feature``, or raises an ImportError saying how to install it."""
+    try:
+        return importlib.import_module("tensorflow")
+    except ImportError as err:
+        raise ImportError(
+            f"keras_precrop.train: {feature} needs TensorFlow, which is not installed. "
+            "Install one flavour of it, e.g. `pip install keras-precrop[cpu]` (CPU only), "
+            "`keras-precrop[gpu]` (CUDA) or `keras-precrop[tf]`."
+        ) from err
+
+
 def _tpu_present(tpu):
     """Cheap TPU detection that never waits on a metadata server."""
     if tpu or os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR"):
         return True
-    return bool(tf.config.list_physical_devices("TPU"))
+    return bool(_tensorflow("TPU detection").config.list_physical_devices("TPU"))
 
 
 def _tpu_strategy(tpu):
     """Connects to a TPU (Colab, TPU VM ``"local"`` or a named TPU node)."""
+    tf = _tensorflow("the TPU strategy")
     if tpu is None:
         tpu = "" if os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR") else "local"
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
@@ -182,67 +203,164 @@ def _tpu_strategy(tpu):
 
 def _mirrored_strategy():
     """Mirrors over all GPUs, or over all logical CPUs when there is no GPU."""
+    tf = _tensorflow("the mirrored strategy")
     if tf.config.list_logical_devices("GPU"):
         return tf.distribute.MirroredStrategy()
     return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
 
 
-class _MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
-    """``MultiWorkerMirroredStrategy`` with a ``reduce`` that Keras 3 can use.
+def _multiworker_strategy():
+    """A ``MultiWorkerMirroredStrategy`` with a ``reduce`` that Keras 3 can use.
 
     Keras 3's TensorFlow trainer calls ``strategy.reduce`` on a whole
     ``(images, labels)`` batch (to learn its shapes) and on scalar metrics
     with ``axis=0``; TensorFlow's collective strategy only reduces single
-    values and cannot reduce a scalar along an axis. This reduces leaf by leaf
-    and reduces scalars across replicas only, which is what every other
-    strategy returns for them.
+    values and cannot reduce a scalar along an axis. The subclass reduces leaf
+    by leaf and reduces scalars across replicas only, which is what every
+    other strategy returns for them.
+    """
+    tf = _tensorflow("the multiworker strategy")
+
+    class _MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis):
+            """Reduces each leaf of ``value`` across replicas (and along ``axis`` if it has one)."""
+
+            def reduce_leaf(leaf):
+                local = leaf.values[0] if isinstance(leaf, tf.distribute.DistributedValues) else leaf
+                leaf_axis = None if local.shape.rank == 0 else axis
+                return super(_MultiWorkerMirroredStrategy, self).reduce(reduce_op, leaf, leaf_axis)
+
+            return tf.nest.map_structure(reduce_leaf, value)
+
+    return _MultiWorkerMirroredStrategy()
+
+
+class KerasDistribution:
+    """A Keras distribution (JAX) with the members train and the examples use from a strategy.
+
+    ``keras.distribution`` is Keras' backend-independent distribution API;
+    Keras implements it on JAX, where it shards each global batch over the
+    devices of a mesh and replicates the weights (``DataParallel``). A
+    distribution is global: :func:`get_strategy` sets it for the whole
+    program, as ``model.fit`` reads it when it distributes the data.
+
+    Attributes:
+        distribution: the ``keras.distribution.Distribution``, or None for a
+            single device (PyTorch, or JAX without distribution).
     """
 
-    def reduce(self, reduce_op, value, axis):
-        """Reduces each leaf of ``value`` across replicas (and along ``axis`` if it has one)."""
+    def __init__(self, distribution=None):
+        self.distribution = distribution
 
-        def reduce_leaf(leaf):
-            local = leaf.values[0] if isinstance(leaf, tf.distribute.DistributedValues) else leaf
-            leaf_axis = None if local.shape.rank == 0 else axis
-            return super(_MultiWorkerMirroredStrategy, self).reduce(reduce_op, leaf, leaf_axis)
+    @property
+    def num_replicas_in_sync(self):
+        """Devices a global batch is split over (1 without distribution)."""
+        return 1 if self.distribution is None else int(self.distribution.device_mesh.devices.size)
 
-        return tf.nest.map_structure(reduce_leaf, value)
+    def scope(self):
+        """The distribution's scope: variables created in it are laid out on its devices."""
+        return contextlib.nullcontext() if self.distribution is None else self.distribution.scope()
+
+    def __repr__(self):
+        return f"KerasDistribution({self.distribution!r}, replicas={self.num_replicas_in_sync})"
+
+
+def _jax_strategy(name):
+    """``DataParallel`` over the JAX devices ``name`` asks for, set as the global distribution."""
+    devices = keras.distribution.list_devices()
+    if name == "tpu":
+        try:
+            devices = keras.distribution.list_devices("tpu")
+        except RuntimeError:  # JAX has no TPU backend here
+            devices = []
+        if not devices:
+            raise ValueError("get_strategy('tpu') on JAX found no TPU device (jax.devices('tpu') is empty).")
+    elif name == "auto" and len(devices) == 1:
+        name = "default"
+    if name == "default":
+        keras.distribution.set_distribution(None)
+        return KerasDistribution()
+    distribution = keras.distribution.DataParallel(devices=devices)
+    keras.distribution.set_distribution(distribution)
+    return KerasDistribution(distribution)
 
 
 def get_strategy(name="auto", tpu=None):
-    """Creates a ``tf.distribute`` strategy by name.
+    """Creates the distribution strategy ``name`` on the current Keras backend.
 
     Call it first thing in a program: ``MultiWorkerMirroredStrategy`` and TPU
-    initialization must happen before other TensorFlow ops run.
+    initialization must happen before other TensorFlow ops run, and on JAX
+    the distribution is set globally.
+
+    On TensorFlow: ``"auto"`` (TPU if one is configured or attached, else
+    mirrored if there are several GPUs, else default), ``"default"`` (no
+    distribution), ``"mirrored"`` (all local GPUs; all logical CPUs when there
+    is no GPU), ``"multiworker"`` (``MultiWorkerMirrored`` configured by the
+    ``TF_CONFIG`` environment variable) or ``"tpu"``.
+
+    On JAX: ``keras.distribution.DataParallel`` over the devices of
+    ``keras.distribution.list_devices()`` for ``"mirrored"`` and for
+    ``"auto"`` when there are several (``"tpu"``: the TPU cores), no
+    distribution for ``"default"``. On PyTorch, which Keras does not
+    distribute: ``"auto"`` and ``"default"`` (a single device).
 
     Args:
-        name: ``"auto"`` (TPU if one is configured or attached, else mirrored
-            if there are several GPUs, else default), ``"default"`` (no
-            distribution), ``"mirrored"`` (all local GPUs; all logical CPUs
-            when there is no GPU), ``"multiworker"`` (``MultiWorkerMirrored``
-            configured by the ``TF_CONFIG`` environment variable) or ``"tpu"``.
-        tpu: TPU name or address for ``TPUClusterResolver``; None uses
-            Colab's/``TPU_NAME``'s TPU, or the local TPU VM.
+        name: one of ``STRATEGIES``.
+        tpu: TPU name or address for ``TPUClusterResolver`` (TensorFlow); None
+            uses Colab's/``TPU_NAME``'s TPU, or the local TPU VM.
 
     Returns:
-        A ``tf.distribute.Strategy``.
+        A ``tf.distribute.Strategy`` on TensorFlow, else a
+        :class:`KerasDistribution`; both have ``scope()`` and
+        ``num_replicas_in_sync``.
 
     Raises:
-        ValueError: for an unknown name.
+        ValueError: for an unknown name, or one the backend cannot run.
+        ImportError: for a ``tf.distribute`` strategy without TensorFlow.
     """
     if name not in STRATEGIES:
         raise ValueError(f"Unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}.")
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        supported = {"jax": ("auto", "default", "mirrored", "tpu")}.get(backend, ("auto", "default"))
+        if name not in supported:
+            raise ValueError(
+                f"Strategy {name!r} is not available on the {backend} backend; use one of "
+                f"{', '.join(supported)} (multi-worker training needs the TensorFlow backend)."
+            )
+        return _jax_strategy(name) if backend == "jax" else KerasDistribution()
     if name == "auto":
         if _tpu_present(tpu):
             return _tpu_strategy(tpu)
-        name = "mirrored" if len(tf.config.list_physical_devices("GPU")) > 1 else "default"
+        gpus = _tensorflow("strategy 'auto'").config.list_physical_devices("GPU")
+        name = "mirrored" if len(gpus) > 1 else "default"
     if name == "tpu":
         return _tpu_strategy(tpu)
     if name == "mirrored":
         return _mirrored_strategy()
     if name == "multiworker":
-        return _MultiWorkerMirroredStrategy()
-    return tf.distribute.get_strategy()
+        return _multiworker_strategy()
+    return _tensorflow("strategy 'default'").distribute.get_strategy()
+
+
+def _default_strategy():
+    """The strategy in effect: TensorFlow's current one, else the global Keras distribution."""
+    if keras.backend.backend() == "tensorflow":
+        return _tensorflow("the default strategy").distribute.get_strategy()
+    return KerasDistribution(keras.distribution.distribution())
+
+
+def needs_static_batches(strategy):
+    """Whether every batch must have the global batch size under ``strategy``.
+
+    TPUs need static shapes, and a data-parallel Keras distribution splits
+    each batch evenly over its devices, so input pipelines drop the last
+    partial batch there (also when evaluating).
+    """
+    if isinstance(strategy, KerasDistribution):
+        return strategy.num_replicas_in_sync > 1
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(strategy, tf.distribute.TPUStrategy)
 
 
 def steps_per_epoch(dataset):
@@ -293,14 +411,14 @@ def compile_model(
             learning-rate scaling).
         epochs: training epochs (for the linear schedule); None for
             ``recipe.epochs``.
-        strategy: a ``tf.distribute.Strategy``; None for the current one.
+        strategy: from :func:`get_strategy`; None for the current one.
         steps_per_execution: steps per ``tf.function`` call (raise on TPUs).
 
     Returns:
         The compiled model (sparse categorical cross-entropy from logits and
         accuracy).
     """
-    strategy = strategy or tf.distribute.get_strategy()
+    strategy = strategy or _default_strategy()
     with strategy.scope():
         model = build_model()
         if not isinstance(model, keras.Model):
@@ -397,9 +515,10 @@ def read_history(model_dir):
         data, are left out); empty if nothing was logged yet.
     """
     path = os.path.join(model_dir, "history.csv")
-    if not tf.io.gfile.exists(path):
+    files = _files(path)
+    if not files.exists(path):
         return []
-    with tf.io.gfile.GFile(path) as f:
+    with files.GFile(path) as f:
         rows = {int(row["epoch"]): row for row in csv.DictReader(f)}
     return [
         {"epoch": epoch, **{k: float(v) for k, v in rows[epoch].items() if k != "epoch" and v != "NA"}}
@@ -407,25 +526,46 @@ def read_history(model_dir):
     ]
 
 
-def _worker_dir(model_dir, strategy):
+def _files(path):
+    """File operations for ``path``: ``tf.io.gfile`` for remote paths (``gs://``), else the local ones."""
+    if "://" in str(path):
+        return _tensorflow(f"the remote path {path!r}").io.gfile
+    return types.SimpleNamespace(
+        exists=os.path.exists, GFile=open, makedirs=lambda p: os.makedirs(p, exist_ok=True)
+    )
+
+
+def _worker_dir(model_dir, model):
     """The chief writes ``model_dir``; other workers write private subfolders.
 
     Every multi-worker replica runs the callbacks, and two processes must not
-    write the same checkpoint files.
+    write the same checkpoint files. (Multi-worker training is TensorFlow's.)
     """
+    if keras.backend.backend() != "tensorflow":
+        return model_dir
+    strategy = model.distribute_strategy
     if strategy.extended.should_checkpoint:
         return model_dir
     return os.path.join(model_dir, f"worker_{strategy.cluster_resolver.task_id}")
 
 
 def _use_tensorboard(tensorboard):
-    """Resolves ``fit``'s ``tensorboard`` argument against the installed packages."""
-    installed = importlib.util.find_spec("tensorboard") is not None
-    if tensorboard and not installed:
-        raise ImportError("fit(tensorboard=True) needs the `tensorboard` package: pip install tensorboard.")
-    if tensorboard is None and not installed:
-        _logger.warning("The `tensorboard` package is not installed; training without TensorBoard logs.")
-    return installed if tensorboard is None else bool(tensorboard)
+    """Resolves ``fit``'s ``tensorboard`` argument against the installed packages.
+
+    Keras writes TensorBoard logs with ``tf.summary``, so TensorFlow is needed
+    too, whatever the backend.
+    """
+    missing = [name for name in ("tensorboard", "tensorflow") if importlib.util.find_spec(name) is None]
+    if tensorboard and missing:
+        raise ImportError(
+            f"fit(tensorboard=True) needs the {' and '.join(missing)} package(s): "
+            f"pip install {' '.join(missing)}."
+        )
+    if tensorboard is None and missing:
+        _logger.warning(
+            "The %s package is not installed; training without TensorBoard logs.", " and ".join(missing)
+        )
+    return not missing if tensorboard is None else bool(tensorboard)
 
 
 def _callbacks(model_dir, history, monitor, tensorboard):
@@ -498,8 +638,8 @@ def fit(
     Returns:
         A ``TrainResult``.
     """
-    model_dir = _worker_dir(model_dir, model.distribute_strategy)
-    tf.io.gfile.makedirs(model_dir)
+    model_dir = _worker_dir(model_dir, model)
+    _files(model_dir).makedirs(model_dir)
     monitor = "val_accuracy" if eval_data is not None else "loss"
     progress = []
     if verbose == 1 and not _progress.interactive():

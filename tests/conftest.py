@@ -27,7 +27,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from keras_precrop import models, pai, profile  # noqa: E402
@@ -60,7 +59,13 @@ _COUNTED_OPS = {
 
 
 def trace_graph(model):
-    """The inference graph of ``model`` for one example (batch size 1)."""
+    """The inference graph of ``model`` for one example (batch size 1).
+
+    TensorFlow is imported here, not with this module, so the backend-neutral
+    test files also run under JAX and PyTorch without it (tests/test_backends.py).
+    """
+    import tensorflow as tf
+
     specs = [tf.TensorSpec((1,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
     fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
     return fn.get_concrete_function(*specs).graph

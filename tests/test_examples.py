@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 # Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
-from keras_precrop import models  # noqa: E402
+from keras_precrop import constraints, models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TFDS_DIR = REPO.parent / "shared" / "tfds"
@@ -210,3 +210,24 @@ def test_resnet20_one_real_cifar_epoch_beats_chance(tmp_path, method):
     _check_results(results, epochs=1)
     assert results["steps_per_epoch"] == 50_000 // 128
     assert results["final_accuracy"] > 0.3  # chance is 0.1
+
+
+@pytest.mark.slow
+def test_cifar_example_trains_masks_under_jax_data_parallel(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    flags = ["--model=resnet20", "--method=synflow", "--params=0.2", "--strategy=mirrored", "--epochs=1"]
+    flags.append("--batch_size=32")
+    results, stdout = _train(tmp_path, "train_cifar.py", flags)
+    assert (results["backend"], results["replicas"]) == ("jax", 2)
+    assert len(results["history"]) == 1 and np.isfinite(results["history"][0]["loss"])
+    assert results["params_ratio"] < 0.25
+    trained = keras.saving.load_model(tmp_path / "last.keras")
+    masked = [
+        layer for layer in trained.layers
+        if isinstance(getattr(layer, "kernel_constraint", None), constraints.MaskConstraint)
+    ]
+    assert len(masked) == 22  # every conv and the classifier of ResNet-20
+    for layer in masked:
+        assert np.all(layer.kernel.numpy()[layer.kernel_constraint.mask == 0] == 0), layer.name

@@ -107,7 +107,7 @@ def test_forward_pass_custom_classes_and_shape(name):
     batch = 2 if name in CIFAR_NAMES else 1
     model = models.get(name, input_shape=shape, num_classes=7)
     x = np.random.default_rng(0).normal(size=(batch,) + shape).astype("float32")
-    y = np.asarray(model(x, training=False))
+    y = keras.ops.convert_to_numpy(model(x, training=False))
     assert y.shape == (batch, 7)
     assert np.all(np.isfinite(y))
     assert np.std(y) > 0
@@ -288,9 +288,9 @@ def test_strided_convs_pad_like_pytorch(name, pad_layer, conv_layer, pad):
     model = _default_model(name)
     sub = keras.Model(model.get_layer(pad_layer).input, model.get_layer(conv_layer).output)
     x = np.random.default_rng(1).normal(size=(1,) + sub.input_shape[1:]).astype("float32")
-    kernel = np.asarray(model.get_layer(conv_layer).kernel)
+    kernel = model.get_layer(conv_layer).kernel.numpy()
     expected = _torch_conv2d(x.astype("float64"), kernel.astype("float64"), 2, pad)
-    np.testing.assert_allclose(np.asarray(sub(x)), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sub(x)), expected, rtol=1e-4, atol=1e-4)
 
 
 def _assert_kaiming_normal(kernel, fan):
@@ -336,7 +336,9 @@ def test_save_load_round_trip(tmp_path):
         loaded = keras.models.load_model(path)
         x = np.random.default_rng(2).normal(size=(2, 32, 32, 3)).astype("float32")
         np.testing.assert_allclose(
-            np.asarray(loaded(x, training=False)), np.asarray(model(x, training=False)), atol=1e-5
+            keras.ops.convert_to_numpy(loaded(x, training=False)),
+            keras.ops.convert_to_numpy(model(x, training=False)),
+            atol=1e-5,
         )
         assert [layer.name for layer in loaded.layers] == [layer.name for layer in model.layers]
 

@@ -10,7 +10,6 @@ score is ``w * Hg`` divided by ``|sum(w * Hg)| + 1e-10``. The weights with the
 """
 
 import numpy as np
-import tensorflow as tf
 
 from keras_precrop.pai import common, gradients
 
@@ -40,28 +39,21 @@ def grasp_scores(model, data, loss=None, temperature=200.0, include_bias=False, 
     weights = common.prunable_weights(model, include_bias, include_batchnorm)
     variables = list(weights.values())
     data = gradients.batches(data, num_batches)
-    zero = tf.UnconnectedGradients.ZERO
 
-    stopped = [tf.zeros(v.shape, v.dtype) for v in variables]
-    for x, y in data:
-        with tf.GradientTape() as tape:
-            value = gradients.loss_value(model, loss, x, y, training, temperature)
-        grads = tape.gradient(value, variables, unconnected_gradients=zero)
-        stopped = [s + g for s, g in zip(stopped, grads)]
+    def loss_of(x, y):
+        return lambda: gradients.loss_value(model, loss, x, y, training, temperature)
 
-    hessian_grad = [tf.zeros(v.shape, v.dtype) for v in variables]
+    stopped = [np.zeros(v.shape) for v in variables]
     for x, y in data:
-        with tf.GradientTape() as outer:
-            with tf.GradientTape() as inner:
-                value = gradients.loss_value(model, loss, x, y, training, temperature)
-            grads = inner.gradient(value, variables, unconnected_gradients=zero)
-            dot = tf.add_n([tf.reduce_sum(s * g) for s, g in zip(stopped, grads)])
-        hg = outer.gradient(dot, variables, unconnected_gradients=zero)
-        hessian_grad = [h + g for h, g in zip(hessian_grad, hg)]
+        stopped = [s + g for s, g in zip(stopped, gradients.weight_gradients(loss_of(x, y), variables))]
+
+    hessian_grad = [np.zeros(v.shape) for v in variables]
+    for x, y in data:
+        products = gradients.hessian_gradient_product(loss_of(x, y), variables, stopped)
+        hessian_grad = [h + p for h, p in zip(hessian_grad, products)]
 
     scores = {
-        path: np.asarray(v.numpy(), np.float64) * h.numpy().astype(np.float64)
-        for (path, v), h in zip(weights.items(), hessian_grad)
+        path: np.asarray(v.numpy(), np.float64) * h for (path, v), h in zip(weights.items(), hessian_grad)
     }
     norm = abs(sum(s.sum() for s in scores.values())) + _EPS
     return {path: s / norm for path, s in scores.items()}

@@ -2,8 +2,9 @@
 
 A mask is attached to its weight as a :class:`MaskConstraint`. Keras 3
 optimizers apply ``variable.constraint`` right after every update (after
-momentum, weight decay and under ``tf.distribute`` strategies alike), so a
-masked weight is exactly zero after every step without any callback. The
+momentum and weight decay, on every backend, under ``tf.distribute``
+strategies and Keras' JAX distribution alike), so a masked weight is exactly
+zero after every step without any callback. The
 constraint is also stored in the layer attribute that ``get_config``
 serializes (``kernel_constraint``, ``depthwise_constraint``, ...), so a model
 saved as ``.keras`` reloads with its masks (``import keras_precrop`` registers
@@ -12,11 +13,21 @@ saved as ``.keras`` reloads with its masks (``import keras_precrop`` registers
 
 import contextlib
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_precrop.constraints import MaskConstraint
 from keras_precrop.pai import common
+
+
+def _distribution_scope(variable):
+    """The ``tf.distribute`` scope ``variable`` lives in, so its mask is mirrored alike."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(variable.value, tf.distribute.DistributedValues):
+            return variable.value.distribute_strategy.scope()
+    return contextlib.nullcontext()
 
 
 def check_masks(model, masks):
@@ -70,7 +81,7 @@ def apply_masks(model, masks):
     The model is modified in place and returned. Each mask becomes a
     :class:`MaskConstraint` on its weight (wrapping any constraint the weight
     already had), so ``model.fit`` with any Keras optimizer (momentum, weight
-    decay), under a ``tf.distribute`` strategy, keeps pruned weights at
+    decay) on every backend and under a distribution, keeps pruned weights at
     exactly zero, and ``.keras`` save/load keeps the masks. A compiled model's
     cached train function is dropped so the next ``fit`` traces the
     constraints in. Not covered: optimizers with ``use_ema=True``, which
@@ -90,12 +101,7 @@ def apply_masks(model, masks):
         inner = getattr(layer, spec.constraint_attr, None)
         if isinstance(inner, MaskConstraint):
             inner = inner.inner
-        tf_var = var.value
-        if isinstance(tf_var, tf.distribute.DistributedValues):
-            scope = tf_var.distribute_strategy.scope()
-        else:
-            scope = contextlib.nullcontext()
-        with scope:
+        with _distribution_scope(var):
             constraint = MaskConstraint(mask, inner=inner)
         setattr(layer, spec.constraint_attr, constraint)
         var.constraint = constraint

@@ -9,7 +9,6 @@ single shot.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from keras_precrop.pai import common, gradients
 
@@ -33,15 +32,14 @@ def snip_scores(model, data, loss=None, include_bias=False, include_batchnorm=Fa
     """
     weights = common.prunable_weights(model, include_bias, include_batchnorm)
     variables = list(weights.values())
-    total = [tf.zeros(v.shape, v.dtype) for v in variables]
+    total = [np.zeros(v.shape) for v in variables]
     for x, y in gradients.batches(data, num_batches):
-        with tf.GradientTape() as tape:
-            value = gradients.loss_value(model, loss, x, y, training)
-        grads = tape.gradient(value, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = gradients.weight_gradients(
+            lambda x=x, y=y: gradients.loss_value(model, loss, x, y, training), variables
+        )
         total = [t + g for t, g in zip(total, grads)]
     scores = {
-        path: np.abs(np.asarray(v.numpy(), np.float64) * g.numpy().astype(np.float64))
-        for (path, v), g in zip(weights.items(), total)
+        path: np.abs(np.asarray(v.numpy(), np.float64) * g) for (path, v), g in zip(weights.items(), total)
     }
     norm = sum(s.sum() for s in scores.values())
     if not np.isfinite(norm) or norm == 0:

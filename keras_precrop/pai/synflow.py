@@ -13,7 +13,10 @@ Deliberate deviations, each to make the result exact and reproducible:
   ResNet-20, 1e140 on ResNet-110), which overflows float32, the reference's
   precision. With ``dtype="auto"`` the linearized copy runs in float32 (4x
   faster than float64 on CPU) while ``R`` stays within ``[1e-30, 1e30]``
-  and every score is finite, and switches to float64 otherwise.
+  and every score is finite, and switches to float64 otherwise (on JAX with
+  64-bit types enabled for the computation). On PyTorch, Keras computes Dense
+  layers in float32 even in float64, so flows beyond float32's range raise
+  there with a hint to use another backend.
 * Ties at the pruning threshold are broken by position and weights pruned in
   an earlier round never come back, so exactly ``round(density * n)``
   weights are kept. (The reference prunes ``int((1 - d) * n)`` per round,
@@ -26,15 +29,26 @@ Deliberate deviations, each to make the result exact and reproducible:
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from keras_precrop import progress as _progress
-from keras_precrop.pai import common
+from keras_precrop.pai import common, gradients
 
 # float32 is used while R stays in this range: 8 orders of magnitude of
 # headroom for activations and gradients (float32 spans 1e-38 .. 3e38).
 _FLOAT32_FLOW_RANGE = (1e-30, 1e30)
 _DTYPES = ("auto", "float32", "float64")
+# What to try when the flow overflows. On PyTorch, Keras computes Dense layers'
+# matrix products in float32 even for float64 layers (its type promotion maps
+# 64-bit results to 32 bits off TensorFlow), so float64 cannot help there.
+_FLOAT64_HINTS = {
+    ("float32", "tensorflow"): "; try dtype='float64'.",
+    ("float32", "jax"): "; try dtype='float64'.",
+    ("float64", "torch"): (
+        " on the torch backend, where Keras computes Dense layers in float32 even in "
+        "float64; run SynFlow for this model under KERAS_BACKEND=tensorflow or jax."
+    ),
+}
 
 
 def _capped(layer):
@@ -92,57 +106,64 @@ class _LinearizedModel:
     The network runs through ``stateless_call`` with the absolute values as
     constants, so the model's own weights are never touched. A model that
     already computes in ``dtype`` (and has no capped ReLU) is used directly;
-    otherwise a copy with ``dtype`` layers is built (its own weights are never read). Tracing the
-    score step happens once; each call to :meth:`flow_and_scores` only runs it.
+    otherwise a copy with ``dtype`` layers is built (its own weights are never
+    read). The score step is compiled once (``tf.function``, ``jax.jit``;
+    PyTorch runs eagerly); each call to :meth:`flow_and_scores` only runs it.
     """
 
     def __init__(self, model, paths, input_shape, dtype):
-        target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype)
-        source = {id(t): s for t, s in zip(target.variables, model.variables)}
-        self._trainable = [self._abs(source[id(v)], v, dtype) for v in target.trainable_variables]
-        self._non_trainable = [self._abs(source[id(v)], v, dtype) for v in target.non_trainable_variables]
+        with gradients.precision(dtype):
+            target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype)
+            source = {id(t): s for t, s in zip(target.variables, model.variables)}
+            self._trainable = [self._abs(source[id(v)], v, dtype) for v in target.trainable_variables]
+            self._non_trainable = [self._abs(source[id(v)], v, dtype) for v in target.non_trainable_variables]
+            self._inputs = [ops.ones((1, *_input_shape(t, input_shape)), dtype) for t in target.inputs]
         position = {id(source[id(v)]): i for i, v in enumerate(target.trainable_variables)}
         prunable = common.prunable_weights(model, include_bias=True, include_batchnorm=True)
         self.dtype = dtype
         self.paths = list(paths)
         self.shapes = [tuple(prunable[p].shape) for p in paths]
         self.sizes = [int(np.prod(shape)) for shape in self.shapes]
+        self._offsets = np.cumsum([0, *self.sizes]).tolist()
         self._positions = [position[id(prunable[p])] for p in paths]
-        self._inputs = [tf.ones((1, *_input_shape(t, input_shape)), dtype) for t in target.inputs]
         self._target = target
-        self._step = tf.function(
-            self._flow, input_signature=[tf.TensorSpec([sum(self.sizes)], dtype)], autograph=False
-        )
+        self._step = gradients.compiled(self._flow)
 
     @staticmethod
     def _abs(variable, target, dtype):
         """``|variable|`` in ``dtype``; non-float state (seed generators) is passed through."""
         if not keras.backend.is_float_dtype(variable.dtype):
-            return tf.convert_to_tensor(target.numpy())
-        return tf.constant(np.abs(np.asarray(variable.numpy(), np.float64)).astype(dtype))
+            return ops.convert_to_tensor(target.numpy())
+        return ops.convert_to_tensor(np.abs(np.asarray(variable.numpy(), np.float64)).astype(dtype))
 
     def _flow(self, flat_mask):
-        values = list(self._trainable)
-        masked = []
-        for i, mask, shape in zip(self._positions, tf.split(flat_mask, self.sizes), self.shapes):
-            values[i] = self._trainable[i] * tf.reshape(mask, shape)
-            masked.append(values[i])
+        masked = [
+            self._trainable[i] * ops.reshape(flat_mask[start:stop], shape)
+            for i, start, stop, shape in zip(
+                self._positions, self._offsets[:-1], self._offsets[1:], self.shapes
+            )
+        ]
         inputs = self._inputs[0] if len(self._inputs) == 1 else self._inputs
-        with tf.GradientTape() as tape:
-            tape.watch(masked)
+
+        def flow_of(masked):
+            values = list(self._trainable)
+            for i, value in zip(self._positions, masked):
+                values[i] = value
             outputs, _ = self._target.stateless_call(values, self._non_trainable, inputs, training=False)
-            flow = tf.add_n([tf.reduce_sum(tf.cast(o, self.dtype)) for o in tf.nest.flatten(outputs)])
-        grads = tape.gradient(flow, masked, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return flow, tf.concat([tf.reshape(tf.abs(w * g), [-1]) for w, g in zip(masked, grads)], 0)
+            return sum(ops.sum(ops.cast(o, self.dtype)) for o in keras.tree.flatten(outputs))
+
+        flow, grads = gradients.value_and_grad(flow_of, masked)
+        return flow, ops.concatenate([ops.reshape(ops.abs(w * g), [-1]) for w, g in zip(masked, grads)], 0)
 
     def flow_and_scores(self, flat_mask):
         """``R`` and the flat scores ``|w * dR/dw|`` (in ``dtype``) under a flat 0/1 mask."""
-        flow, scores = self._step(tf.constant(flat_mask, self.dtype))
-        return float(flow.numpy()), scores.numpy()
+        with gradients.precision(self.dtype):
+            flow, scores = self._step(ops.convert_to_tensor(np.asarray(flat_mask, self.dtype)))
+            return float(ops.convert_to_numpy(flow)), ops.convert_to_numpy(scores)
 
     def unflatten(self, flat):
         """Splits a flat array into ``{path: array of the weight's shape}``."""
-        parts = np.split(flat, np.cumsum(self.sizes)[:-1])
+        parts = np.split(flat, self._offsets[1:-1])
         return {p: a.reshape(shape) for p, a, shape in zip(self.paths, parts, self.shapes)}
 
 
@@ -183,7 +204,7 @@ class _Scorer:
                 f"SynFlow's linearized output R = {flow} or its gradients are not "
                 f"finite in {self.linearized.dtype}: the network is too deep or its "
                 "weights too large for synaptic flow to be represented"
-                + ("; try dtype='float64'." if self.linearized.dtype == "float32" else ".")
+                + _FLOAT64_HINTS.get((self.linearized.dtype, keras.backend.backend()), ".")
             )
         return scores
 
