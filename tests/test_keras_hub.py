@@ -24,6 +24,48 @@ BACKBONES = {
     "XceptionBackbone": lambda: M.XceptionBackbone(
         stackwise_conv_filters=[[32, 64], [64, 128], [128, 128], [256, 256]],
         stackwise_pooling=[False, True, False, True], image_shape=(71, 71, 3)),
+    "ResNetBackbone_basic": lambda: M.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 32],
+        stackwise_num_blocks=[1, 1], stackwise_num_strides=[1, 2], block_type="basic_block",
+        use_pre_activation=False, image_shape=(32, 32, 3)),
+    "CSPNetBackbone_dark": lambda: M.CSPNetBackbone(
+        stem_filters=16, stem_kernel_size=3, stem_strides=1, stackwise_depth=[1, 1],
+        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="dark_block",
+        stage_type="dark", image_shape=(32, 32, 3)),
+    "EfficientNetBackbone": lambda: M.EfficientNetBackbone(
+        stackwise_width_coefficients=[1.0, 1.0], stackwise_depth_coefficients=[1.0, 1.0],
+        stackwise_kernel_sizes=[3, 3], stackwise_num_repeats=[1, 2],
+        stackwise_input_filters=[16, 16], stackwise_output_filters=[16, 24],
+        stackwise_expansion_ratios=[1, 4], stackwise_squeeze_and_excite_ratios=[0.25, 0.25],
+        stackwise_strides=[1, 2], stackwise_block_types=["v1", "v1"], num_features=64,
+        input_shape=(32, 32, 3)),
+}
+
+# Backbones the walker refuses, with the layer it names: a CSP stage splits channels with
+# ``keras.ops.split`` (no handler: its outputs are slices of one producer's channels), and
+# MobileNet and HGNetV2 nest their convolutions inside subclassed layers it cannot see into.
+REFUSED = {
+    "CSPNetBackbone_csp": (lambda: M.CSPNetBackbone(
+        stem_filters=16, stem_kernel_size=3, stem_strides=1, stackwise_depth=[1, 1],
+        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="dark_block",
+        stage_type="csp", expand_ratio=[2.0], bottle_ratio=[0.5], image_shape=(32, 32, 3)),
+        "'split' of class Split"),
+    "MobileNetBackbone": (lambda: M.MobileNetBackbone(
+        stackwise_expansion=[[16, 24], [48]], stackwise_num_blocks=[2, 1],
+        stackwise_num_filters=[[8, 8], [16]], stackwise_kernel_size=[[3, 3], [5]],
+        stackwise_num_strides=[[2, 1], [2]], stackwise_se_ratio=[[None, None], [0.25]],
+        stackwise_activation=[["relu", "relu"], ["hard_swish"]],
+        stackwise_padding=[[1, 1], [2]], output_num_filters=32, depthwise_filters=8,
+        depthwise_stride=1, depthwise_residual=False, last_layer_filter=32,
+        squeeze_and_excite=0.5, input_num_filters=8, image_shape=(32, 32, 3)),
+        "'block_0_0' of class DepthwiseConvBlock"),
+    "HGNetV2Backbone": (lambda: M.HGNetV2Backbone(
+        depths=[1, 1], embedding_size=16, hidden_sizes=[32, 64], stem_channels=[3, 8, 16],
+        hidden_act="relu", use_learnable_affine_block=False,
+        stackwise_stage_filters=[(16, 8, 32, 1, 1, 3), (32, 16, 64, 1, 1, 3)],
+        apply_downsample=[False, True], use_lightweight_conv_block=[False, True],
+        image_shape=(32, 32, 3)),
+        "'embedder' of class HGNetV2Embeddings"),
 }
 
 
@@ -38,3 +80,10 @@ def test_backbone_profile_precrop_reconfigure(name):
         assert_matches_plan(backbone, new.precrop_plan, new)
         assert [layer.name for layer in backbone.layers] == [
             layer.name for layer in new.layers if not isinstance(layer, kp.ChannelSlice)]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_backbone_refused_names_layer(name):
+    build, layer = REFUSED[name]
+    with pytest.raises(kp.UnsupportedLayerError, match=layer):
+        kp.profile(build())
