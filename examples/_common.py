@@ -137,8 +137,7 @@ def _check_flags():
         raise app.UsageError("--method=preconfig needs --params and/or --flops.")
     if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
         raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
-    structural = [f"--{name}" for name in ("mode", "round_to", "residual")
-                  if getattr(FLAGS, name) is not None]
+    structural = [f"--{name}" for name in _plan_options()]
     if structural and method not in STRUCTURED:
         raise app.UsageError(
             f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
@@ -147,10 +146,12 @@ def _check_flags():
             f"--densities and --granularity apply to --method=random, not --method={method}.")
 
 
+_PLAN_FLAGS = ("mode", "round_to", "residual")
+
+
 def _plan_options():
     """The structural flags that were given, as ``precrop``/``reconfigure`` keywords."""
-    names = ("mode", "round_to", "residual")
-    return {name: getattr(FLAGS, name) for name in names if getattr(FLAGS, name) is not None}
+    return {name: getattr(FLAGS, name) for name in _PLAN_FLAGS if getattr(FLAGS, name) is not None}
 
 
 def _plan(reference):
