@@ -84,6 +84,12 @@ def define_flags(default_model):
         "Width translation of precrop_*/preconfig; default: the library's (precrop: exact, "
         "reconfigure: layerwise).",
     )
+    flags.DEFINE_float(
+        "balance",
+        None,
+        "Exact mode only: the most by which the width ratios of adjacent widths (a kernel's input and "
+        "output, a residual view and its stream) may differ, e.g. 2; default: no bound.",
+    )
     flags.DEFINE_integer("round_to", None, "Channel multiple of precrop_*/preconfig widths; default 1.")
     flags.DEFINE_enum(
         "residual", None, ["prefix", "tie"], "Residual semantics of precrop_*/preconfig; default prefix."
@@ -141,12 +147,15 @@ def _check_flags():
     if structural and method not in STRUCTURED:
         raise app.UsageError(
             f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
+    mode = FLAGS.mode or ("layerwise" if method == "preconfig" else "exact")
+    if FLAGS.balance is not None and mode != "exact":
+        raise app.UsageError(f"--balance needs --mode=exact; --method={method} uses --mode={mode} here.")
     if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
         raise app.UsageError(
             f"--densities and --granularity apply to --method=random, not --method={method}.")
 
 
-_PLAN_FLAGS = ("mode", "round_to", "residual")
+_PLAN_FLAGS = ("mode", "balance", "round_to", "residual")
 
 
 def _plan_options():

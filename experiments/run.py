@@ -3,11 +3,17 @@
 A grid (``experiments/grids/<name>.json``) lists runs of
 ``examples/train_cifar.py``::
 
-    {"name": "cifar-a", "description": "...",
+    {"name": "cifar-a", "description": "...", "code": "b78e90a",
      "defaults": {"model": "resnet20", "epochs": 10},
      "seeds": [0, 1],
      "runs": [{"method": "synflow", "params": 0.3},
               {"method": "precrop_params", "params": 0.308, "mode": "exact"}]}
+
+``code`` (optional) pins the commit whose ``examples/`` and ``keras_precrop/``
+train the grid's runs: the driver checks it out once as a detached git
+worktree beside this repository, so editing this checkout never changes a run
+midway and the grids of one reproduction can need different commits (a
+feature added later). Without it, ``--code_dir`` trains.
 
 Each (run, seed) gets a directory ``experiments/runs/<run id>/`` whose name is
 made of its flags alone, so grids that share a run (figure 3 reuses figure
@@ -34,6 +40,7 @@ Example:
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +55,7 @@ _ID_FLAGS = (
     "params",
     "flops",
     "mode",
+    "balance",
     "round_to",
     "residual",
     "granularity",
@@ -91,7 +99,31 @@ def load_grid(path):
             if key not in flags:
                 raise ValueError(f"{path}: run {index} ({entry}) sets no {key!r}, nor do the defaults.")
         runs.append(flags)
-    return [{**flags, "seed": seed, "grid": grid["name"]} for seed in grid["seeds"] for flags in runs]
+    return [
+        {**flags, "seed": seed, "grid": grid["name"], "code": grid.get("code")}
+        for seed in grid["seeds"]
+        for flags in runs
+    ]
+
+
+def _code_dir(commit, default):
+    """The checkout that trains a grid: a worktree of ``commit`` (made once), or ``default``."""
+    if commit is None:
+        return default.resolve()
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        raise ValueError(f"a grid pins code {commit!r}, which is not a commit of {REPO}")
+    sha = found.stdout.strip()
+    path = REPO.parent / f"{REPO.name}-code-{sha[:10]}"
+    if not (path / "examples").is_dir():
+        command = ["git", "worktree", "add", "--detach", str(path), sha]
+        subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    return path
 
 
 def _command(flags, model_dir, data_dir, code_dir):
@@ -99,7 +131,7 @@ def _command(flags, model_dir, data_dir, code_dir):
     if data_dir:
         command.append(f"--data_dir={data_dir}")
     for key, value in flags.items():
-        if key in ("grid",) or value is None:
+        if key in ("grid", "code") or value is None:
             continue
         if isinstance(value, bool):
             command.append(f"--{key}" if value else f"--no{key}")
@@ -140,9 +172,10 @@ def main(argv=None):
         "--code_dir",
         type=Path,
         default=REPO,
-        help="checkout whose examples/ and keras_precrop/ train (e.g. a git worktree pinned to a "
-        "commit, so editing this checkout cannot change a run midway); default: this one",
+        help="checkout whose examples/ and keras_precrop/ train the grids that pin no 'code' "
+        "(e.g. a git worktree pinned to a commit); default: this one",
     )
+    parser.add_argument("--match", default=None, help="train only runs whose id matches this regex (first)")
     parser.add_argument("--max_runs", type=int, default=None, help="stop after training this many runs")
     args = parser.parse_args(argv)
 
@@ -154,6 +187,8 @@ def main(argv=None):
                 seen.add(name)
                 todo.append((name, flags))
     todo.sort(key=lambda item: item[1]["seed"])  # stable: every grid's first seed first
+    if args.match:
+        todo = [(name, flags) for name, flags in todo if re.search(args.match, name)]
     RUNS.mkdir(parents=True, exist_ok=True)
     done = [name for name, _ in todo if (RUNS / name / "results.json").exists()]
     print(f"[run.py] {len(todo)} runs, {len(done)} done, {len(todo) - len(done)} to train", flush=True)
@@ -171,13 +206,14 @@ def main(argv=None):
         if args.max_runs is not None and trained >= args.max_runs:
             break
         run_dir.mkdir(exist_ok=True)
-        command = _command(flags, run_dir, args.data_dir, args.code_dir.resolve())
+        code_dir = _code_dir(flags["code"], args.code_dir)
+        command = _command(flags, run_dir, args.data_dir, code_dir)
         print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
         with open(run_dir / "train.log", "a") as log:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
-            env = {**os.environ, "PYTHONPATH": str(args.code_dir.resolve())}
-            code = subprocess.call(command, cwd=args.code_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+            env = {**os.environ, "PYTHONPATH": str(code_dir)}
+            code = subprocess.call(command, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
         trained += 1
         if code != 0:
             print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)

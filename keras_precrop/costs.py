@@ -156,12 +156,30 @@ class CostModel:
         total = np.sum(self.obj_weight * logs, axis=-1)
         return float(total) if total.ndim == 0 else total
 
-    def width_problem(self, min_widths, upper):
+    def balance_pairs(self):
+        """(E, 2) pairs of free variables that are adjacent widths.
+
+        A kernel's input and output widths (a term with params in both) and
+        a residual view and its stream: the places where the paper warns
+        that "the number of the input and output channels can change
+        dramatically", which the SynExp objective alone does not see.
+        """
+        n = len(self.widths)
+        kernel = (self.coef[:, 0] > 0) & (self.a < n) & (self.b < n) & (self.a != self.b)
+        view = np.flatnonzero(self.bound >= 0)
+        pairs = np.concatenate([np.stack([self.a[kernel], self.b[kernel]], axis=1),
+                                np.stack([view, self.bound[view]], axis=1)])
+        pairs = pairs[~self.fixed[pairs].any(axis=1)]
+        return np.unique(np.sort(pairs, axis=1), axis=0).reshape(-1, 2)
+
+    def width_problem(self, min_widths, upper, balance=None):
         """The solver's program over the free variables.
 
         Args:
             min_widths: smallest allowed width of every variable.
             upper: cap on width ratios (1.0 for PreCrop, ``None``: no cap).
+            balance: if set, the width ratios (new / original) of every pair
+                of :meth:`balance_pairs` differ by at most this factor.
 
         Returns:
             ``(WidthProblem, log_upper)``: the problem and the per-variable
@@ -190,6 +208,11 @@ class CostModel:
                 lower[index[b]] = max(lower[index[b]], -ratio)
             else:
                 leq.append((index[v], index[b]))
+        offset = [0.0] * len(leq)
+        if balance is not None:
+            for i, j in index[self.balance_pairs()]:
+                leq += [(i, j), (j, i)]
+                offset += [math.log(balance)] * 2
         problem = _solver.WidthProblem(
             names=[self.variables[v].name for v in free],
             widths=self.widths[free],
@@ -201,6 +224,7 @@ class CostModel:
             leq=np.asarray(leq, dtype=np.int64).reshape(-1, 2),
             lower=lower,
             rows=("params", "flops", *(row.name for row in self.rows)),
+            leq_offset=offset,
         )
         return problem, log_upper
 

@@ -245,7 +245,7 @@ def _resolve_budget(kind, ratio, absolute, original, can_grow):
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="exact", upper=1.0, round_to=1, min_channels=1, ignore=(),
-         residual="prefix", latency=None, latency_model=None):
+         residual="prefix", latency=None, latency_model=None, balance=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -271,6 +271,13 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             :func:`~keras_precrop.latency_model` options); None with
             ``latency`` set measures one now (about a minute). Given without
             ``latency``, the plan only reports the predicted time.
+        balance: exact mode only: a factor >= 1 by which the width ratios
+            (new / original) of adjacent widths may differ at most: a
+            kernel's input and output, a residual view and its stream. The
+            SynExp objective alone can put a 3-channel layer between two
+            50-channel ones; ``balance=2`` forbids such bottlenecks (integer
+            rounding may exceed it slightly; ``plan.solver["balance_max"]``
+            reports the largest factor of every plan).
 
     Returns:
         A :class:`Plan`.
@@ -292,6 +299,14 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     if upper is not None and (isinstance(upper, bool) or not isinstance(upper, (int, float, np.number))
                               or not math.isfinite(upper) or upper <= 0):
         raise ValueError(f"{_spelled('upper', upper)} must be a positive ratio or None.")
+    if balance is not None:
+        if isinstance(balance, bool) or not isinstance(balance, (int, float, np.number)) \
+                or not math.isfinite(balance) or balance < 1:
+            raise ValueError(f"{_spelled('balance', balance)} must be a factor >= 1 (e.g. 2) "
+                             "or None.")
+        if mode != "exact":
+            raise ValueError(f"{_spelled('balance', balance)} needs mode='exact' (the width "
+                             f"program); {_spelled('mode', mode)} sets widths by its own rule.")
     can_grow = upper is None or upper > 1
     # Checked before profiling and timing, so a bad latency= fails at once.
     latency_ratio = _resolve_budget(_LATENCY, latency, None, 1.0, can_grow)
@@ -311,7 +326,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         budgets = np.append(budgets, np.inf if latency_ratio is None
                             else latency_ratio * cm.totals(cm.widths)[2])
         timed = {"latency_model": lm.describe()}
-    grid = _Grid(cm, round_to, min_channels, upper)
+    grid = _Grid(cm, round_to, min_channels, upper, balance)
     if cm.fixed.all():
         if np.any(cm.totals(cm.widths) > budgets):
             raise _solver.InfeasibleBudgetError(
@@ -321,6 +336,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         widths, info = cm.widths.copy(), {"note": "nothing prunable"}
     else:
         widths, info = _MODES[mode](prof, grid, budgets, upper)
+    info["balance_max"] = float(np.exp(grid.imbalance(widths).max(initial=0.0)))
     return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
 
 
@@ -328,11 +344,15 @@ class _Grid:
     """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi].
 
     A variable that must stay a multiple of ``m`` (grouped convolutions,
-    group normalization) steps by ``lcm(round_to, m)``.
+    group normalization) steps by ``lcm(round_to, m)``. With a ``balance``
+    factor, the integer repair only takes steps that keep adjacent width
+    ratios within it (or no further out of it than they are).
     """
 
-    def __init__(self, cm, round_to, min_channels, upper):
+    def __init__(self, cm, round_to, min_channels, upper, balance=None):
         self.cm = cm
+        self.balance = balance
+        self.pairs = cm.balance_pairs()
         # A grouped conv's channels move in multiples of its groups as well.
         step = np.lcm(round_to, [v.multiple for v in cm.variables]).astype(np.float64)
         self.step = np.where(cm.fixed, 0, step)
@@ -350,6 +370,18 @@ class _Grid:
         step = np.where(self.step > 0, self.step, 1)
         w = np.where(self.cm.fixed, self.cm.widths, np.round(x / step) * step)
         return self.enforce(np.clip(w, self.lo, self.hi))
+
+    def imbalance(self, w):
+        """(..., E) log factor between the width ratios of each adjacent pair at widths ``w``."""
+        x = np.log(np.asarray(w, dtype=np.float64) / self.cm.widths)
+        return np.abs(x[..., self.pairs[:, 0]] - x[..., self.pairs[:, 1]])
+
+    def keeps_balance(self, candidates, w):
+        """(n,) mask of candidate widths that put no pair further out of balance than ``w``."""
+        if self.balance is None:
+            return np.ones(len(candidates), dtype=bool)
+        allowed = np.maximum(self.imbalance(w), math.log(self.balance)) + 1e-9
+        return np.all(self.imbalance(candidates) <= allowed, axis=-1)
 
     def enforce(self, w):
         """Clip views and writers to their stream (in dependency order)."""
@@ -394,6 +426,8 @@ def _repair(grid, w, budgets):
                 f"widths (params {cost[0]:,.0f}, MACs {cost[1]:,.0f}); raise the "
                 "budget or lower min_channels/round_to.")
         cand = np.stack([grid.enforce(c) for c in cand[ok]])
+        balanced = grid.keeps_balance(cand, w)
+        cand = cand[balanced] if balanced.any() else cand
         gain = np.sum(np.where(over, (cost - cm.totals(cand)) / budgets, 0), axis=1)
         loss = cm.objective(w) - cm.objective(cand)
         best = np.argmax(gain / np.maximum(loss, 1e-12))
@@ -406,6 +440,7 @@ def _repair(grid, w, budgets):
         ok = cand[np.arange(len(free)), free] <= grid.hi[free]
         bounded = cm.bound[free] >= 0
         ok &= ~bounded | (cand[np.arange(len(free)), free] <= w[np.maximum(cm.bound[free], 0)])
+        ok &= grid.keeps_balance(cand, w)
         if not ok.any():
             break
         cand = cand[ok]
@@ -424,7 +459,7 @@ def _repair(grid, w, budgets):
 def _exact(prof, grid, budgets, upper):
     """Width program, then integer rounding and greedy repair."""
     cm = grid.cm
-    problem, bounds = cm.width_problem(grid.lo, upper)
+    problem, bounds = cm.width_problem(grid.lo, upper, grid.balance)
     res = _solver.solve_widths(
         problem,
         budgets=dict(zip(problem.rows, map(_optional, budgets))),

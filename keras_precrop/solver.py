@@ -470,10 +470,11 @@ class WidthProblem:
     const: np.ndarray         # (R,) cost of each row that does not depend on any variable
     obj_var: np.ndarray       # (K,) int: objective = sum_k obj_weight[k] * x[obj_var[k]]
     obj_weight: np.ndarray    # (K,) float > 0
-    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] (a residual
-    #                           view is never wider than its stream)
+    leq: np.ndarray           # (E, 2) int: constraint x[leq[e,0]] <= x[leq[e,1]] + leq_offset[e]
+    #                           (a residual view is never wider than its stream; a balance bound)
     lower: np.ndarray         # (V,) lower bounds on x (log ratio), e.g. log(min_channels / C_v)
     rows: tuple = _BUDGET_NAMES  # (R,) names of the cost columns, the budgets' names in solve_widths
+    leq_offset: np.ndarray = None  # (E,) float >= 0; None: all 0
 
     def __post_init__(self):
         self.names = [str(name) for name in self.names]
@@ -505,6 +506,10 @@ class WidthProblem:
             raise ValueError(f"WidthProblem.obj_weight[{i}] = {self.obj_weight[i]} must be > 0")
         self.leq = self._array("leq", self.leq, np.int64, (-1, 2))
         self._check_index("leq", self.leq, allow_none=False)
+        if self.leq_offset is None:
+            self.leq_offset = np.zeros(len(self.leq))
+        self.leq_offset = self._array("leq_offset", self.leq_offset, np.float64, (len(self.leq),))
+        _check_nonnegative("WidthProblem.leq_offset", self.leq_offset)
         self.lower = self._array("lower", self.lower, np.float64, (v,))
 
     @staticmethod
@@ -629,8 +634,9 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
     hi = _upper_vector(upper, problem.num_variables, name)
     _check_bounds_order(problem.lower, hi, name)
 
-    least = _raise_to_leq(problem.lower, problem.leq)
-    greatest = _lower_to_leq(hi, problem.leq)
+    leq = (problem.leq, problem.leq_offset)
+    least = _raise_to_leq(problem.lower, leq)
+    greatest = _lower_to_leq(hi, leq)
     if (least > greatest).any():
         i = int(np.argmax(least > greatest))
         raise ValueError(f"the leq constraints force {name(i)} to at least {least[i]:.6g} but its "
@@ -651,7 +657,7 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
                          "nothing under the given budgets; give it a finite upper bound")
     if not bounded.all():  # no cost, no objective: keep the original width when allowed
         hi = np.where(bounded, hi, np.maximum(least, 0.0))
-        greatest = _lower_to_leq(hi, problem.leq)
+        greatest = _lower_to_leq(hi, leq)
 
     def usage(x):
         return np.array(problem.cost(x))[given] / budgets[given]
@@ -667,7 +673,7 @@ def solve_widths(problem, *, params_budget=None, flops_budget=None, upper=0.0, m
         if not np.isfinite(x).all():  # report the failure at the start, not NaN widths
             x, nu, lam = x0, np.zeros_like(nu), np.zeros_like(lam)
             message = f"SLSQP returned non-finite values ({message}); returning the start point"
-        x = _fill_budget(x, least, greatest, problem.leq, usage)
+        x = _fill_budget(x, least, greatest, leq, usage)
         residual = _width_kkt_residual(problem, x, nu, lam, least, greatest, budgets[given], given)
         success = residual <= _KKT_TOL
         message = f"{message}; KKT residual {residual:.1e}"
@@ -715,22 +721,29 @@ def _row_budgets(rows, budgets, params_budget, flops_budget):
 
 
 def _raise_to_leq(x, leq):
-    """Smallest ``z >= x`` with ``z[i] <= z[j]`` for every ``(i, j)`` in ``leq``."""
+    """Smallest ``z >= x`` with ``z[i] <= z[j] + offset`` for every ``(i, j)``, ``offset`` in ``leq``.
+
+    ``leq`` is ``(pairs, offsets)``; offsets are >= 0, so the propagation
+    (Bellman-Ford on a graph without positive cycles) settles in ``len(x)``
+    sweeps.
+    """
+    pairs, offset = leq
     z = x.copy()
     for _ in range(len(z) + 1):
         prev = z.copy()
-        np.maximum.at(z, leq[:, 1], z[leq[:, 0]])
+        np.maximum.at(z, pairs[:, 1], z[pairs[:, 0]] - offset)
         if np.array_equal(prev, z):
             break
     return z
 
 
 def _lower_to_leq(x, leq):
-    """Largest ``z <= x`` with ``z[i] <= z[j]`` for every ``(i, j)`` in ``leq``."""
+    """Largest ``z <= x`` with ``z[i] <= z[j] + offset`` for every ``(i, j)``, ``offset`` in ``leq``."""
+    pairs, offset = leq
     z = x.copy()
     for _ in range(len(z) + 1):
         prev = z.copy()
-        np.minimum.at(z, leq[:, 0], z[leq[:, 1]])
+        np.minimum.at(z, pairs[:, 0], z[pairs[:, 1]] + offset)
         if np.array_equal(prev, z):
             break
     return z
@@ -758,7 +771,7 @@ def _bounded_variables(problem, greatest, given):
 def _feasible_start(least, greatest, usage):
     """Uniform scaling ``x = clip(s, least, greatest)`` with the largest feasible ``s``.
 
-    ``clip`` keeps ``leq`` (both bounds satisfy it) and the cost grows with
+    ``clip`` keeps ``leq`` (both bounds satisfy it and offsets are >= 0) and the cost grows with
     ``s``, so ``s`` is found by bisection. Uncapped variables are limited to
     ``_MAX_LOG_GROWTH`` above every finite bound.
     """
@@ -792,7 +805,7 @@ def _bisect(fits, low, high):
 
 def _widths_slsqp(problem, weights, x0, least, greatest, budgets, given):
     """SLSQP on the width program in log space, budgets normalized to 1."""
-    leq = problem.leq
+    leq, offset = problem.leq, problem.leq_offset
     leq_jac = np.zeros((len(leq), problem.num_variables))
     leq_jac[np.arange(len(leq)), leq[:, 1]] += 1.0
     leq_jac[np.arange(len(leq)), leq[:, 0]] -= 1.0
@@ -800,7 +813,7 @@ def _widths_slsqp(problem, weights, x0, least, greatest, budgets, given):
 
     def constraints(x):
         cost = np.array(problem.cost(x))[given]
-        return np.concatenate([1.0 - cost * scale, x[leq[:, 1]] - x[leq[:, 0]]])
+        return np.concatenate([1.0 - cost * scale, x[leq[:, 1]] + offset - x[leq[:, 0]]])
 
     def constraints_jac(x):
         return np.vstack([-problem.cost_jacobian(x)[given] * scale[:, None], leq_jac])
@@ -843,7 +856,7 @@ def _width_kkt_residual(problem, x, nu, lam, least, greatest, budgets, given):
     stationarity = np.where(at_upper & at_lower, 0.0, np.where(
         at_upper, np.maximum(rel, 0.0), np.where(at_lower, np.maximum(-rel, 0.0), np.abs(rel))))
     usage = np.array(problem.cost(x))[given] / budgets
-    gaps = x[leq[:, 1]] - x[leq[:, 0]]
+    gaps = x[leq[:, 1]] + problem.leq_offset - x[leq[:, 0]]
     terms = [
         stationarity.max(initial=0.0),
         (nu * np.abs(1.0 - usage) / np.maximum(1.0, nu)).max(initial=0.0),
@@ -860,7 +873,7 @@ def _fill_budget(x, least, greatest, leq, usage):
 
     Entries at a bound stay there (unless all are). The shifted point is
     projected onto the bounds and ``leq`` (clip, then lower each ``x[i]`` to
-    ``x[j]``), which keeps it feasible and makes the cost monotone in the
+    ``x[j] + offset``), which keeps it feasible and makes the cost monotone in the
     shift, so the largest feasible shift is found by bisection (after
     bracketing it, starting from 1e-9). This removes SLSQP's last bit of
     slack or of constraint violation.

@@ -156,6 +156,8 @@ def common():
         (["--method=precrop_flops", "--flops=-1"], "--flops must be a positive ratio"),
         (["--method=precrop_flops"], "needs --flops"),
         (["--method=random", "--params=0.5", "--epochs=0"], "--epochs must be a positive integer"),
+        (["--method=preconfig", "--flops=1", "--balance=2"], "--balance needs --mode=exact"),
+        (["--method=synflow", "--params=0.1", "--balance=2"], "--balance apply to"),
     ],
 )
 def test_inconsistent_flags_are_refused(common, flags, message):
@@ -175,6 +177,7 @@ def test_consistent_flags_pass(common):
         ["--method=baseline"],
         ["--method=preconfig", "--flops=1.0"],
         ["--method=snip", "--params=0.05"],
+        ["--method=precrop_params", "--params=0.1", "--balance=2"],
     ):
         FLAGS.unparse_flags()
         FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])

@@ -197,6 +197,47 @@ def test_plan_for_other_model_is_refused():
         kp.apply_plan(kp.models.get("resnet32"), plan)
 
 
+def _conv_ratio_factors(plan):
+    """Factor between input and output width ratios of every Conv2D whose both sides changed width,
+    read from the plan's per-layer channel strings (not from the solver's pairs)."""
+    factors = {}
+    for layer in plan.layers:
+        if layer["class_name"] != "Conv2D":
+            continue
+        c_in, n_in = int(layer["channels_in"]), int(layer["channels_in_new"])
+        c_out, n_out = int(layer["channels"]), int(layer["channels_new"])
+        if (c_in, c_out) != (n_in, n_out):
+            r = (n_in / c_in) / (n_out / c_out)
+            factors[layer["name"]] = max(r, 1 / r)
+    return factors
+
+
+def test_balance_removes_bottlenecks_at_little_objective_cost():
+    model = _model("resnet20")
+    free = kp.plan(model, params=0.11)
+    worst = max(_conv_ratio_factors(free).values())
+    assert worst > 8  # the unbalanced optimum has e.g. a 64 -> 3 -> 50 bottleneck
+    assert free.solver["balance_max"] >= worst * (1 - 1e-9)  # it reports every adjacent pair
+    plan, new = _check_precrop(model, 0.11, None, balance=2)
+    factors = _conv_ratio_factors(plan)
+    assert max(factors.values()) <= 2 * 1.15, factors  # integer rounding may exceed it a little
+    assert plan.solver["balance_max"] <= 2 * 1.15
+    # Balance gives up some SynExp objective (it is a constraint), but little.
+    assert free.solver["objective"] - 3.0 < plan.solver["objective"] < free.solver["objective"]
+    # balance=1 ties every adjacent ratio: the prunable widths scale uniformly.
+    uniform = kp.plan(model, params=0.11, balance=1)
+    ratios = [g["new"] / g["width"] for g in uniform.variables if not g["fixed"]]
+    assert max(ratios) / min(ratios) <= 1.25
+
+
+def test_balance_makes_exact_preconfig_well_posed():
+    # Without a cap, exact mode's objective is scale-degenerate (module docstring); a balance
+    # bound keeps every adjacent pair within the factor.
+    plan = kp.plan(_model("resnet20"), params=0.8, flops=1.0, upper=None, balance=2)
+    assert plan.solver["balance_max"] <= 2 * 1.15
+    assert plan.params <= 0.8 * _model("resnet20").count_params()
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(params=0.0), "params=0.0 must be a positive, finite ratio of the original model's parameters"),
     (dict(flops=0), "flops=0 must be a positive, finite ratio of the original model's FLOPs"),
@@ -212,6 +253,8 @@ def test_plan_for_other_model_is_refused():
     (dict(params=0.5, min_channels=2.5), "min_channels=2.5 must be a positive integer"),
     (dict(params=0.5, mode="magic"), "mode='magic' is unknown"),
     (dict(params=0.5, upper=-1), "upper=-1 must be a positive ratio or None"),
+    (dict(params=0.5, balance=0.5), "balance=0.5 must be a factor >= 1"),
+    (dict(params=0.5, balance=2, mode="layerwise"), "balance=2 needs mode='exact'"),
 ])
 def test_bad_arguments_are_named_as_passed(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -7,6 +7,7 @@ forms (PreConfig, small width chains), finite differences, and agreement of
 two different algorithms (exact KKT vs SLSQP).
 """
 
+import dataclasses
 import math
 import re
 
@@ -416,6 +417,51 @@ def test_leq_constraint_binds_and_does_not():
                        params_budget=budget, upper=None)
     np.testing.assert_allclose(res.ratios, [20 * budget / (21 * a_s), budget / (21 * a_v)],
                                rtol=1e-6)
+
+
+def test_leq_offset_bounds_the_ratio_of_two_widths():
+    # params r1 + r2, objective 3 x1 + x2: unbounded optimum r = (3/4, 1/4) B, a factor 3 apart.
+    # With x1 <= x2 + log 2 (a balance factor of 2) the bound binds: r1 = 2 r2, r1 + r2 = B.
+    def solve(leq, offset):
+        prob = _problem([[64.0, 0], [64.0, 0]], [[0, -1], [1, -1]], [0, 1], [3.0, 1.0], leq=leq)
+        prob = dataclasses.replace(prob, leq_offset=offset)
+        return solve_widths(prob, params_budget=64.0)
+
+    free = solve([], None)
+    np.testing.assert_allclose(free.ratios, [0.75, 0.25], rtol=1e-6)
+    res = solve([[0, 1], [1, 0]], [math.log(2.0)] * 2)
+    np.testing.assert_allclose(res.ratios, [2 / 3, 1 / 3], rtol=1e-6)
+    assert res.success and res.objective < free.objective
+    # A looser bound than the optimum's own factor does not bind.
+    loose = solve([[0, 1], [1, 0]], [math.log(4.0)] * 2)
+    np.testing.assert_allclose(loose.ratios, free.ratios, rtol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), v=st.integers(2, 12), f_params=st.floats(0.05, 0.9),
+       factor=st.floats(1.0, 4.0), preconfig=st.booleans())
+def test_random_balance_bounds_hold_at_a_kkt_point(seed, v, f_params, factor, preconfig):
+    prob = _random_network_problem(seed, v, 2 * v)
+    rng = np.random.default_rng(seed)
+    pairs = np.array([(i, j) for i in range(v) for j in range(v) if i != j and rng.random() < 0.3],
+                     dtype=int).reshape(-1, 2)
+    offset = np.full(len(pairs), math.log(factor))
+    # The lower bounds must satisfy the pairs too, or no point does: start them all equal.
+    prob = dataclasses.replace(prob, leq=pairs, leq_offset=offset, lower=np.full(v, math.log(0.01)))
+    p0, _ = prob.cost(np.zeros(v))
+    pmin, _ = prob.cost(prob.lower)
+    budget = pmin + f_params * (p0 - pmin)
+    res = solve_widths(prob, params_budget=budget, upper=None if preconfig else 0.0)
+    assert res.success, res.message
+    x = res.log_ratios
+    assert np.all(x[pairs[:, 0]] <= x[pairs[:, 1]] + offset + 1e-9)
+    assert res.params <= budget and res.params >= budget * (1 - 1e-6)
+
+
+def test_negative_leq_offset_is_refused():
+    fields = dict(_good_problem_fields(), leq=[[0, 1]], leq_offset=[-0.5])
+    with pytest.raises(ValueError, match=r"leq_offset\[0\] = -0.5 is negative"):
+        WidthProblem(**fields)
 
 
 def test_budget_above_the_original_cost_keeps_every_width():
