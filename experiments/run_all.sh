@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Trains every grid of the CIFAR-10 reproduction (seed-major, resumable); see experiments/run.py.
-# Extra arguments go to run.py (e.g. --commit, --code_dir /path/to/pinned/worktree).
+# Each grid pins the commit that trains it ("code"), checked out once as a worktree beside this one.
+# The runs at params 0.1 (both seeds: SynFlow, PreCrop exact / layerwise / balanced) go first: the
+# library's default translation mode depends on them. Extra arguments go to run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
-exec python experiments/run.py \
-  --grid experiments/grids/core.json --grid experiments/grids/thm_comp.json \
-  --grid experiments/grids/pareto.json --grid experiments/grids/preconfig.json "$@"
+GRIDS=()
+for name in core thm_comp pareto preconfig balance; do
+  GRIDS+=(--grid "experiments/grids/$name.json")
+done
+python experiments/run.py "${GRIDS[@]}" --match '(synflow-params0\.1|precrop_params-params0\.1103)-' "$@" &&
+  exec python experiments/run.py "${GRIDS[@]}" "$@"
