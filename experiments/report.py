@@ -56,6 +56,8 @@ def _label(flags):
     for key in ("mode", "granularity", "densities", "residual", "round_to"):
         if flags.get(key) is not None:
             parts.append(str(flags[key]))
+    if flags.get("balance") is not None:
+        parts.append(f"balance {flags['balance']}")
     return " ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else "")
 
 
@@ -64,7 +66,7 @@ def _entries(grid_name, runs):
     path = GRIDS / f"{grid_name}.json"
     entries = {}
     for flags in _run.load_grid(path):
-        key = tuple(sorted((k, v) for k, v in flags.items() if k not in ("seed", "save_model")))
+        key = tuple(sorted((k, v) for k, v in flags.items() if k not in ("seed", "save_model", "code")))
         entry = entries.setdefault(
             key, {"flags": flags, "label": _label(flags), "results": [], "pending": []}
         )
@@ -281,6 +283,43 @@ def _fmt_rows(rows, labels):
     )
 
 
+def _modes(core, pareto, balance):
+    """Which translation mode trains best at equal parameters: exact, balanced exact or layerwise."""
+    lines = [
+        "## Translation mode: which widths train best at equal parameters",
+        "",
+        "The SynExp objective cannot see bottlenecks; exact mode's optimum has some (e.g. "
+        "`stage3_block2_conv1` 64 -> 3 -> 50 at params 0.11). Layerwise mode is the paper's sqrt(p) rule; "
+        "`balance 2` is exact mode with adjacent width ratios at most 2x apart (`plan(balance=2)`). "
+        "Differences vs exact mode, same rule as above (2+ seeds each, beyond the sum of the stds).",
+        "",
+        "| budget | exact | exact, balance 2 | layerwise | SynFlow (same params) |",
+        "|---|---|---|---|---|",
+    ]
+    points = (("params 0.1103", core, 0.1103, core, dict(method="synflow", params=0.1)),
+              ("15,000 params (pareto)", pareto, 0.054736, pareto, dict(method="synflow")))
+    verdicts = []
+    for label, entries, p, ref_entries, ref in points:
+        exact = _one(entries, method="precrop_params", params=p, mode="exact", flops=None)
+        others = {
+            "balance 2": _one(balance, method="precrop_params", params=p, balance=2),
+            "layerwise": _one(entries, method="precrop_params", params=p, mode="layerwise", flops=None),
+        }
+        cells = [exact, others["balance 2"], others["layerwise"], _one(ref_entries, **ref)]
+        cells = ["pending" if c is None else f"{c['acc']:.2f} ± {c['std']:.2f} (n {c['n']})" for c in cells]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        for name, summary in others.items():
+            row = _compare(summary, exact)
+            if row is None or min(row[2], row[3]) < 2:
+                continue
+            d, tol = row[0], row[1]
+            word = "beats" if d > tol else ("loses to" if d < -tol else "ties with")
+            verdicts.append(f"at {label}, {name} {word} exact ({d:+.2f} pp, tol {tol:.2f})")
+    verdict = "; ".join(verdicts) if verdicts else "pending (fewer than 2 seeds)"
+    lines += ["", f"Verdict: {verdict}.", ""]
+    return lines
+
+
 def _claims(core, thm, preconfig):
     """One line per paper claim: verdict and the numbers behind it."""
     lines = [
@@ -353,16 +392,19 @@ def main():
     lines += body
     body, thm = _section("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", runs)
     lines += body
-    lines += _section(
+    body, pareto = _section(
         "Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters",
         "pareto",
         runs,
         "macs_ratio",
         "MACs ratio of the trained model",
-    )[0]
+    )
+    lines += body
+    body, balance = _section("Balanced exact mode (not in the paper)", "balance", runs)
+    lines += body
     body, preconfig = _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)
     lines += body
-    lines[3:3] = _claims(core, thm, preconfig)
+    lines[3:3] = _claims(core, thm, preconfig) + _modes(core, pareto, balance)
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"
