@@ -7,8 +7,9 @@ ImageNet", alone and together with the params ratio the paper reports) and
 PreConfig (params and FLOPs ratios of the paper's PreConfig table)
 are planned and rebuilt, and their parameters and MACs (``count_params()`` of
 the rebuilt model, ``profile`` MACs; the paper's "FLOPs (G)" are
-multiply-accumulates) are set beside the paper's values. PreCrop runs in both
-``exact`` and ``layerwise`` modes.
+multiply-accumulates) are set beside the paper's values. Every row runs in
+``exact``, ``layerwise`` and balanced exact (``balance=2``) modes, with the
+plan's SynExp objective and largest adjacent-width factor (``balance_max``).
 
 Writes ``experiments/results/imagenet_counts.json``; ``report.py`` renders it.
 
@@ -56,19 +57,27 @@ def _rows():
         yield name, method, {"params": round(params, 4), "flops": flops}, paper
 
 
+# Translation modes: their name in the table and their plan options.
+_MODES = {"exact": {"mode": "exact"}, "layerwise": {"mode": "layerwise"},
+          "exact, balance 2": {"mode": "exact", "balance": 2}}
+
+
 def _row(model, method, budgets, mode):
     start = time.perf_counter()
     if method == "precrop":
-        built = kp.precrop(model, mode=mode, **budgets)
+        built = kp.precrop(model, **_MODES[mode], **budgets)
     elif method == "preconfig":
-        built = kp.reconfigure(model, mode=mode, **budgets)
+        built = kp.reconfigure(model, **_MODES[mode], **budgets)
     else:
         built = model
     seconds = time.perf_counter() - start
+    solver = built.precrop_plan.solver if method != "baseline" else {}
     return {
         "mode": mode,
         "params": built.count_params(),
         "macs": kp.profile(built).total_macs,
+        "objective": solver.get("objective"),
+        "balance_max": solver.get("balance_max"),
         "seconds": round(seconds, 2),
     }
 
@@ -79,7 +88,7 @@ def main():
         if name not in models:
             models[name] = kp.models.get(name)
         model = models[name]
-        modes = ("exact", "layerwise") if method != "baseline" else (None,)
+        modes = tuple(_MODES) if method != "baseline" else (None,)
         for mode in modes:
             row = {"model": name, "method": method, "budgets": budgets, **_row(model, method, budgets, mode)}
             row["paper_gmacs"], row["paper_mparams"] = paper

@@ -216,15 +216,18 @@ def _imagenet():
     if not path.exists():
         return ["Not computed yet: run `python experiments/imagenet_counts.py`."]
     lines = [
-        "| model | method | mode | budgets | params (M) | paper params (M) | GMACs | paper GMACs |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        "| model | method | mode | budgets | params (M) | paper params (M) | GMACs | paper GMACs "
+        "| SynExp objective | largest adjacent factor |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in json.loads(path.read_text())["rows"]:
         budgets = ", ".join(f"{k} {v}" for k, v in row["budgets"].items()) or "-"
         lines.append(
             f"| {row['model']} | {row['method']} | {row['mode'] or '-'} | {budgets} "
             f"| {row['params'] / 1e6:.2f} | "
-            f"{row['paper_mparams']:.2f} | {row['macs'] / 1e9:.3f} | {row['paper_gmacs']:.2f} |"
+            f"{row['paper_mparams']:.2f} | {row['macs'] / 1e9:.3f} | {row['paper_gmacs']:.2f} | "
+            + " | ".join("-" if row.get(k) is None else f"{row[k]:.2f}" for k in ("objective", "balance_max"))
+            + " |"
         )
     return lines
 
