@@ -8,6 +8,10 @@ Examples::
     keras-precrop precrop model.keras --apply plan.json --out small.keras
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
+
+Errors are one line naming the flag at fault as the user typed it; a flag that
+would do nothing in its command (a budget next to ``--apply``, a timing flag
+where nothing is timed) is such an error rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -23,13 +27,30 @@ import keras
 import keras_precrop as kp
 
 
-def _parser():
+def _parser(defaults=True):
+    """The command line's parser.
+
+    Args:
+        defaults: False leaves every option without a default, so that a parse
+            holds only the options the user typed (see :func:`_typed`).
+    """
     parser = argparse.ArgumentParser(
         prog="keras-precrop",
         description="Structured pruning-at-initialization (PreCrop) and width "
         "reconfiguration (PreConfig) of Keras CNNs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def default(value):
+        return value if defaults else argparse.SUPPRESS
+
+    def add_parser(name, text):
+        return sub.add_parser(name, help=text,
+                              argument_default=None if defaults else argparse.SUPPRESS)
+
+    def all_arg(p, which):
+        p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
+                       help=f"show every layer in the table, {which} too")
 
     def model_args(p):
         p.add_argument("model", nargs="?",
@@ -38,31 +59,34 @@ def _parser():
                        help="the same, as a flag")
         p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
         p.add_argument("--num_classes", type=int, help="classes for zoo models")
-        p.add_argument("--ignore", default="", help="comma-separated layers whose channels stay fixed")
-        p.add_argument("--residual", choices=("prefix", "tie"), default="prefix",
+        p.add_argument("--ignore", default=default(""),
+                       help="comma-separated layers whose channels stay fixed")
+        p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
                        help="residual-stream semantics (default: prefix)")
 
     def timing_args(p):
-        p.add_argument("--batch_size", type=int, default=32,
+        p.add_argument("--batch_size", type=int, default=default(32),
                        help="examples per timed call (default 32)")
-        p.add_argument("--runtime", choices=("tf", "tflite"), default="tf",
+        p.add_argument("--runtime", choices=("tf", "tflite"), default=default("tf"),
                        help="time TensorFlow (default) or the TFLite interpreter")
         p.add_argument("--training", action="store_true",
                        help="time a training step instead of inference")
-        p.add_argument("--variants", type=int, default=20, help="models timed (default 20)")
-        p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+        p.add_argument("--variants", type=int, default=default(20),
+                       help="models timed (default 20)")
+        p.add_argument("--rounds", type=int, default=default(5),
+                       help="interleaved rounds (default 5)")
 
-    sub.add_parser("list", help="list the zoo's model names")
-    p = sub.add_parser("latency", help="time width variants of a model and fit a latency model")
+    add_parser("list", "list the zoo's model names")
+    p = add_parser("latency", "time width variants of a model and fit a latency model")
     model_args(p)
     timing_args(p)
     p.add_argument("--json", help="write the latency model as JSON here")
-    p = sub.add_parser("profile", help="print per-layer params, MACs and channel groups")
+    p = add_parser("profile", "print per-layer params, MACs and channel groups")
     model_args(p)
     p.add_argument("--json", help="also write the profile as JSON to this file")
-    for name, text in (("precrop", "prune channels to meet budgets (PreCrop)"),
-                       ("reconfigure", "re-distribute widths, layers may grow (PreConfig)")):
-        p = sub.add_parser(name, help=text)
+    all_arg(p, "those without params or MACs")
+    for name, text in _PLANNERS.items():
+        p = add_parser(name, text)
         model_args(p)
         p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
         p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
@@ -76,23 +100,32 @@ def _parser():
         p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
                        help="width translation (default: exact for precrop, "
                        "layerwise for reconfigure)")
-        p.add_argument("--round_to", type=int, default=1, help="channel multiple, e.g. 8")
-        p.add_argument("--min_channels", type=int, default=1)
+        p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
+        p.add_argument("--min_channels", type=int, default=default(1))
         p.add_argument("--out", help="save the rebuilt model here (.keras)")
         p.add_argument("--plan", help="write the plan as JSON here")
         p.add_argument("--apply", help="apply this plan JSON instead of solving")
-        p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
-                       help="show every layer in the table, unchanged ones too")
+        all_arg(p, "unchanged ones")
     return parser
 
 
-def _load_model(args):
+def _model_name(args):
+    """The model, given once: as the argument or as ``--model`` (a saved one must exist)."""
     if (args.model is None) == (args.model_flag is None):
         raise ValueError("give the model once: `keras-precrop CMD resnet20` or `--model resnet20`")
-    args.model = args.model or args.model_flag
-    if args.model.endswith(".keras") or os.path.exists(args.model):
-        if not os.path.exists(args.model):
-            raise FileNotFoundError(f"no such model file: {args.model}")
+    model = args.model or args.model_flag
+    if _is_file(model) and not os.path.exists(model):
+        raise FileNotFoundError(f"no such model file: {model}")
+    return model
+
+
+def _is_file(model):
+    """Whether the model argument names a saved model rather than a zoo model."""
+    return model.endswith(".keras") or os.path.exists(model)
+
+
+def _load_model(args):
+    if _is_file(args.model):
         return keras.models.load_model(args.model, compile=False)
     shape = None
     if args.input_shape:
@@ -110,14 +143,75 @@ def _ignore(args):
 
 def _timing(args):
     """Options of ``kp.latency_model`` from the timing flags."""
-    return {"batch_size": args.batch_size, "runtime": args.runtime, "training": args.training,
-            "variants": args.variants, "rounds": args.rounds}
+    return {keyword: getattr(args, keyword) for keyword in _TIMING}
+
+
+def _no_effect(args):
+    """``(keywords, why)`` pairs: options that would do nothing in this command, and why."""
+    rules = []
+    if _is_file(args.model):
+        rules.append((("input_shape", "num_classes"),
+                      "on a saved model: its file fixes the input shape and classes"))
+    if args.command in _PLANNERS:
+        if args.apply:
+            rules.append((_SOLVING, "with --apply: the plan fixes the widths"))
+        elif args.latency_model:
+            rules.append((_TIMING, "with --latency_model: that latency model is timed already"))
+        elif args.latency is None:
+            rules.append((_TIMING, "without --latency: nothing is timed"))
+    return rules
+
+
+def _refuse_unused(args):
+    """Raise for the first typed option that would be silently ignored here.
+
+    Options that mean nothing in a command (a budget next to ``--apply``, a
+    timing flag when nothing is timed) are refused, naming the option as
+    typed, rather than ignored: the user asked for something they would not
+    get.
+    """
+    for keywords, why in _no_effect(args):
+        for keyword in keywords:
+            if keyword in args.typed:
+                raise ValueError(f"{_flag(keyword, getattr(args, keyword))} has no effect {why}.")
+
+
+def _check_against_plan(args, plan):
+    """``--residual`` and ``--ignore`` typed with ``--apply`` must be the plan's own.
+
+    ``apply_plan`` walks the model with the residual semantics and ignored
+    layers the plan was made with; other values typed next to ``--apply``
+    would be ignored.
+    """
+    for keyword, typed, planned in (("residual", args.residual, plan.residual),
+                                    ("ignore", sorted(_ignore(args)), sorted(plan.ignore))):
+        if keyword in args.typed and typed != planned:
+            made = f"with {_flag(keyword, planned)}" if planned else f"without --{keyword}"
+            raise ValueError(f"{_flag(keyword, typed)} does not match --apply {args.apply}, "
+                             f"a plan made {made}.")
+
+
+def _read(kind, keyword, args):
+    """The :class:`kp.Plan` or :class:`kp.LatencyModel` (``kind``) in option ``keyword``'s JSON.
+
+    The option names a JSON file (or holds JSON text, as ``from_json`` reads
+    it); content of another kind is refused naming the option.
+    """
+    path = getattr(args, keyword)
+    try:
+        return kind.from_json(path)
+    except ValueError as err:  # not JSON, or JSON of something else
+        what, remedy = _READS[keyword]
+        raise ValueError(f"{_flag(keyword, path)} does not hold a {what} ({err}); "
+                         f"{remedy}.") from None
 
 
 def _run(args):
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return
+    args.model = _model_name(args)
+    _refuse_unused(args)
     model = _load_model(args)
     if args.command == "latency":
         fitted = kp.latency_model(model, **_timing(args), ignore=_ignore(args),
@@ -129,21 +223,26 @@ def _run(args):
         return
     if args.command == "profile":
         prof = kp.profile(model, ignore=_ignore(args), residual=args.residual)
-        prof.summary()
+        prof.summary(only_costly=not args.all_layers, show_all_hint="--all")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(prof.to_json(indent=1))
         return
     if args.apply:
-        the_plan = kp.Plan.from_json(args.apply)
+        the_plan = _read(kp.Plan, "apply", args)
+        _check_against_plan(args, the_plan)
     else:
+        if args.latency_model:
+            latency_model = _read(kp.LatencyModel, "latency_model", args)
+        else:
+            latency_model = _timing(args) if args.latency is not None else None
         the_plan = kp.plan(
             model, args.params, args.flops, max_params=args.max_params,
             max_macs=args.max_macs, round_to=args.round_to,
             mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None, latency=args.latency,
-            latency_model=args.latency_model or (_timing(args) if args.latency is not None else None),
+            latency_model=latency_model,
         )
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
@@ -155,39 +254,88 @@ def _run(args):
         print(f"Model written to {args.out} ({new.count_params():,} params)")
 
 
+# The subcommands that plan widths, and their help.
+_PLANNERS = {"precrop": "prune channels to meet budgets (PreCrop)",
+             "reconfigure": "re-distribute widths, layers may grow (PreConfig)"}
+# The options of ``kp.latency_model`` that the timing flags of the same names give.
+_TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # The library's keyword arguments that the command line passes on under the
 # flag of the same name. Library errors name an argument as the keyword and its
-# Python value (``flops=0``, ``ignore=['lstm']``); the command line shows them
-# as the flag the user typed (``--flops 0``, ``--ignore lstm``).
+# Python value (``flops=0``, ``ignore=['lstm']``) or as the subject of the
+# message (``variants must be an integer >= 6, got 3``); the command line shows
+# them as the flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "round_to",
-          "min_channels", "ignore", "residual", "latency", "latency_model")
+          "min_channels", "ignore", "residual", "latency", "latency_model", *_TIMING)
+# What decides the widths when a plan is solved; a plan given with --apply fixes
+# them all. (--ignore and --residual are checked against the plan instead.)
+_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual"))
+# The command that fits a latency model, as error messages advise it.
+_FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
+# Options that name a JSON file the command reads: what it holds, and how to get one.
+_READS = {"apply": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
+          "latency_model": ("latency model", f"{_FIT_LATENCY} writes one, or leave "
+                            "--latency_model out to measure one with the timing flags")}
 _KEYWORD_VALUE = re.compile(
     r"(?<![\w.-])(" + "|".join(_FLAGS) + r")="
-    r"(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)|)")
+    r"(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)|True|False|None|)")
+_SUBJECT = re.compile(r"(" + "|".join(_FLAGS) + r") (.*?)(?:, got (.*))?", re.S)
 
 
-def _flag_value(literal):
-    """A Python literal from a library message, as typed on the command line."""
-    if not literal:
-        return ""
-    try:
-        value = ast.literal_eval(literal)
-    except (ValueError, SyntaxError):  # nan, inf
-        return literal
+def _flag(keyword, value):
+    """``--keyword value`` as typed on the command line, from a Python value.
+
+    A switch (True) and an empty value show the flag alone; lists are
+    comma-separated; argparse made 0 into 0.0, which shows as 0.
+    """
     if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))  # argparse made 0 into 0.0
-    return str(value)
+        text = ",".join(map(str, value))
+    elif isinstance(value, float) and value.is_integer():
+        text = str(int(value))
+    else:
+        text = "" if value is True or value is None else str(value)
+    return f"--{keyword} {text}".rstrip()
+
+
+def _literal(text):
+    """The Python value of a literal in a library message (``nan``, ``inf`` as they are)."""
+    if not text:
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def _in_flags(message):
-    """Rewrite a library message's ``keyword=value`` arguments as ``--flag value``."""
-    def flag(match):
-        value = _flag_value(match.group(2))
-        return f"--{match.group(1)}" + (f" {value}" if value else "")
+    """Rewrite a library message's arguments as the flags the user typed.
 
-    return _KEYWORD_VALUE.sub(flag, message)
+    ``keyword=value`` becomes ``--keyword value``; a message whose subject is
+    an argument (``variants must be an integer >= 6, got 3``) starts with its
+    flag and the value (``--variants 3 must be an integer >= 6``); advice to
+    call ``kp.latency_model`` names the command that does it.
+    """
+    subject = _SUBJECT.fullmatch(message)
+    if subject:
+        message = f"{_flag(subject[1], _literal(subject[3]))} {subject[2]}"
+    message = message.replace("kp.latency_model(model)", _FIT_LATENCY)
+    return _KEYWORD_VALUE.sub(lambda match: _flag(match[1], _literal(match[2])), message)
+
+
+def _error_line(err, args):
+    """The error as the one line the command prints, naming what the user typed.
+
+    A file that cannot be read or written is named by the option that gave it.
+    """
+    if isinstance(err, OSError) and err.filename is not None:
+        for keyword, value in args.typed.items():
+            if value == err.filename:
+                return f"{_flag(keyword, value)}: {err.strerror}"
+    return _in_flags(str(err))
+
+
+def _typed(argv):
+    """The options typed in ``argv``, with their values: a parse without defaults."""
+    return vars(_parser(defaults=False).parse_args(argv))
 
 
 def main(argv=None):
@@ -197,10 +345,11 @@ def main(argv=None):
     off stderr (see ``keras_precrop/_startup.py``).
     """
     args = _parser().parse_args(argv)
+    args.typed = _typed(argv)
     try:
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:
-        print(f"keras-precrop: error: {_in_flags(str(err))}", file=sys.stderr)
+        print(f"keras-precrop: error: {_error_line(err, args)}", file=sys.stderr)
         return 1
     return 0
 

@@ -300,21 +300,27 @@ class ModelProfile:
         return (f"<ModelProfile {self.model_name!r}: {len(self.layers)} layers, "
                 f"{self.total_params:,} params, {self.total_macs:,} MACs>")
 
-    def summary(self, print_fn=print, only_costly=True):
+    def summary(self, print_fn=print, only_costly=True, show_all_hint="only_costly=False"):
         """Print a ``model.summary()``-style table.
 
         Args:
             print_fn: where each line goes.
-            only_costly: skip layers with neither parameters nor MACs.
+            only_costly: skip layers with neither parameters nor MACs
+                (activations, adds, pooling); a note under the table says
+                how many were left out.
+            show_all_hint: how the caller shows every layer, for that note
+                (the command line passes its ``--all`` flag).
         """
         rows = [("Layer (type)", "Params", "MACs", "In variables", "Out variables", "Prunable")]
+        hidden = 0
         for layer in self.layers:
             if only_costly and not (layer.params or layer.macs):
+                hidden += 1
                 continue
             rows.append((f"{layer.name} ({layer.class_name})", f"{layer.params:,}",
                          f"{layer.macs:,}", ",".join(layer.in_variables),
                          ",".join(layer.out_variables), "yes" if layer.prunable else "no"))
-        lines = _table(rows)
+        lines = _table(rows) + _not_shown(hidden, "layer{s} without params or MACs", show_all_hint)
         lines.append(f"Total params: {self.total_params:,}")
         lines.append(f"Total MACs:   {self.total_macs:,} ({2 * self.total_macs:,} FLOPs)")
         free = sum(not v.fixed for v in self.variables)
@@ -355,6 +361,21 @@ def _table(rows):
         return "| " + " | ".join(cells) + " |"
 
     return [rule, fmt(rows[0]), rule.replace("-", "="), *map(fmt, rows[1:]), rule]
+
+
+def _not_shown(count, what, show_all_hint):
+    """The note under a table that leaves ``count`` layers out; no line if none.
+
+    Args:
+        count: how many layers the table leaves out.
+        what: which they are, ``{s}`` where the plural's s goes
+            (``"unchanged layer{s}"``).
+        show_all_hint: how the caller shows every layer (``--all``).
+    """
+    if not count:
+        return []
+    return [f"{count} {what.format(s='s' * (count > 1))} not shown "
+            f"({show_all_hint} shows every layer)."]
 
 
 def profile(model, *, ignore=(), residual="prefix"):

@@ -151,11 +151,9 @@ class Plan(_json.JsonDataclass):
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
         print_fn(f'Plan ({self.mode}, residual={self.residual}): "{self.model_name}"')
-        for line in _costs._table(rows):
+        for line in _costs._table(rows) + _costs._not_shown(hidden, "unchanged layer{s}",
+                                                            show_all_hint):
             print_fn(line)
-        if hidden:
-            print_fn(f"{hidden} unchanged layer{'s' * (hidden > 1)} not shown "
-                     f"({show_all_hint} shows every layer).")
         totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]
         if "latency" in self.predicted:
             timed = self.solver["latency_model"]

@@ -154,6 +154,149 @@ def test_library_hints_speak_flags(capsys, tmp_path):
     assert main(["precrop", path, "--params", "0.7", "--ignore", "perm"]) == 0
 
 
+def _error_line(argv, capsys):
+    """The one error line of a command that must fail without printing a table."""
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keras-precrop: error: "), lines
+    return lines[0].removeprefix("keras-precrop: error: ")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A resnet20 plan (``--params 0.5``) and a latency model of resnet20, as JSON files.
+
+    The latency model is fitted to a stand-in clock (time = parameters), so
+    that it is a valid file made in seconds.
+    """
+    folder = tmp_path_factory.mktemp("saved")
+    assert main(["precrop", "resnet20", "--params", "0.5", "--plan", str(folder / "plan.json")]) == 0
+    resnet = kp.models.get("resnet20")
+    lm = kp.latency_model(resnet, variants=6, verbose=0,
+                          timer=lambda models: {k: float(m.count_params()) for k, m in models.items()})
+    lm.to_json(folder / "lm.json")
+    return {"plan": str(folder / "plan.json"), "lm": str(folder / "lm.json"), "folder": folder}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--params", "0.5"], ["--flops", "0.25"], ["--max_params", "1e5"], ["--max_macs", "1000000"],
+    ["--latency", "0.5"], ["--latency_model", "LM"], ["--mode", "paper"], ["--round_to", "8"],
+    ["--min_channels", "2"], ["--batch_size", "8"], ["--runtime", "tflite"], ["--training"],
+    ["--variants", "8"], ["--rounds", "2"],
+])
+def test_apply_refuses_what_the_plan_fixes(argv, saved, capsys):
+    argv = [saved["lm"] if a == "LM" else a for a in argv]
+    out = saved["folder"] / "refused.keras"
+    err = _error_line(["precrop", "resnet20", "--apply", saved["plan"], *argv, "--out", str(out)],
+                      capsys)
+    typed = " ".join(argv).replace("1e5", "100000")
+    assert err == f"{typed} has no effect with --apply: the plan fixes the widths."
+    assert not out.exists()
+
+
+def test_apply_checks_residual_and_ignore_against_the_plan(saved, capsys):
+    plan = saved["plan"]
+    assert _error_line(["precrop", "resnet20", "--apply", plan, "--residual", "tie"], capsys) == (
+        f"--residual tie does not match --apply {plan}, a plan made with --residual prefix.")
+    assert _error_line(["reconfigure", "resnet20", "--apply", plan, "--ignore", "stem_conv"],
+                       capsys) == (
+        f"--ignore stem_conv does not match --apply {plan}, a plan made without --ignore.")
+    # The plan's own values are what --apply uses anyway: accepted.
+    out = saved["folder"] / "same.keras"
+    assert main(["precrop", "resnet20", "--apply", plan, "--residual", "prefix", "--ignore", "",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert keras.models.load_model(out).count_params() == kp.Plan.from_json(plan).params
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--params", "0.5", "--batch_size", "64"],
+     "--batch_size 64 has no effect without --latency: nothing is timed."),
+    (["--flops", "0.5", "--training"], "--training has no effect without --latency: nothing is timed."),
+    (["--params", "0.5", "--latency_model", "LM", "--runtime", "tflite"],
+     "--runtime tflite has no effect with --latency_model: that latency model is timed already."),
+    (["--latency", "0.5", "--latency_model", "LM", "--variants", "8"],
+     "--variants 8 has no effect with --latency_model: that latency model is timed already."),
+])
+def test_timing_flags_are_refused_where_nothing_is_timed(argv, message, saved, capsys):
+    argv = [saved["lm"] if a == "LM" else a for a in argv]
+    assert _error_line(["precrop", "resnet20", *argv], capsys) == message
+
+
+def test_input_shape_and_classes_are_refused_for_a_saved_model(tmp_path, capsys):
+    path = str(tmp_path / "m.keras")
+    kp.models.get("resnet20").save(path)
+    for command in (["profile"], ["latency"], ["precrop", "--params", "0.5"]):
+        assert _error_line([*command, path, "--input_shape", "64,64,3"], capsys) == (
+            "--input_shape 64,64,3 has no effect on a saved model: its file fixes the input "
+            "shape and classes.")
+        assert _error_line([*command, "--model", path, "--num_classes", "100"], capsys).startswith(
+            "--num_classes 100 has no effect on a saved model")
+    # For a zoo model they build it.
+    assert main(["profile", "resnet20", "--input_shape", "64,64,3", "--num_classes", "100"]) == 0
+    out = capsys.readouterr().out
+    assert f"Total params: {kp.models.get('resnet20', num_classes=100).count_params():,}" in out
+    assert f"{64 * 64 * 16 * 27:,}" in out  # the stem's MACs at 64x64: 3x3x3 kernels, 16 filters
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["latency", "resnet20", "--variants", "3"], "--variants 3 must be an integer >= 6"),
+    (["latency", "resnet20", "--rounds", "0"], "--rounds 0 must be a positive integer"),
+    (["latency", "resnet20", "--batch_size", "0"], "--batch_size 0 must be a positive integer"),
+    (["latency", "resnet20", "--training", "--runtime", "tflite"],
+     "--training times a training step, which only --runtime tf runs"),
+    (["precrop", "resnet20", "--latency", "0.5", "--variants", "5"],
+     "--variants 5 must be an integer >= 6"),
+    (["reconfigure", "resnet20", "--latency", "0.9", "--runtime", "tflite", "--training"],
+     "--training times a training step, which only --runtime tf runs"),
+])
+def test_latency_model_errors_name_the_timing_flags(argv, message, capsys):
+    assert _error_line(argv, capsys) == message
+
+
+def test_json_files_of_the_wrong_kind_are_named_by_their_flag(saved, tmp_path, capsys):
+    profile_json = tmp_path / "profile.json"
+    assert main(["profile", "resnet20", "--json", str(profile_json)]) == 0
+    capsys.readouterr()
+    missing = str(tmp_path / "missing.json")
+    assert _error_line(["precrop", "resnet20", "--apply", missing], capsys) == (
+        f"--apply {missing}: No such file or directory")
+    assert _error_line(["precrop", "resnet20", "--apply", str(profile_json)], capsys).startswith(
+        f"--apply {profile_json} does not hold a plan (Plan data lacks fields")
+    assert _error_line(["precrop", "resnet20", "--latency", "0.5", "--latency_model", missing],
+                       capsys) == f"--latency_model {missing}: No such file or directory"
+    # JSON text of kp.latency_model options: the command line takes them as timing flags.
+    err = _error_line(["precrop", "resnet20", "--latency", "0.5", "--latency_model",
+                       '{"variants": 8}'], capsys)
+    assert err.startswith('--latency_model {"variants": 8} does not hold a latency model (')
+    assert err.endswith("; `keras-precrop latency MODEL --json FILE` writes one, or leave "
+                        "--latency_model out to measure one with the timing flags.")
+    err = _error_line(["precrop", "resnet32", "--latency", "0.5", "--latency_model", saved["lm"]],
+                      capsys)
+    assert err.startswith("--latency_model was fitted on model 'resnet20'") and "kp." not in err
+    assert err.endswith("fit one for this model with `keras-precrop latency MODEL --json FILE`.")
+    unwritable = str(tmp_path / "no_such_folder" / "p.json")
+    assert main(["profile", "resnet20", "--json", unwritable]) == 1  # after the table
+    assert capsys.readouterr().err.splitlines() == [
+        f"keras-precrop: error: --json {unwritable}: No such file or directory"]
+
+
+def test_profile_table_counts_the_layers_it_hides(capsys):
+    model = kp.models.get("resnet20")
+    free = [layer for layer in model.layers
+            if layer.count_params() == 0 and not isinstance(layer, keras.layers.InputLayer)]
+    assert main(["profile", "resnet20"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(free)} layers without params or MACs not shown (--all shows every layer)." in out
+    assert not any(f"| {layer.name} (" in out for layer in free)
+    assert main(["profile", "resnet20", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "not shown" not in out
+    assert all(f"| {layer.name} ({type(layer).__name__})" in out for layer in free)
+
+
 def test_reconfigure_may_grow_where_precrop_may_not(capsys):
     assert main(["reconfigure", "resnet20", "--params", "1.5"]) == 0
     assert "Params: 274,042 -> " in capsys.readouterr().out

@@ -356,10 +356,18 @@ def test_summary_prints_every_costly_layer_and_the_totals(build):
     assert f"{prof.total_params:,}" in text and f"{prof.total_macs:,}" in text
     assert f"{2 * prof.total_macs:,} FLOPs" in text
     assert not prof.notes and "Note:" not in text
+    # The hidden layers are counted: Keras' layers without weights, but for the input.
+    model = build("resnet20")
+    free = [layer for layer in model.layers
+            if layer.count_params() == 0 and not isinstance(layer, keras.layers.InputLayer)]
+    assert len(free) == len(prof.layers) - len(costly) > 1
+    assert f"{len(free)} layers without params or MACs not shown (only_costly=False shows every " \
+           "layer)." in lines
     everything = []
     prof.summary(print_fn=everything.append, only_costly=False)
     for row in prof.layers:
         assert any(f"{row.name} ({row.class_name})" in line for line in everything)
+    assert not any("not shown" in line for line in everything)
 
 
 def test_to_dict_is_json_and_consistent(build):
