@@ -100,6 +100,8 @@ def _parser(defaults=True):
         p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
                        help="width translation (default: exact for precrop, "
                        "layerwise for reconfigure)")
+        p.add_argument("--balance", type=float,
+                       help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
         p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
         p.add_argument("--min_channels", type=int, default=default(1))
         p.add_argument("--out", help="save the rebuilt model here (.keras)")
@@ -242,7 +244,7 @@ def _run(args):
             mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None, latency=args.latency,
-            latency_model=latency_model,
+            latency_model=latency_model, balance=args.balance,
         )
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
@@ -264,7 +266,7 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # Python value (``flops=0``, ``ignore=['lstm']``) or as the subject of the
 # message (``variants must be an integer >= 6, got 3``); the command line shows
 # them as the flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
-_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "round_to",
+_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "round_to",
           "min_channels", "ignore", "residual", "latency", "latency_model", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore and --residual are checked against the plan instead.)

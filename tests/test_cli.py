@@ -49,6 +49,16 @@ def test_precrop_writes_model_and_plan_then_applies_it(capsys, tmp_path):
     assert keras.models.load_model(again).count_params() == plan.params
 
 
+def test_balance_flag_reaches_the_plan(capsys, tmp_path):
+    out_plan = tmp_path / "plan.json"
+    assert main(["precrop", "resnet20", "--params", "0.11", "--plan", str(out_plan)]) == 0
+    free = kp.Plan.from_json(str(out_plan))
+    assert main(["precrop", "resnet20", "--params", "0.11", "--balance", "2", "--plan", str(out_plan)]) == 0
+    balanced = kp.Plan.from_json(str(out_plan))
+    assert free.solver["balance_max"] > 8 and balanced.solver["balance_max"] <= 2.3
+    assert balanced.params <= 0.11 * 274_042
+
+
 def test_reconfigure_efficientnet_saves_loadable_model(tmp_path):
     out = tmp_path / "m.keras"
     assert main(["reconfigure", "--model", "efficientnet_b0", "--params", "0.8", "--flops", "1.0",
@@ -130,6 +140,9 @@ def _model_with_permute(path):
     (["--latency", "0"], "--latency 0 must be a positive, finite ratio of the original model's "
      "predicted time (e.g. 0.5)."),
     (["--params", "0.5", "--round_to", "0"], "--round_to 0 must be a positive integer."),
+    (["--params", "0.5", "--balance", "0.5"], "--balance 0.5 must be a factor >= 1 (e.g. 2) or None."),
+    (["--params", "0.5", "--balance", "2", "--mode", "layerwise"],
+     "--balance 2 needs --mode exact (the width program); --mode layerwise sets widths by its own rule."),
     (["--params", "0.5", "--ignore", "lstm,gru"],
      "--ignore gru,lstm names no layer of model 'resnet20'"),
 ])
@@ -183,7 +196,7 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("argv", [
     ["--params", "0.5"], ["--flops", "0.25"], ["--max_params", "1e5"], ["--max_macs", "1000000"],
     ["--latency", "0.5"], ["--latency_model", "LM"], ["--mode", "paper"], ["--round_to", "8"],
-    ["--min_channels", "2"], ["--batch_size", "8"], ["--runtime", "tflite"], ["--training"],
+    ["--min_channels", "2"], ["--balance", "2"], ["--batch_size", "8"], ["--runtime", "tflite"], ["--training"],
     ["--variants", "8"], ["--rounds", "2"],
 ])
 def test_apply_refuses_what_the_plan_fixes(argv, saved, capsys):
