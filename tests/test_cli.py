@@ -196,8 +196,8 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("argv", [
     ["--params", "0.5"], ["--flops", "0.25"], ["--max_params", "1e5"], ["--max_macs", "1000000"],
     ["--latency", "0.5"], ["--latency_model", "LM"], ["--mode", "paper"], ["--round_to", "8"],
-    ["--min_channels", "2"], ["--balance", "2"], ["--batch_size", "8"], ["--runtime", "tflite"], ["--training"],
-    ["--variants", "8"], ["--rounds", "2"],
+    ["--min_channels", "2"], ["--balance", "2"], ["--batch_size", "8"], ["--runtime", "tflite"],
+    ["--training"], ["--variants", "8"], ["--rounds", "2"],
 ])
 def test_apply_refuses_what_the_plan_fixes(argv, saved, capsys):
     argv = [saved["lm"] if a == "LM" else a for a in argv]
