@@ -370,12 +370,12 @@ def _not_shown(count, what, show_all_hint):
         count: how many layers the table leaves out.
         what: which they are, ``{s}`` where the plural's s goes
             (``"unchanged layer{s}"``).
-        show_all_hint: how the caller shows every layer (``--all``).
+        show_all_hint: how the caller shows the layers left out (``--all``).
     """
     if not count:
         return []
     return [f"{count} {what.format(s='s' * (count > 1))} not shown "
-            f"({show_all_hint} shows every layer)."]
+            f"({show_all_hint} shows {'them' if count > 1 else 'it'})."]
 
 
 def profile(model, *, ignore=(), residual="prefix"):

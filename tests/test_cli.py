@@ -104,7 +104,7 @@ def test_plan_table_shows_in_and_out_channels_of_the_rebuilt_model(capsys, tmp_p
     # Hidden rows are announced, and --all shows them.
     costly = [row for row in kp.Plan.from_json(str(out_plan)).layers if row["params"] or row["macs"]]
     hidden = len(costly) - len(rows)
-    assert hidden > 0 and f"{hidden} unchanged layers not shown (--all shows every layer)." in out
+    assert hidden > 0 and f"{hidden} unchanged layers not shown (--all shows them)." in out
     assert main(["precrop", "resnet20", "--apply", str(out_plan), "--all"]) == 0
     out = capsys.readouterr().out
     assert len(_table_rows(out)) == len(costly) and "not shown" not in out
@@ -302,7 +302,7 @@ def test_profile_table_counts_the_layers_it_hides(capsys):
             if layer.count_params() == 0 and not isinstance(layer, keras.layers.InputLayer)]
     assert main(["profile", "resnet20"]) == 0
     out = capsys.readouterr().out
-    assert f"{len(free)} layers without params or MACs not shown (--all shows every layer)." in out
+    assert f"{len(free)} layers without params or MACs not shown (--all shows them)." in out
     assert not any(f"| {layer.name} (" in out for layer in free)
     assert main(["profile", "resnet20", "--all"]) == 0
     out = capsys.readouterr().out

@@ -135,7 +135,7 @@ def test_summary_counts_the_layers_it_hides_and_reads_older_plans():
     costly = [layer for layer in plan.layers if layer["params"] or layer["macs"]]
     hidden = sum(layer["params"] == layer["params_new"] for layer in costly)
     assert 0 < hidden < len(costly)
-    assert f"{hidden} unchanged layers not shown (only_changed=False shows every layer)." in changed
+    assert f"{hidden} unchanged layers not shown (only_changed=False shows them)." in changed
     rows = [line for line in everything if line.startswith("| ")]
     assert len(rows) == 1 + len(costly) and not any("not shown" in line for line in everything)
     assert "In channels" in rows[0] and "Out channels" in rows[0]
