@@ -1,10 +1,10 @@
 """Aggregates the committed experiment results into ``experiments/README.md`` and PNG figures.
 
 Reads only committed files: every ``experiments/runs/*/results.json`` that a
-grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``
-and ``experiments/results/imagenet_counts.json``. Runs of a grid that have
-not finished yet are listed as pending, so the page is valid at any point of
-the reproduction.
+grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``,
+``experiments/results/imagenet_counts.json`` and ``experiments/results/sanity.json``
+(``experiments/sanity.py``). Runs of a grid that have not finished yet are
+listed as pending, so the page is valid at any point of the reproduction.
 
 Usage::
 
@@ -323,6 +323,121 @@ def _modes(core, pareto, balance):
     return lines
 
 
+def _sanity_init(init):
+    """Table and conclusion of the init-scale check, one row per plan."""
+    lines = [
+        "**Init scale of rebuilt layers**: every PreCrop/PreConfig plan of the grids (seed 0), built by "
+        "the grid's pinned commit as `train_cifar.py` builds it. ratio = a kernel's RMS / the std its "
+        "initializer's config gives at the *new* fan-in; z = standard errors from 1 (pass: |z| <= 5); "
+        "*if kept* = the ratio had the weights kept the original layer's scale. BN must start at gamma 1, "
+        "beta 0; no weight may be shared with or copied from the original model, no two kernels equal.",
+        "",
+        "| plan (resnet20, seed 0) | code | params (built / trained) | worst ratio (z, layer) "
+        "| if kept: ratio (z, layer) | BN, shared, copied, equal | ok |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in init:
+        plan = row["run"].split("-", 1)[1].rsplit("-ep", 1)[0]
+        if "error" in row:
+            lines.append(f"| {plan} | {row['code']} | cannot build it: {row['error']} | | | | **NO** |")
+            continue
+        worst, telling = row["worst"], row["telling"]
+        faults = [row[key] for key in ("batchnorm_not_at_init", "shared", "copied", "duplicates")]
+        trained = "-" if row["trained_params"] is None else f"{row['trained_params']:,}"
+        lines.append(
+            f"| {plan} | {row['code']} | {row['params']:,} / {trained} | "
+            f"{worst['ratio']:.3f} ({worst['z']:+.1f}, {worst['name']}) | "
+            f"{telling['ratio_if_kept']:.3f} ({telling['z_if_kept']:+.1f}, {telling['name']}) | "
+            f"{', '.join(str(len(f)) for f in faults)} | {'yes' if row['ok'] else '**NO**'} |"
+        )
+    layers = [layer for row in init for layer in row.get("layers", ())]
+    if not layers:
+        return lines
+    worst = max(layers, key=lambda r: abs(r["z"]))
+    same = [row["params"] == row["trained_params"] for row in init if row.get("trained_params") is not None]
+    return lines + [
+        "",
+        f"Init: {sum(row['ok'] for row in init)} of {len(init)} plans pass; the worst of {len(layers)} "
+        f"kernels is {worst['name']} at ratio {worst['ratio']:.3f} (z {worst['z']:+.1f}), while the "
+        f"original scale would have failed {sum(row.get('detectable_if_kept', 0) for row in init)} of them "
+        f"(ratios down to {min(layer['ratio_if_kept'] for layer in layers):.3f}). The plan built here "
+        f"has the trained model's params in {sum(same)} of the {len(same)} finished runs.",
+    ]
+
+
+def _sanity_masks(runs):
+    """Table and conclusion of the mask check, one row per masked run."""
+    masked = [row for row in runs if row["masks"]]
+    lines = [
+        "**Masks held through training**: exact zeros in the trained kernels of each masked run's "
+        "`final_model.keras` vs the pruned weights `results.json` implies (`original_params - params`) "
+        "and the masks stored in the model. Trained weights are never exactly zero, and nothing re-applies "
+        "a mask after training starts; *starts* counts the run's (re)starts.",
+        "",
+        "| run | kernel weights | exact zeros | pruned per results.json | masked | nonzero under a mask "
+        "| zeros outside masks | starts | ok |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in masked:
+        m = row["masks"]
+        lines.append(
+            f"| {row['run']} | {m['kernel_weights']:,} | {m['kernel_zeros']:,} | "
+            f"{m['pruned_per_results']:,} | {m['masked']:,} | {m['nonzero_under_mask']} | "
+            f"{m['zeros_outside_mask']} | {row['starts']} | {'yes' if m['ok'] else '**NO**'} |"
+        )
+    return lines + [
+        "",
+        f"Masks: {sum(row['masks']['ok'] for row in masked)} of {len(masked)} masked runs keep exactly their "
+        "masks' zeros.",
+    ]
+
+
+def _sanity_eval(runs):
+    """Table and conclusion of the re-evaluation, one row per saved model."""
+    lines = [
+        "**Independent re-evaluation**: each finished run's `final_model.keras`, loaded with "
+        "`keras.saving.load_model` and evaluated on the CIFAR-10 test split normalized by the script itself; "
+        "params = `count_params()` less exact zeros, MACs = `profile`'s scaled by kernel density.",
+        "",
+        "| run | final_accuracy | re-evaluated | difference (pp) | params (json / recount) "
+        "| MACs (json / recount) |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for row in runs:
+        e = row["eval"]
+        lines.append(
+            f"| {row['run']} | {100 * e['final_accuracy']:.2f} | {100 * e['accuracy']:.2f} | "
+            f"{e['difference_pp']:+.3f} | {e['params']:,} / {e['params_recount']:,} | "
+            f"{e['macs']:,} / {e['macs_recount']:,} |"
+        )
+    if not runs:
+        return lines
+    evals = [row["eval"] for row in runs]
+    same = sum(e["params"] == e["params_recount"] and e["macs"] == e["macs_recount"] for e in evals)
+    gap = max(abs(e["difference_pp"]) for e in evals)
+    return lines + [
+        "",
+        f"Re-evaluation: the largest accuracy difference is {gap:.3f} pp "
+        f"over {len(runs)} saved models; params and MACs agree for {same} of them.",
+    ]
+
+
+def _sanity():
+    """The section that renders ``results/sanity.json`` (``experiments/sanity.py``)."""
+    path = RESULTS / "sanity.json"
+    lines = ["## What was checked to rule out a bug", ""]
+    if not path.exists():
+        return lines + ["Not computed yet: run `python experiments/sanity.py`.", ""]
+    data = json.loads(path.read_text())
+    lines += ["From `python experiments/sanity.py` (rerun it when runs finish).", ""]
+    lines += _sanity_init(data["init"]) + [""] + _sanity_masks(data["runs"]) + [""]
+    lines += _sanity_eval(data["runs"])
+    skipped = [f"{s['run']} ({s['why']})" for s in data["skipped"]]
+    if skipped:
+        lines += ["", "Not checked: " + "; ".join(skipped) + "."]
+    return lines + [""]
+
+
 def _claims(core, thm, preconfig):
     """One line per paper claim: verdict and the numbers behind it."""
     lines = [
@@ -407,7 +522,7 @@ def main():
     lines += body
     body, preconfig = _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)
     lines += body
-    lines[3:3] = _claims(core, thm, preconfig) + _modes(core, pareto, balance)
+    lines[3:3] = _claims(core, thm, preconfig) + _modes(core, pareto, balance) + _sanity()
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"
