@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Trains every grid of the CIFAR-10 reproduction (seed-major, resumable); see experiments/run.py.
 # Each grid pins the commit that trains it ("code"), checked out once as a worktree beside this one.
-# The runs at params 0.1 (both seeds: SynFlow, PreCrop exact / layerwise / balanced) go first: the
-# library's default translation mode depends on them. Extra arguments go to run.py (e.g. --commit).
+# The runs at params 0.1 (both seeds: PreCrop exact / layerwise / balanced, then SynFlow) go first:
+# the library's default translation mode depends on them. Extra arguments go to run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
   GRIDS+=(--grid "experiments/grids/$name.json")
 done
-python experiments/run.py "${GRIDS[@]}" --match '(synflow-params0\.1|precrop_params-params0\.1103)-' "$@" &&
+python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.1103-' "$@" &&
+  python experiments/run.py "${GRIDS[@]}" --match 'synflow-params0\.1-' "$@" &&
   exec python experiments/run.py "${GRIDS[@]}" "$@"
