@@ -268,6 +268,40 @@ def test_cli_latency_budget_with_a_saved_latency_model(tmp_path, capsys):
     assert "latency_model was fitted on model 'resnet20'" in capsys.readouterr().err
 
 
+def test_tflite_conversion_freezes_weights_and_xnnpack_takes_the_whole_graph(small):
+    """The flatbuffer timed for runtime='tflite': what a deployed model runs.
+
+    Batch norm folded into the convolutions (no variable reads, no
+    per-call kernel transposes or batch-norm arithmetic), the rebuild's
+    ChannelSlice/PrefixAdd as SLICE/PAD/ADD, one XNNPACK partition for
+    the whole graph, and the Keras model's outputs.
+    """
+    import collections
+    import warnings
+
+    import tensorflow as tf
+
+    new = kp.precrop(small, params=0.4)
+    with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice
+        warnings.simplefilter("ignore")
+        interpreter = tf.lite.Interpreter(model_content=kp.latency.to_tflite(new, batch_size=2))
+    interpreter.allocate_tensors()
+    x = np.random.default_rng(0).standard_normal((2, 16, 16, 3)).astype("float32")
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()  # the default delegate is applied by now
+    ops = collections.Counter(d["op_name"] for d in interpreter._get_ops_details())
+    convs = sum(type(layer) is L.Conv2D for layer in new.layers)
+    slices = sum(isinstance(layer, kp.ChannelSlice) for layer in new.layers)
+    assert slices >= 1 and any(isinstance(layer, kp.PrefixAdd) for layer in new.layers)
+    assert ops["DELEGATE"] == 1, ops
+    assert ops["CONV_2D"] == convs and ops["SLICE"] == slices, ops
+    assert set(ops) <= {"DELEGATE", "CONV_2D", "DEPTHWISE_CONV_2D", "SLICE", "PAD", "ADD",
+                        "MEAN", "FULLY_CONNECTED"}, ops
+    lite = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    reference = keras.ops.convert_to_numpy(new(x, training=False))
+    np.testing.assert_allclose(lite, reference, rtol=0, atol=1e-5 * np.abs(reference).max())
+
+
 # -- real timing (slow): code paths of the clock, the runtimes and the CLI -----------------
 
 
