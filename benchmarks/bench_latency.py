@@ -22,8 +22,8 @@ latency=0.5 >= 1.7x (resnet20).
 
 Usage::
 
-    python benchmarks/bench_latency.py            # both models, full settings (~25 min)
-    python benchmarks/bench_latency.py --quick    # resnet20, tiny settings (code check, ~5 min)
+    python benchmarks/bench_latency.py            # both models, full settings (~15-25 min)
+    python benchmarks/bench_latency.py --quick    # resnet20, tiny settings (code check, ~2 min)
     python benchmarks/bench_latency.py --models resnet20
 
 Writes ``benchmarks/results/latency.json`` and ``latency.md`` (``--out`` picks
@@ -132,12 +132,6 @@ def _bench_model(name, quick):
     return {"model": name, "studies": studies}
 
 
-def _fmt_plans(error):
-    if error.get("plans_median") is None:
-        return "-"
-    return f"{error['plans_median']:.1%} / {error['plans_worst']:.1%}"
-
-
 def _fmt_objective(x):
     return "outside the sweep" if x is None else f"{x:.1f}"
 
@@ -173,7 +167,7 @@ def _markdown(result):
             err_met = "met" if err["worst"] <= GOALS["error"] else "NOT met"
             lines.append(
                 f"| {row['model']} | {st['what']} (batch {st['batch']}) | {fit_cell} | "
-                f"{err['median']:.1%} / {err['worst']:.1%} ({err_met}) | {_fmt_plans(err)} | "
+                f"{err['median']:.1%} / {err['worst']:.1%} ({err_met}) | {_timing.plan_error(err)} | "
                 f"{st['latency_speedup']:.2f}x (>= {st['speedup_goal']}x: "
                 f"{'met' if st['speedup_met'] else 'NOT met'}) | "
                 f"{st['objective_latency_plan']:.1f} vs "
@@ -194,7 +188,7 @@ def _markdown(result):
                       f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%} (on "
                       f"fitted ones {fit['error']['train_median']:.1%} / "
                       f"{fit['error']['train_worst']:.1%}; on its last refinement plans "
-                      f"{_fmt_plans(fit['error'])}); {fit['refinement_plans']} of its "
+                      f"{_timing.plan_error(fit['error'])}); {fit['refinement_plans']} of its "
                       f"{len(fit['variants'])} variants are refinement plans.", "",
                       "| model | params | MACs ratio | objective | ms per batch | speedup | "
                       "predicted time ratio | measured time ratio | prediction error |",

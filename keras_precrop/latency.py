@@ -29,10 +29,12 @@ variants held out of the fit.
 
 Plans are not random variants: a latency budget shrinks the layers that
 the model calls expensive far more than others (resnet20's first stage to
-a third of its width while the last keeps all of it), so a fit on random
-scalings alone extrapolates there and underestimated such plans' time by
-15-25%. A refinement round therefore plans with the first fit at a few
-latency budgets, times those plans too and fits again on all variants.
+a third of its width while the last keeps all of it), and the planner
+finds the widths where the fit errs on the cheap side. A fit on random
+scalings alone mispredicted such plans by 15-25% (resnet20 too slow,
+MobileNetV2 too fast). Refinement rounds therefore plan with the current
+fit at a few latency budgets, time those plans too and fit again on all
+variants.
 """
 
 from __future__ import annotations
@@ -518,12 +520,13 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     layer class the time per MAC, per output and input activation element
     and per layer call (non-negative least squares on relative errors; next
     to each feature a copy with the free widths rounded up to the block
-    size in ``blocks`` that cross-validates best). Then a refinement round:
-    plans at the latency budgets ``refine`` made with this first fit are
-    timed too (with the original and the uniform scalings again, which put
-    both rounds on one scale), and the model is fitted again on all
-    variants. Random variants held out of both fits measure the error; each
-    plan is also predicted by a fit without it.
+    size in ``blocks`` that cross-validates best). Then ``refine_rounds``
+    refinement rounds: plans at the latency budgets ``refine`` made with the
+    current fit are timed too (with the original and the uniform scalings
+    again, which put the rounds on one scale), and the model is fitted again
+    on all variants. Random variants held out of every fit measure its
+    error; the last round's plans, predicted before they were timed,
+    measure its error where plans live.
 
     Defaults take about a minute for resnet20 and three for MobileNetV2 at
     224x224 on a quiet 2-core CPU; fewer ``variants`` and ``rounds`` are
@@ -548,8 +551,9 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         scale_range: smallest and largest width factor of the random
             variants.
         refine: latency budgets (ratios of the original's predicted time)
-            of the refinement round's plans; ``()`` skips the round. Plans
-            the first fit cannot make (infeasible) are left out.
+            of the refinement rounds' plans; ``()`` skips refinement. Plans
+            the current fit cannot make (infeasible) are left out.
+        refine_rounds: refinement rounds (0: none).
         residual, ignore: as in :func:`keras_precrop.plan`; they decide
             which widths the variants vary.
         seed: seed of the random variants.
