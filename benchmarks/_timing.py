@@ -50,6 +50,13 @@ def machine_info():
     }
 
 
+def plan_error(error):
+    """A latency model's error on its last refinement round's plans: "median / worst" or "-"."""
+    if error.get("plans_median") is None:
+        return "-"
+    return f"{error['plans_median']:.1%} / {error['plans_worst']:.1%}"
+
+
 def forward(model, batch, seed=0):
     """A no-argument callable running one compiled inference forward pass.
 

@@ -17,7 +17,7 @@ SynFlow model, to show where the time goes.
 
 Usage::
 
-    python benchmarks/bench_speedup.py            # all models, full repeats (~40 min)
+    python benchmarks/bench_speedup.py            # all models, full repeats (~45 min)
     python benchmarks/bench_speedup.py --quick    # resnet20, few repeats (~4 min)
     python benchmarks/bench_speedup.py --models resnet20 mobilenet_v2
     python benchmarks/bench_speedup.py --render-only   # redraw .md/.png from .json
@@ -66,8 +66,8 @@ MEASUREMENTS = {
     "tflite": (8, 2, 0.3),
     "train": (8, 3, 0.3),
 }
-# latency model fits: (variants, rounds) full and quick
-FIT = {False: (20, 5), True: (8, 2)}
+# latency model fits: kp.latency_model options, full and quick
+FIT = {False: dict(variants=20, rounds=5), True: dict(variants=8, rounds=2, refine_rounds=1)}
 
 
 def _log(*args):
@@ -140,9 +140,8 @@ def _variants(name, synflow_iterations, quick):
     """
     base = kp.models.get(name)
     base_prof = kp.profile(base)
-    variants, rounds = FIT[quick]
-    _log(f"  latency model (batch {MODELS[name][0]}, {variants} variants, {rounds} rounds) ...")
-    lm = kp.latency_model(base, batch_size=MODELS[name][0], variants=variants, rounds=rounds)
+    _log(f"  latency model (batch {MODELS[name][0]}, {FIT[quick]}) ...")
+    lm = kp.latency_model(base, batch_size=MODELS[name][0], **FIT[quick])
     out = [_variant("baseline", "baseline", base, base_prof, base_prof, flops=1.0, round_to=1,
                     latency_budget=None, objective=0.0, predicted_time_ratio=1.0)]
     infeasible = []
@@ -371,7 +370,8 @@ def _markdown(result):
             f"Batches: latency {b['latency']}, throughput {b['throughput']}, TFLite "
             f"{b['tflite']}, train {b['train']}. Latency model: {fit['variants']} variants at "
             f"batch {fit['batch_size']}, block {fit['block']}, held-out error median "
-            f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%}, fitted in "
+            f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%}, on its last "
+            f"refinement plans {_timing.plan_error(fit['error'])}, fitted in "
             f"{fit['fit_seconds']:.0f} s.",
             "",
             "| variant | params | MACs | MACs ratio | ideal | activations ratio | pred. time | "

@@ -52,10 +52,10 @@ class CostRow:
     ``value(w) = sum_t coef[t] * r(w)[a[t]] * r(w)[b[t]]``: the same bilinear
     form as params and MACs (index ``V`` is a factor of one, so a term may be
     linear or constant), where ``r`` rounds the widths of free variables up
-    to multiples of ``block`` (hardware that computes in blocks of channels,
-    e.g. 16 for oneDNN's AVX-512 kernels). The continuous width program sees
-    the unrounded form. A predicted latency is such a row (see
-    ``keras_precrop.latency``).
+    to multiples of the term's ``block`` (hardware that computes in blocks of
+    channels, e.g. 16 for oneDNN's AVX-512 kernels; one block for all terms
+    or one per term). The continuous width program sees the unrounded form.
+    A predicted latency is such a row (see ``keras_precrop.latency``).
     """
 
     name: str
@@ -63,7 +63,25 @@ class CostRow:
     a: np.ndarray      # (T,) int variable index, V for a factor of one
     b: np.ndarray      # (T,) int variable index, V for a factor of one
     layer: np.ndarray  # (T,) int index of the layer the term belongs to
-    block: int = 1
+    block: int | np.ndarray = 1  # block size, of all terms or (T,) per term
+
+
+def term_factors(widths, fixed, a, b, block=1):
+    """``r(w)[a] * r(w)[b]`` per term for widths of shape (..., V).
+
+    ``r`` rounds the free widths (``~fixed``) up to multiples of the term's
+    block (``block``: one for all terms or one per term) and appends a
+    factor of one at index ``V``.
+    """
+    w = np.asarray(widths, dtype=np.float64)
+    blocks = np.broadcast_to(block, np.shape(a))
+    out = np.empty(w.shape[:-1] + np.shape(a))
+    for size in np.unique(blocks):
+        r = np.where(fixed, w, np.ceil(w / size - 1e-9) * size) if size > 1 else w
+        r = np.concatenate([r, np.ones(r.shape[:-1] + (1,))], axis=-1)
+        terms = blocks == size
+        out[..., terms] = r[..., a[terms]] * r[..., b[terms]]
+    return out
 
 
 class CostModel:
@@ -117,11 +135,7 @@ class CostModel:
 
     def _row_factors(self, row, widths):
         """``r(w)_a * r(w)_b`` of every term of an extra row (free widths rounded up)."""
-        w = np.asarray(widths, dtype=np.float64)
-        if row.block > 1:
-            w = np.where(self.fixed, w, np.ceil(w / row.block - 1e-9) * row.block)
-        w = np.concatenate([w, np.ones(w.shape[:-1] + (1,))], axis=-1)
-        return w[..., row.a] * w[..., row.b]
+        return term_factors(widths, self.fixed, row.a, row.b, row.block)
 
     def _factors(self, widths):
         """``w_a * w_b`` of every term, for widths of shape (..., V)."""

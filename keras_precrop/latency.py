@@ -13,10 +13,12 @@ features the cost model already has:
   (spatial size x width: linear in widths),
 * ``const``: a constant per layer call,
 
-optionally with the free widths rounded up to a block size (e.g. 16). Every
-feature is a sum of ``mult * w_a * w_b`` terms over the width variables, so
-the fitted time is a :class:`~keras_precrop.costs.CostRow`: the solver and the
-plan's integer repair treat it like params and MACs (``plan(latency=0.5)``).
+optionally next to a copy of each with the free widths rounded up to a
+block size (e.g. 16: the time a kernel spends on a partly filled block of
+channels). Every feature is a sum of ``mult * w_a * w_b`` terms over the
+width variables, so the fitted time is a :class:`~keras_precrop.costs.CostRow`:
+the solver and the plan's integer repair treat it like params and MACs
+(``plan(latency=0.5)``).
 
 Timings are interleaved (round-robin over the variants, the start rotated
 each round) and summarized by medians, so a load spike hits every variant
@@ -24,6 +26,15 @@ alike. The layer classes' coefficients are fitted by non-negative least
 squares on relative errors; the block size and a small ridge penalty are
 chosen by leave-one-out cross-validation, and the error is reported on
 variants held out of the fit.
+
+Plans are not random variants: a latency budget shrinks the layers that
+the model calls expensive far more than others (resnet20's first stage to
+a third of its width while the last keeps all of it), and the planner
+finds the widths where the fit errs on the cheap side. A fit on random
+scalings alone mispredicted such plans by 15-25% (resnet20 too slow,
+MobileNetV2 too fast). Refinement rounds therefore plan with the current
+fit at a few latency budgets, time those plans too and fit again on all
+variants.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ from scipy import optimize
 from keras_precrop import _json
 from keras_precrop import costs as _costs
 from keras_precrop import graph as _graph
+from keras_precrop import solver as _solver
 from keras_precrop.rebuild import rebuild
 
 RUNTIMES = ("tf", "tflite")
@@ -53,7 +65,8 @@ ROW = "latency"  # the budget row's name in plans and cost models
 _ALIASES = {"PrefixAdd": "Add"}  # rebuilt layers that stand for the layer they replace
 _UNCOSTED = ("ChannelSlice",)  # charged to its reader's input elements instead
 _RIDGE = (0.0, 1e-4, 1e-3, 1e-2)  # candidate penalties on the columns' time shares
-_FORMAT = 1  # version of the JSON layout
+_FORMAT = 2  # version of the JSON layout (2: per-column blocks, "out:ReLU@16")
+_SAME_SCORE = 1e-6  # cross-validated errors closer than this tie (the simpler fit wins)
 
 
 class LatencyModelMismatchError(ValueError):
@@ -71,13 +84,19 @@ def _class_key(rec):
     return None if name in _UNCOSTED else _ALIASES.get(name, name)
 
 
+def _block_of(column):
+    """Block size a feature column rounds free widths up to (``out:ReLU@16``: 16; no ``@``: 1)."""
+    return int(column.partition("@")[2] or 1)
+
+
 @dataclasses.dataclass
 class _Features:
     """Feature columns of one walked model as terms over its width variables.
 
-    Column ``col[t]`` gains ``mult[t] * w[a[t]] * w[b[t]]`` (index ``V``: a
-    factor of one); ``layer[t]`` is the term's layer (an index into
-    ``graph.layers``).
+    Column ``col[t]`` gains ``mult[t] * r(w)[a[t]] * r(w)[b[t]]`` (index
+    ``V``: a factor of one), where ``r`` rounds the free widths up to the
+    column's block (named ``<feature>@<block>``; unrounded without ``@``);
+    ``layer[t]`` is the term's layer (an index into ``graph.layers``).
     """
 
     columns: list
@@ -89,19 +108,15 @@ class _Features:
 
     @classmethod
     def of(cls, graph, columns=None):
-        """Features of ``graph``; with ``columns`` given, only those (others are dropped)."""
+        """Unrounded features of ``graph``; with ``columns`` given, those (rounded ones included)."""
         one = len(graph.variables)
         position = {id(rec): i for i, rec in enumerate(graph.layers)}
-        index = {} if columns is None else {c: i for i, c in enumerate(columns)}
+        index = {}
         terms = []
 
         def add(column, mult, a, b, layer):
-            if not mult:
-                return
-            if columns is None:
-                index.setdefault(column, len(index))
-            if column in index:
-                terms.append((index[column], mult, a, b, layer))
+            if mult:
+                terms.append((index.setdefault(column, len(index)), mult, a, b, layer))
 
         def var(rec, seg, as_input):
             if seg is None:
@@ -128,8 +143,9 @@ class _Features:
             for t in rec.terms if key is not None else ():
                 add(f"macs:{key}", t.macs, var(rec, t.a, True), var(rec, t.b, True), i)
         col, mult, a, b, layer = np.array(terms, dtype=np.float64).reshape(-1, 5).T
-        return cls(list(index), col.astype(np.int64), mult, a.astype(np.int64),
-                   b.astype(np.int64), layer.astype(np.int64))
+        features = cls(list(index), col.astype(np.int64), mult, a.astype(np.int64),
+                       b.astype(np.int64), layer.astype(np.int64))
+        return features if columns is None else features.select(columns)
 
     @classmethod
     def from_template(cls, columns, template):
@@ -137,13 +153,41 @@ class _Features:
         return cls(columns, *(np.asarray(template[k]) for k in ("col", "mult", "a", "b")),
                    np.zeros(len(template["col"]), dtype=np.int64))
 
-    def matrix(self, widths, fixed, block):
-        """(n, columns) feature values at (n, V) widths, free widths rounded up to ``block``."""
+    def select(self, columns):
+        """The given columns of these unrounded features, in that order.
+
+        A column ``<feature>@<block>`` has the terms of ``<feature>``; a
+        feature this model lacks has none.
+        """
+        index = {c: j for j, c in enumerate(self.columns)}
+        parts = [(j, np.flatnonzero(self.col == index.get(c.partition("@")[0], -1)))
+                 for j, c in enumerate(columns)]
+        take = np.concatenate([terms for _, terms in parts]).astype(np.int64)
+        col = np.concatenate([np.full(len(terms), j) for j, terms in parts]).astype(np.int64)
+        return _Features(list(columns), col, self.mult[take], self.a[take], self.b[take],
+                         self.layer[take])
+
+    def with_block(self, block, fixed):
+        """These unrounded features and, for ``block`` > 1, a copy of each rounded up to it.
+
+        Columns without a free width (the per-call constant, fixed widths)
+        get no copy: it would repeat them.
+        """
+        free = np.append(~np.asarray(fixed), False)
+        varies = [bool(np.any(free[self.a[self.col == j]] | free[self.b[self.col == j]]))
+                  for j in range(len(self.columns))]
+        rounded = [f"{c}@{block}" for c, v in zip(self.columns, varies) if v and block > 1]
+        return self.select(self.columns + rounded)
+
+    @property
+    def blocks(self):
+        """Block size of every term (its column's)."""
+        return np.array([_block_of(c) for c in self.columns], dtype=np.int64)[self.col]
+
+    def matrix(self, widths, fixed):
+        """(n, columns) feature values at (n, V) widths."""
         w = np.atleast_2d(np.asarray(widths, dtype=np.float64))
-        if block > 1:
-            w = np.where(fixed, w, np.ceil(w / block - 1e-9) * block)
-        w = np.concatenate([w, np.ones((len(w), 1))], axis=1)
-        values = w[:, self.a] * w[:, self.b] * self.mult
+        values = _costs.term_factors(w, fixed, self.a, self.b, self.blocks) * self.mult
         out = np.zeros((len(w), len(self.columns)))
         for j in range(len(self.columns)):
             out[:, j] = values[:, self.col == j].sum(axis=1)
@@ -219,11 +263,22 @@ def _compiled_step(model, x, training):
 
 
 def to_tflite(model, batch_size=None):
-    """Convert a Keras model to a TFLite flatbuffer (bytes).
+    """Convert a Keras model to a TFLite flatbuffer (bytes), weights frozen.
+
+    The weights become constants of the graph (the converter freezes the
+    function instead of saving it as a SavedModel first), as in a converted
+    ``model.export()``: batch norm is folded into the convolutions, their
+    activations fused, and the interpreter's XNNPACK delegate runs the whole
+    graph as one partition. (The converter's default route for a function
+    keeps Keras 3's weights as resource variables: every call then reads
+    them, transposes each kernel and computes batch norm separately, and
+    XNNPACK, which needs constant weights, is cut into one partition per
+    layer; that ran resnet20 about 8x slower.)
 
     Args:
         model: a single-input Keras model; rebuilt models with
-            ``ChannelSlice`` / ``PrefixAdd`` convert to builtin TFLite ops.
+            ``ChannelSlice`` / ``PrefixAdd`` convert to builtin TFLite ops
+            (``SLICE``, ``PAD``, ``ADD``).
         batch_size: fixed batch size of the converted graph (None: dynamic).
     """
     import tensorflow as tf
@@ -232,6 +287,7 @@ def to_tflite(model, batch_size=None):
     fn = tf.function(lambda x: model(x, training=False), input_signature=[spec])
     converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()],
                                                                 model)
+    converter.experimental_lower_to_saved_model = False
     return converter.convert()
 
 
@@ -323,13 +379,20 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
 
 
 def _timer(batch_size, runtime, training, rounds, log):
-    """The default timer: median seconds per call of each model, interleaved."""
+    """The default timer: median seconds per call of each model, interleaved.
+
+    A model timed again (the refinement round's anchors) reuses its
+    prepared runner.
+    """
+    prepared = {}  # id(model) -> (model, runner)
 
     def measure(models):
         fns = {}
         for i, (name, model) in enumerate(models.items(), start=1):
-            log(f"preparing variant {i}/{len(models)} ({name})")
-            fns[name] = runner(model, batch_size, runtime, training)
+            if id(model) not in prepared:
+                log(f"preparing variant {i}/{len(models)} ({name})")
+                prepared[id(model)] = (model, runner(model, batch_size, runtime, training))
+            fns[name] = prepared[id(model)][1]
         samples = interleaved(fns, rounds, log=log)
         return {name: statistics.median(s) for name, s in samples.items()}
 
@@ -386,7 +449,11 @@ def _relative_errors(X, t, beta):
 
 
 def _choose(design, t, blocks):
-    """Block size and ridge with the smallest leave-one-out RMS relative error."""
+    """Block size and ridge with the smallest leave-one-out RMS relative error.
+
+    Candidates are tried from the simplest (smallest block, then ridge);
+    a later one must lower the error by more than ``_SAME_SCORE``.
+    """
     best = None
     for block in blocks:
         X = design(block)
@@ -397,9 +464,31 @@ def _choose(design, t, blocks):
                 errors.append(_relative_errors(X[i:i + 1], t[i:i + 1], _fit(X[keep], t[keep],
                                                                             ridge))[0])
             score = math.sqrt(np.mean(np.square(errors)))
-            if best is None or score < best[0] * (1 - 1e-9):
+            if best is None or score < best[0] - _SAME_SCORE:
                 best = (score, block, ridge)
     return best
+
+
+def _plan_widths(model, preliminary, ratios, cm, known, log):
+    """Widths of ``plan(model, latency=r)`` under a preliminary latency model, per ratio.
+
+    Ratios whose plan is infeasible or repeats ``known`` widths (or another
+    plan) are skipped.
+    """
+    from keras_precrop import planning  # planning imports this module
+
+    out = {}
+    for ratio in ratios:
+        try:
+            plan = planning.plan(model, latency=ratio, latency_model=preliminary,
+                                 residual=preliminary.residual, ignore=preliminary.ignore)
+        except _solver.InfeasibleBudgetError as err:
+            log(f"refinement: no plan at latency={ratio} ({err})")
+            continue
+        widths = np.array([plan.widths[v.name] for v in cm.variables], dtype=np.float64)
+        if not any(np.array_equal(widths, w) for w in [*known, *out.values()]):
+            out[f"latency{ratio}"] = widths
+    return out
 
 
 def _check_settings(batch_size, runtime, training):
@@ -412,18 +501,32 @@ def _check_settings(batch_size, runtime, training):
         raise ValueError("training=True times a training step, which only runtime='tf' runs")
 
 
+def _checked_times(seconds, labels):
+    t = np.array([float(seconds[label]) for label in labels])
+    if not np.all(np.isfinite(t) & (t > 0)):
+        raise ValueError(f"the timer returned non-positive or non-finite times: {seconds}")
+    return t
+
+
 def latency_model(model, batch_size=32, runtime="tf", training=False, *, variants=20, rounds=5,
-                  holdout=0.25, blocks=(1, 8, 16), scale_range=(0.25, 1.0), residual="prefix",
-                  ignore=(), seed=0, verbose=1, timer=None):
+                  holdout=0.25, blocks=(1, 8, 16), scale_range=(0.25, 1.0),
+                  refine=(0.3, 0.5, 0.7), refine_rounds=2, residual="prefix", ignore=(), seed=0,
+                  verbose=1, timer=None):
     """Measure how long ``model`` and width-scaled copies of it take; fit a latency model.
 
     Builds ``variants`` copies of the model with other channel widths (the
     original, uniform scalings and random per-variable scalings within
     ``scale_range``), times them interleaved on this machine, and fits per
     layer class the time per MAC, per output and input activation element
-    and per layer call (non-negative least squares on relative errors,
-    free widths rounded up to the block size in ``blocks`` that
-    cross-validates best). Variants held out of the fit measure its error.
+    and per layer call (non-negative least squares on relative errors; next
+    to each feature a copy with the free widths rounded up to the block
+    size in ``blocks`` that cross-validates best). Then ``refine_rounds``
+    refinement rounds: plans at the latency budgets ``refine`` made with the
+    current fit are timed too (with the original and the uniform scalings
+    again, which put the rounds on one scale), and the model is fitted again
+    on all variants. Random variants held out of every fit measure its
+    error; the last round's plans, predicted before they were timed,
+    measure its error where plans live.
 
     Defaults take about a minute for resnet20 and three for MobileNetV2 at
     224x224 on a quiet 2-core CPU; fewer ``variants`` and ``rounds`` are
@@ -438,13 +541,19 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             interpreter).
         training: time a training step (forward, backward, SGD update)
             instead of inference.
-        variants: number of models timed, the original included (>= 6).
+        variants: number of models timed in the first round, the original
+            included (>= 6).
         rounds: interleaved timing rounds (medians over rounds).
         holdout: share of the random variants held out of the fit to
             measure its error.
-        blocks: candidate block sizes for rounding free widths up (1: none).
-        scale_range: smallest and largest width factor of the variants;
-            predictions outside it extrapolate.
+        blocks: candidate block sizes of the rounded copies of the features
+            (1: none).
+        scale_range: smallest and largest width factor of the random
+            variants.
+        refine: latency budgets (ratios of the original's predicted time)
+            of the refinement rounds' plans; ``()`` skips refinement. Plans
+            the current fit cannot make (infeasible) are left out.
+        refine_rounds: refinement rounds (0: none).
         residual, ignore: as in :func:`keras_precrop.plan`; they decide
             which widths the variants vary.
         seed: seed of the random variants.
@@ -469,6 +578,12 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
                          f"got {scale_range!r}")
     if not blocks or any(int(b) != b or b < 1 for b in blocks):
         raise ValueError(f"blocks must be positive integers, got {blocks!r}")
+    if any(isinstance(r, bool) or not isinstance(r, (int, float, np.number)) or not 0 < r < 1
+           for r in refine):
+        raise ValueError(f"refine must hold latency ratios in (0, 1), got {refine!r}")
+    if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, (int, np.integer)) \
+            or refine_rounds < 0:
+        raise ValueError(f"refine_rounds must be a non-negative integer, got {refine_rounds!r}")
     log = (lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)) \
         if verbose else (lambda line: None)
     start = time.perf_counter()
@@ -482,39 +597,78 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     models = {label: rebuild(graph, w.astype(int)) for label, w in zip(labels, widths)}
     measure = timer or _timer(batch_size, runtime, training, rounds, log)
     seconds = measure(models)
-    t = np.array([float(seconds[label]) for label in labels])
-    if not np.all(np.isfinite(t) & (t > 0)):
-        raise ValueError(f"the timer returned non-positive or non-finite times: {seconds}")
+    t = _checked_times(seconds, labels)
     n_random = len(labels) - sum(not label.startswith("random") for label in labels)
     held = np.zeros(len(labels), dtype=bool)
     held[len(labels) - max(1, round(holdout * n_random)):] = True
     features = _Features.of(graph)
+    candidates = {b: features.with_block(b, cm.fixed) for b in sorted({int(b) for b in blocks})}
 
-    def design(block):
-        return features.matrix(widths, cm.fixed, block)
+    def fit(rows):
+        """Block, ridge, features and coefficients fitted on the variants in ``rows``."""
+        cv, block, ridge = _choose(lambda b: candidates[b].matrix(widths[rows], cm.fixed),
+                                   t[rows], tuple(candidates))
+        X = candidates[block].matrix(widths, cm.fixed)
+        return block, ridge, X, _fit(X[rows], t[rows], ridge), cv
 
-    cv, block, ridge = _choose(lambda b: design(b)[~held], t[~held], tuple(blocks))
-    X = design(block)
-    beta = _fit(X[~held], t[~held], ridge)
+    def assemble(block, ridge, beta, **fields):
+        f = candidates[block]
+        return LatencyModel(
+            model_name=model.name, signature=_signature(graph),
+            input_shape=list(_input_shape(model)), batch_size=int(batch_size), runtime=runtime,
+            training=bool(training), residual=residual, ignore=list(ignore), block=int(block),
+            ridge=float(ridge), columns=f.columns, coef=[float(c) for c in beta],
+            template={"names": [v.name for v in cm.variables], "widths": cm.widths.tolist(),
+                      "fixed": cm.fixed.tolist(), "col": f.col.tolist(),
+                      "mult": f.mult.tolist(), "a": f.a.tolist(), "b": f.b.tolist()},
+            **fields)
+
+    block, ridge, X, beta, cv = fit(~held)
+    refined = np.zeros(len(labels), dtype=bool)
+    plan_errors = []  # the last round's plans, as the fit that made them predicted them
+    anchors = [label for label in labels if not label.startswith("random")]
+    for k in range(1, refine_rounds + 1 if refine else 1):
+        log(f"refinement round {k}: plans at latency {list(refine)} (block {block})")
+        held_errors = _relative_errors(X[held], t[held], beta)
+        preliminary = assemble(block, ridge, beta, variants=[], fit_seconds=0.0,
+                               error={"median": float(np.median(held_errors)),
+                                      "worst": float(held_errors.max())})
+        plans = _plan_widths(model, preliminary, refine, cm, widths, log)
+        if not plans:
+            break
+        again = measure({**{label: models[label] for label in anchors},
+                         **{f"refine{k}:{label}": rebuild(graph, w.astype(int))
+                            for label, w in plans.items()}})
+        scale = statistics.median(seconds[a] / float(again[a]) for a in anchors)
+        new = [f"refine{k}:{label}" for label in plans]
+        measured = _checked_times(again, new) * scale
+        plan_widths = np.array(list(plans.values()))
+        plan_errors = _relative_errors(candidates[block].matrix(plan_widths, cm.fixed), measured,
+                                       beta)
+        labels += new
+        widths = np.vstack([widths, plan_widths])
+        t = np.append(t, measured)
+        held = np.append(held, np.zeros(len(plans), dtype=bool))
+        refined = np.append(refined, np.ones(len(plans), dtype=bool))
+        block, ridge, X, beta, cv = fit(~held)
     errors = _relative_errors(X, t, beta)
-    result = LatencyModel(
-        model_name=model.name, signature=_signature(graph), input_shape=list(_input_shape(model)),
-        batch_size=int(batch_size), runtime=runtime, training=bool(training), residual=residual,
-        ignore=list(ignore), block=int(block), ridge=float(ridge),
-        columns=features.columns, coef=[float(c) for c in beta],
+    result = assemble(
+        block, ridge, beta,
         error={"median": float(np.median(errors[held])), "worst": float(errors[held].max()),
                "train_median": float(np.median(errors[~held])),
-               "train_worst": float(errors[~held].max()), "cross_validated_rms": float(cv)},
+               "train_worst": float(errors[~held].max()), "cross_validated_rms": float(cv),
+               "plans_median": float(np.median(plan_errors)) if len(plan_errors) else None,
+               "plans_worst": float(np.max(plan_errors)) if len(plan_errors) else None},
         variants=[{"label": label, "seconds": float(s), "predicted": float(p),
-                   "held_out": bool(h)} for label, s, p, h in zip(labels, t, X @ beta, held)],
-        template={"names": [v.name for v in cm.variables], "widths": cm.widths.tolist(),
-                  "fixed": cm.fixed.tolist(), "col": features.col.tolist(),
-                  "mult": features.mult.tolist(), "a": features.a.tolist(),
-                  "b": features.b.tolist()},
-        fit_seconds=time.perf_counter() - start,
-    )
+                   "held_out": bool(h), "refinement": bool(r)}
+                  for label, s, p, h, r in zip(labels, t, X @ beta, held, refined)],
+        fit_seconds=time.perf_counter() - start)
+    plans_text = (f"; on its last plans before refitting median "
+                  f"{result.error['plans_median']:.1%}, worst {result.error['plans_worst']:.1%}"
+                  if len(plan_errors) else "")
     log(f"fitted in {result.fit_seconds:.0f} s: held-out error median "
-        f"{result.error['median']:.1%}, worst {result.error['worst']:.1%} (block {block})")
+        f"{result.error['median']:.1%}, worst {result.error['worst']:.1%}{plans_text} "
+        f"(block {block})")
     return result
 
 
@@ -533,13 +687,18 @@ class LatencyModel(_json.JsonDataclass):
             model's rebuilt copies).
         batch_size, runtime, training: what was timed.
         residual, ignore: width variables the variants varied.
-        block: free widths are rounded up to multiples of this.
+        block: the features' rounded copies (columns ``<feature>@<block>``)
+            round free widths up to multiples of this (1: no copies).
         ridge: the fit's ridge penalty (chosen by cross-validation).
         columns, coef: feature names (``macs:Conv2D``, ``out:ReLU``,
-            ``const``, ...) and seconds per unit of each.
+            ``const``, ``out:ReLU@16``, ...) and seconds per unit of each.
         error: relative prediction error on the held-out variants
-            (``median``, ``worst``) and on the fitted ones.
-        variants: label, measured and predicted seconds of every variant.
+            (``median``, ``worst``), on the fitted ones (``train_median``,
+            ``train_worst``) and on the last refinement round's plans as
+            the fit that made them predicted them, before they were timed
+            (``plans_median``, ``plans_worst``; None without refinement).
+        variants: label, measured and predicted seconds of every variant,
+            whether it was held out and whether it is a refinement plan.
         template: the fitted model's width variables and feature terms, so
             :meth:`predict` works from JSON alone.
         fit_seconds: wall time of the whole measurement and fit.
@@ -593,7 +752,7 @@ class LatencyModel(_json.JsonDataclass):
         self.check(graph, argument)
         f = self._features(graph)
         return _costs.CostRow(ROW, np.asarray(self.coef)[f.col] * f.mult, f.a, f.b, f.layer,
-                              self.block)
+                              f.blocks)
 
     def predict(self, x):
         """Predicted seconds per batch.
@@ -633,7 +792,7 @@ class LatencyModel(_json.JsonDataclass):
         return float(self._evaluate(features, widths, np.asarray(self.template["fixed"])))
 
     def _evaluate(self, features, widths, fixed):
-        return features.matrix(widths, fixed, self.block)[0] @ np.asarray(self.coef)
+        return features.matrix(widths, fixed)[0] @ np.asarray(self.coef)
 
     def summary(self, print_fn=print):
         """Print the fit: what was timed, its error and the largest coefficients' shares."""
@@ -645,9 +804,12 @@ class LatencyModel(_json.JsonDataclass):
         print_fn(f"Held-out error: median {self.error['median']:.1%}, worst "
                  f"{self.error['worst']:.1%} ({sum(v['held_out'] for v in self.variants)} of "
                  f"{len(self.variants)} variants); fitted in {self.fit_seconds:.0f} s")
+        if self.error.get("plans_median") is not None:
+            print_fn(f"Error on the last refinement round's plans, before refitting: median "
+                     f"{self.error['plans_median']:.1%}, worst {self.error['plans_worst']:.1%}")
         t = self.template
         share = _Features.from_template(self.columns, t).matrix(
-            np.asarray(t["widths"]), np.asarray(t["fixed"]), self.block)[0] * self.coef
+            np.asarray(t["widths"]), np.asarray(t["fixed"]))[0] * self.coef
         rows = [("Feature", "Coefficient (s/unit)", "Share of time")]
         for j in np.argsort(-share):
             if share[j] > 0:
@@ -658,8 +820,17 @@ class LatencyModel(_json.JsonDataclass):
 
     @classmethod
     def from_dict(cls, data):
-        if data.get("format", _FORMAT) != _FORMAT:
-            raise ValueError(f"latency model format {data['format']} is not {_FORMAT}; refit it")
+        """A latency model from :meth:`to_dict`'s data (format 1 files too).
+
+        Format 1 rounded every feature to ``block``; its columns are renamed
+        ``<feature>@<block>``, which predicts the same.
+        """
+        version = data.get("format", _FORMAT)
+        if version == 1:
+            suffix = f"@{data['block']}" if data["block"] > 1 else ""
+            data = {**data, "columns": [c + suffix for c in data["columns"]], "format": _FORMAT}
+        elif version != _FORMAT:
+            raise ValueError(f"latency model format {version} is not {_FORMAT}; refit it")
         return super().from_dict(data)
 
 

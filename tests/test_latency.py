@@ -9,6 +9,7 @@ not speed).
 
 import json
 import math
+import pathlib
 
 import keras
 import numpy as np
@@ -19,6 +20,8 @@ import keras_precrop as kp
 from keras_precrop.cli import main
 
 CONV, BN, CONST = 2e-9, 3e-8, 1e-5  # seconds per conv MAC, per BN element, per layer call
+NARROW = 2e-5  # seconds per channel a Conv2D output lacks below 8 (no feature has this form)
+FORMAT_1 = pathlib.Path(__file__).parent / "data" / "latency_model_format1.json"
 
 
 def _small_cnn(name="small_cnn"):
@@ -71,6 +74,21 @@ def _timer(**kwargs):
     return lambda models: {k: _synthetic_seconds(m, **kwargs) for k, m in models.items()}
 
 
+def _narrow_seconds(model):
+    """The synthetic cost plus ``NARROW`` per channel a Conv2D output has fewer than 8.
+
+    Only plans make layers that narrow (random variants keep a quarter of
+    each width), and the latency model's features cannot express the term:
+    a cost it must learn from the plans.
+    """
+    return _synthetic_seconds(model) + NARROW * sum(
+        max(0, 8 - layer.output.shape[-1]) for layer in model.layers if type(layer) is L.Conv2D)
+
+
+def _channels(model):
+    return {layer.name: layer.output.shape[-1] for layer in model.layers}
+
+
 @pytest.fixture(scope="module")
 def small():
     return _small_cnn()
@@ -106,6 +124,63 @@ def test_fit_detects_block_rounding(small, fitted_block):
     assert fitted_block.error["worst"] < 1e-9
     new = kp.precrop(small, flops=0.5)
     assert fitted_block.predict(new) == pytest.approx(_synthetic_seconds(new, 8, 0.0), rel=1e-9)
+
+
+def test_fit_rounds_convolutions_next_to_unrounded_batch_norm(small):
+    """Rounded copies of the features join the unrounded ones: a mixed cost fits exactly."""
+    lm = kp.latency_model(small, batch_size=4, variants=16, timer=_timer(block=8), verbose=0)
+    assert lm.block == 8 and lm.error["worst"] < 1e-9
+    assert {"macs:Conv2D", "macs:Conv2D@8", "out:BatchNormalization"} <= set(lm.columns)
+    assert "const@8" not in lm.columns  # no free width: a copy would repeat it
+    new = kp.precrop(small, params=0.4)
+    assert lm.predict(new) == pytest.approx(_synthetic_seconds(new, 8), rel=1e-9)
+    plan = kp.plan(small, latency=0.5, latency_model=lm)
+    assert plan.latency == pytest.approx(_synthetic_seconds(kp.apply_plan(small, plan), 8),
+                                         rel=1e-9)
+
+
+def test_refinement_times_the_first_fits_plans_on_the_first_rounds_scale(small):
+    calls = []
+
+    def timer(models):
+        calls.append(dict(models))
+        busy = 2.0 if len(calls) > 1 else 1.0  # the machine is slower in the second round
+        return {k: busy * _narrow_seconds(m) for k, m in models.items()}
+
+    options = dict(batch_size=4, variants=16, verbose=0)
+    first = kp.latency_model(small, refine=(), timer=lambda ms: {k: _narrow_seconds(m)
+                                                                 for k, m in ms.items()}, **options)
+    lm = kp.latency_model(small, refine=(0.4, 0.6), refine_rounds=1, timer=timer, **options)
+    anchors = {"original", "x0.75", "x0.5", "x0.25"}
+    plans = ["refine1:latency0.4", "refine1:latency0.6"]
+    assert len(calls) == 2 and set(calls[1]) == anchors | set(plans)
+    assert all(calls[1][a] is calls[0][a] for a in anchors)  # timed again, not rebuilt
+    for label, ratio in zip(plans, (0.4, 0.6)):
+        plan = kp.plan(small, latency=ratio, latency_model=first)
+        assert _channels(calls[1][label]) == _channels(kp.apply_plan(small, plan))
+    timed = {v["label"]: v for v in lm.variants if v["refinement"]}
+    assert list(timed) == plans
+    for label in plans:
+        assert timed[label]["seconds"] == pytest.approx(_narrow_seconds(calls[1][label]),
+                                                        rel=1e-12)
+        assert not timed[label]["held_out"]
+    assert min(_channels(calls[1][label])["b0_conv1"] for label in plans) < 8  # narrow layers
+    errors = [abs(first.predict(calls[1][k]) - _narrow_seconds(calls[1][k]))
+              / _narrow_seconds(calls[1][k]) for k in plans]
+    assert lm.error["plans_median"] == pytest.approx(np.median(errors), rel=1e-9)
+    assert lm.error["plans_worst"] == pytest.approx(max(errors), rel=1e-9)
+    assert first.error["plans_median"] is None
+
+
+def test_format_1_latency_model_loads_and_predicts_the_same(small):
+    """A file of the first release, which rounded every feature to its block."""
+    lm = kp.LatencyModel.from_json(str(FORMAT_1))
+    assert lm.format == 2 and lm.block == 8 and all(c.endswith("@8") for c in lm.columns)
+    new = kp.precrop(small, params=0.4)
+    assert lm.predict(new) == pytest.approx(_synthetic_seconds(new, 8, 0.0), rel=1e-9)
+    plan = kp.plan(small, latency=0.5, latency_model=lm)
+    assert plan.latency == pytest.approx(_synthetic_seconds(kp.apply_plan(small, plan), 8, 0.0),
+                                         rel=1e-9)
 
 
 def test_json_round_trip_predicts_the_same(tmp_path, small, fitted):
@@ -220,6 +295,8 @@ def test_fit_with_tied_residuals_and_ignored_layers(small):
     (dict(holdout=1.0), "holdout must be a share"),
     (dict(scale_range=(0.5, 1.5)), "scale_range must be"),
     (dict(blocks=(0,)), "blocks must be positive integers"),
+    (dict(refine=(0.5, 1.2)), "refine must hold latency ratios in"),
+    (dict(refine_rounds=-1), "refine_rounds must be a non-negative integer"),
 ])
 def test_bad_latency_model_arguments(small, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -266,6 +343,40 @@ def test_cli_latency_budget_with_a_saved_latency_model(tmp_path, capsys):
     assert main(["precrop", "vgg16", "--latency", "0.5", "--latency_model",
                  str(tmp_path / "lm.json")]) == 1
     assert "latency_model was fitted on model 'resnet20'" in capsys.readouterr().err
+
+
+def test_tflite_conversion_freezes_weights_and_xnnpack_takes_the_whole_graph(small):
+    """The flatbuffer timed for runtime='tflite': what a deployed model runs.
+
+    Batch norm folded into the convolutions (no variable reads, no
+    per-call kernel transposes or batch-norm arithmetic), the rebuild's
+    ChannelSlice/PrefixAdd as SLICE/PAD/ADD, one XNNPACK partition for
+    the whole graph, and the Keras model's outputs.
+    """
+    import collections
+    import warnings
+
+    import tensorflow as tf
+
+    new = kp.precrop(small, params=0.4)
+    with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice
+        warnings.simplefilter("ignore")
+        interpreter = tf.lite.Interpreter(model_content=kp.latency.to_tflite(new, batch_size=2))
+    interpreter.allocate_tensors()
+    x = np.random.default_rng(0).standard_normal((2, 16, 16, 3)).astype("float32")
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()  # the default delegate is applied by now
+    ops = collections.Counter(d["op_name"] for d in interpreter._get_ops_details())
+    convs = sum(type(layer) is L.Conv2D for layer in new.layers)
+    slices = sum(isinstance(layer, kp.ChannelSlice) for layer in new.layers)
+    assert slices >= 1 and any(isinstance(layer, kp.PrefixAdd) for layer in new.layers)
+    assert ops["DELEGATE"] == 1, ops
+    assert ops["CONV_2D"] == convs and ops["SLICE"] == slices, ops
+    assert set(ops) <= {"DELEGATE", "CONV_2D", "DEPTHWISE_CONV_2D", "SLICE", "PAD", "ADD",
+                        "MEAN", "FULLY_CONNECTED"}, ops
+    lite = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    reference = keras.ops.convert_to_numpy(new(x, training=False))
+    np.testing.assert_allclose(lite, reference, rtol=0, atol=1e-5 * np.abs(reference).max())
 
 
 # -- real timing (slow): code paths of the clock, the runtimes and the CLI -----------------
