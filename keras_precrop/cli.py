@@ -97,6 +97,9 @@ def _parser(defaults=True):
         p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
                        "without it one is measured now with the timing flags below")
         timing_args(p)
+        p.add_argument("--calibrate", type=int,
+                       help="rounds of timing the plan and re-planning until it measures <= "
+                       "--latency (default: 2 when the latency model is measured now, else 0)")
         p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
                        help="width translation (default: exact for precrop, "
                        "layerwise for reconfigure)")
@@ -244,7 +247,7 @@ def _run(args):
             mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None, latency=args.latency,
-            latency_model=latency_model, balance=args.balance,
+            latency_model=latency_model, balance=args.balance, calibrate=args.calibrate,
         )
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
@@ -267,7 +270,7 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # message (``variants must be an integer >= 6, got 3``); the command line shows
 # them as the flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "round_to",
-          "min_channels", "ignore", "residual", "latency", "latency_model", *_TIMING)
+          "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore and --residual are checked against the plan instead.)
 _SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual"))

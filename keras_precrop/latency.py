@@ -378,6 +378,38 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
     return samples
 
 
+def _logger(verbose):
+    """Progress lines on stderr (``verbose=1``) or none."""
+    if not verbose:
+        return lambda line: None
+    return lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)
+
+
+def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
+    """A function ``ratio(candidate)``: the measured time of ``candidate`` over ``model``'s.
+
+    Both are timed as ``latency_model`` was (batch size, runtime, inference
+    or training step), interleaved and summarized by medians; ``model`` is
+    prepared once. This is the measurement a latency plan is calibrated
+    against (``plan(calibrate=...)``).
+
+    Args:
+        latency_model: the :class:`LatencyModel` whose timing settings apply.
+        model: the reference model (the one the latency model was fitted on).
+        rounds: interleaved timing rounds per call of ``ratio``.
+        verbose: 1 prints timing progress, 0 is silent.
+        timer: replaces the clock, as in :func:`latency_model`.
+    """
+    measure = timer or _timer(latency_model.batch_size, latency_model.runtime,
+                              latency_model.training, rounds, _logger(verbose))
+
+    def ratio(candidate):
+        seconds = measure({"original": model, "candidate": candidate})
+        return float(seconds["candidate"]) / float(seconds["original"])
+
+    return ratio
+
+
 def _timer(batch_size, runtime, training, rounds, log):
     """The default timer: median seconds per call of each model, interleaved.
 
@@ -584,8 +616,7 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, (int, np.integer)) \
             or refine_rounds < 0:
         raise ValueError(f"refine_rounds must be a non-negative integer, got {refine_rounds!r}")
-    log = (lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)) \
-        if verbose else (lambda line: None)
+    log = _logger(verbose)
     start = time.perf_counter()
     _input_shape(model)
     graph = _graph.walk(model, ignore=ignore, residual=residual)

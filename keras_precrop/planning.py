@@ -169,6 +169,12 @@ class Plan(_json.JsonDataclass):
             if budget is not None:
                 text += f"   budget {fmt.format(budget * scale)} ({budget / before:.1%})"
             print_fn(text)
+        calibration = self.solver.get("latency_calibration")
+        if calibration:
+            print_fn(f"Latency measured: {calibration['measured']:.1%} of the original's time "
+                     f"(target {calibration['target']:.1%}, {len(calibration['rounds'])} "
+                     f"round{'s' * (len(calibration['rounds']) > 1)}"
+                     f"{'' if calibration['met'] else '; NOT met'})")
 
 
 def _change(before, after):
@@ -243,7 +249,7 @@ def _resolve_budget(kind, ratio, absolute, original, can_grow):
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="exact", upper=1.0, round_to=1, min_channels=1, ignore=(),
-         residual="prefix", latency=None, latency_model=None, balance=None):
+         residual="prefix", latency=None, latency_model=None, balance=None, calibrate=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -276,6 +282,18 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             50-channel ones; ``balance=2`` forbids such bottlenecks (integer
             rounding may exceed it slightly; ``plan.solver["balance_max"]``
             reports the largest factor of every plan).
+        calibrate: rounds of measured feedback for a ``latency`` budget. A
+            latency model's prediction of its own plan can be off (its
+            features cannot express every kernel's cost), so each round
+            rebuilds the plan, times it against the original (interleaved,
+            as the latency model was timed) and, unless the measured time
+            ratio is within 3% of ``latency``, solves again with the latency
+            budget scaled by ``latency / measured``. The plan that meets
+            ``latency`` closest from below is kept (else the fastest), and
+            ``plan.solver["latency_calibration"]`` lists the rounds. None:
+            2 when the latency model is measured in this call (on this
+            machine, with its ``timer``), else 0: a latency model loaded
+            from a file may describe another device.
 
     Returns:
         A :class:`Plan`.
@@ -308,6 +326,14 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     can_grow = upper is None or upper > 1
     # Checked before profiling and timing, so a bad latency= fails at once.
     latency_ratio = _resolve_budget(_LATENCY, latency, None, 1.0, can_grow)
+    measured_here = latency_model is None or isinstance(latency_model, dict)
+    if calibrate is None:
+        calibrate = 2 if latency_ratio is not None and measured_here else 0
+    if isinstance(calibrate, bool) or not isinstance(calibrate, (int, np.integer)) or calibrate < 0:
+        raise ValueError(f"{_spelled('calibrate', calibrate)} must be a number of rounds >= 0.")
+    if calibrate and latency_ratio is None:
+        raise ValueError(f"{_spelled('calibrate', calibrate)} calibrates a latency budget; "
+                         "give latency= too.")
     prof = _costs.profile(model, ignore=ignore, residual=residual)
     budgets = np.array([
         np.inf if b is None else b for b in (
@@ -333,7 +359,17 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                 f"current size ({prof.total_params:,} params, {prof.total_macs:,} MACs).")
         widths, info = cm.widths.copy(), {"note": "nothing prunable"}
     else:
-        widths, info = _MODES[mode](prof, grid, budgets, upper)
+        def solve(b):
+            return _MODES[mode](prof, grid, b, upper)
+
+        if calibrate:
+            options = latency_model if isinstance(latency_model, dict) else {}
+            ratio = _latency.time_ratio(lm, model, verbose=options.get("verbose", 1),
+                                        timer=options.get("timer"))
+            widths, info = _calibrated(solve, lambda w: ratio(rebuild(prof.graph, w.astype(int))),
+                                       lambda w: cm.totals(w)[2], budgets, latency_ratio, calibrate)
+        else:
+            widths, info = solve(budgets)
     info["balance_max"] = float(np.exp(grid.imbalance(widths).max(initial=0.0)))
     return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
 
@@ -392,6 +428,44 @@ class _Grid:
                 break
             w = target
         return w
+
+
+_CALIBRATION_SLACK = 0.03  # a measured time ratio this far above the budget meets it (timing noise)
+
+
+def _calibrated(solve, measure, predicted, budgets, target, rounds):
+    """Widths whose *measured* time ratio meets the latency budget ``target``.
+
+    ``solve(budgets)`` plans, ``measure(widths)`` times the rebuilt model
+    against the original, ``predicted(widths)`` is the latency model's
+    time. After each round the latency row's budget is scaled by ``target /
+    measured`` (a multiplicative correction of the latency model's bias near
+    the plan), up to ``rounds`` times, until the measured ratio is within
+    ``_CALIBRATION_SLACK`` of ``target``, the latency budget no longer binds
+    (another budget does) or a corrected budget is infeasible. Returns the
+    plan meeting ``target`` with the largest measured ratio (the least
+    pruned), else the fastest one, and the rounds in its info.
+    """
+    budget, history, plans = budgets.copy(), [], []
+    original = budgets[2] / target  # the latency row is the third; its budget is target x original
+    for k in range(rounds + 1):
+        try:
+            widths, info = solve(budget)
+        except _solver.InfeasibleBudgetError:
+            if k == 0:
+                raise
+            break
+        ratio = measure(widths)
+        history.append({"budget": float(budget[2] / original), "measured": float(ratio)})
+        plans.append((ratio, widths, info))
+        slack = predicted(widths) < budget[2] * (1 - 0.01)
+        if abs(ratio / target - 1) <= _CALIBRATION_SLACK or (ratio < target and slack):
+            break
+        budget[2] *= target / ratio
+    meeting = [p for p in plans if p[0] <= target * (1 + _CALIBRATION_SLACK)]
+    ratio, widths, info = max(meeting, key=lambda p: p[0]) if meeting else min(plans, key=lambda p: p[0])
+    return widths, {**info, "latency_calibration": {
+        "target": float(target), "measured": float(ratio), "met": bool(meeting), "rounds": history}}
 
 
 def _optional(budget):

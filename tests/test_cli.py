@@ -140,6 +140,8 @@ def _model_with_permute(path):
     (["--latency", "0"], "--latency 0 must be a positive, finite ratio of the original model's "
      "predicted time (e.g. 0.5)."),
     (["--params", "0.5", "--round_to", "0"], "--round_to 0 must be a positive integer."),
+    (["--params", "0.5", "--calibrate", "1"],
+     "--calibrate 1 calibrates a latency budget; give --latency too."),
     (["--params", "0.5", "--balance", "0.5"], "--balance 0.5 must be a factor >= 1 (e.g. 2) or None."),
     (["--params", "0.5", "--balance", "2", "--mode", "layerwise"],
      "--balance 2 needs --mode exact (the width program); --mode layerwise sets widths by its own rule."),
@@ -197,7 +199,7 @@ def saved(tmp_path_factory):
     ["--params", "0.5"], ["--flops", "0.25"], ["--max_params", "1e5"], ["--max_macs", "1000000"],
     ["--latency", "0.5"], ["--latency_model", "LM"], ["--mode", "paper"], ["--round_to", "8"],
     ["--min_channels", "2"], ["--balance", "2"], ["--batch_size", "8"], ["--runtime", "tflite"],
-    ["--training"], ["--variants", "8"], ["--rounds", "2"],
+    ["--training"], ["--variants", "8"], ["--rounds", "2"], ["--calibrate", "2"],
 ])
 def test_apply_refuses_what_the_plan_fixes(argv, saved, capsys):
     argv = [saved["lm"] if a == "LM" else a for a in argv]

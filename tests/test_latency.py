@@ -10,6 +10,7 @@ not speed).
 import json
 import math
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -408,3 +409,42 @@ def test_real_timing_cli(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "Latency (inference, tf, batch 2" in captured.out
     assert "latency model: preparing variant 1/6 (original)" in captured.err
+
+
+def test_calibration_meets_the_measured_latency_the_model_mispredicts(small, capsys):
+    # Convolutions cost whole blocks of 8 channels, which a fit without rounding (blocks=(1,))
+    # cannot express: its plan at half the predicted time measures far slower. Calibration
+    # re-plans with corrected budgets until the plan measures at most half.
+    options = dict(batch_size=4, variants=16, refine=(), blocks=(1,), verbose=0,
+                   timer=_timer(block=8, bn=0.0))
+    lm = kp.latency_model(small, **options)
+    target = 0.5
+
+    def measured(plan):
+        return _synthetic_seconds(kp.apply_plan(small, plan), block=8, bn=0.0) / \
+            _synthetic_seconds(small, block=8, bn=0.0)
+
+    uncalibrated = kp.plan(small, latency=target, latency_model=lm)  # a loaded model: no rounds
+    assert "latency_calibration" not in uncalibrated.solver
+    assert measured(uncalibrated) > target * 1.05
+    plan = kp.plan(small, latency=target, latency_model=options)  # measured here: 2 rounds
+    calibration = plan.solver["latency_calibration"]
+    rounds = calibration["rounds"]
+    assert rounds[0]["budget"] == pytest.approx(target) and rounds[0]["measured"] > target * 1.05
+    assert len(rounds) > 1 and rounds[1]["budget"] < target
+    assert calibration["met"] and measured(plan) <= target * 1.03
+    assert calibration["measured"] == pytest.approx(measured(plan), rel=1e-9)
+    plan.summary()
+    assert f"Latency measured: {measured(plan):.1%} of the original's time (target 50.0%" in \
+        capsys.readouterr().out
+    explicit = kp.plan(small, latency=target, latency_model=lm, calibrate=0)
+    assert explicit.widths == uncalibrated.widths
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(latency=0.5, calibrate=-1), "calibrate=-1 must be a number of rounds >= 0"),
+    (dict(params=0.5, calibrate=2), "calibrate=2 calibrates a latency budget; give latency= too"),
+])
+def test_bad_calibrate(small, fitted, kwargs, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        kp.plan(small, latency_model=fitted, **kwargs)
