@@ -495,34 +495,29 @@ def _claims(core, thm, preconfig):
     return lines + [""]
 
 
+# The report's grid sections, in page order: (title, grid, x axis of its figure or None).
+_SECTIONS = (
+    ("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", "macs_ratio"),
+    ("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", None),
+    ("Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "pareto", "macs_ratio"),
+    ("Balanced exact mode (not in the paper)", "balance", None),
+    ("Figure 6: PreConfig on CIFAR-10", "preconfig", None),
+)
+
+
 def main():
     FIGURES.mkdir(exist_ok=True)
     runs = _load_runs()
     epochs = sorted({r["epochs"] for r in runs.values()}) or [10]
     lines = [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
-    body, core = _section(
-        "Figures 2-3 (cifar-a, cifar-b) and the dense baseline",
-        "core",
-        runs,
-        "macs_ratio",
-        "MACs ratio of the trained model",
-    )
-    lines += body
-    body, thm = _section("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", runs)
-    lines += body
-    body, pareto = _section(
-        "Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters",
-        "pareto",
-        runs,
-        "macs_ratio",
-        "MACs ratio of the trained model",
-    )
-    lines += body
-    body, balance = _section("Balanced exact mode (not in the paper)", "balance", runs)
-    lines += body
-    body, preconfig = _section("Figure 6: PreConfig on CIFAR-10", "preconfig", runs)
-    lines += body
-    lines[3:3] = _claims(core, thm, preconfig) + _modes(core, pareto, balance) + _sanity()
+    entries = {}
+    for title, grid, x_key in _SECTIONS:
+        xlabel = "MACs ratio of the trained model" if x_key else None
+        body, entries[grid] = _section(title, grid, runs, x_key, xlabel)
+        lines += body
+    core, pareto = entries["core"], entries["pareto"]
+    lines[3:3] = (_claims(core, entries["thm_comp"], entries["preconfig"])
+                  + _modes(core, pareto, entries["balance"]) + _sanity())
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"
