@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Trains every grid of the CIFAR-10 reproduction (seed-major, resumable); see experiments/run.py.
 # Each grid pins the commit that trains it ("code"), checked out once as a worktree beside this one.
-# The runs at params 0.1 (both seeds: PreCrop exact / layerwise / balanced, then SynFlow) go first:
-# the library's default translation mode depends on them. Extra arguments go to run.py (e.g. --commit).
+# The translation-mode comparison goes first, because the library's default mode depends on it:
+# PreCrop exact / layerwise / balanced at params 0.1 (both seeds), SynFlow at 0.1, then the three
+# modes at the pareto point (15,000 params). Extra arguments go to run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
@@ -10,4 +11,5 @@ for name in core thm_comp pareto preconfig balance; do
 done
 python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.1103-' "$@" &&
   python experiments/run.py "${GRIDS[@]}" --match 'synflow-params0\.1-' "$@" &&
+  python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.054736-mode' "$@" &&
   exec python experiments/run.py "${GRIDS[@]}" "$@"
