@@ -182,12 +182,21 @@ def _refuse_unused(args):
 
 
 def _check_against_plan(args, plan):
-    """``--residual`` and ``--ignore`` typed with ``--apply`` must be the plan's own.
+    """Refuse a plan ``args.command`` does not make, or flags the plan overrides.
 
-    ``apply_plan`` walks the model with the residual semantics and ignored
-    layers the plan was made with; other values typed next to ``--apply``
-    would be ignored.
+    ``precrop`` only removes channels, so it refuses a plan that grows a
+    width (a ``reconfigure`` plan). ``--residual`` and ``--ignore`` typed with
+    ``--apply`` must be the plan's own: ``apply_plan`` walks the model with the
+    residual semantics and ignored layers the plan was made with, so other
+    values would be ignored.
     """
+    grown = [v for v in plan.variables if v["new"] > v["width"]]
+    if args.command == "precrop" and grown:
+        v = grown[0]
+        raise ValueError(
+            f"--apply {args.apply} grows {len(grown)} width(s) (e.g. {v['name']} from "
+            f"{v['width']} to {v['new']} channels), and precrop only removes channels; "
+            f"apply it with `keras-precrop reconfigure MODEL --apply {args.apply}`.")
     for keyword, typed, planned in (("residual", args.residual, plan.residual),
                                     ("ignore", sorted(_ignore(args)), sorted(plan.ignore))):
         if keyword in args.typed and typed != planned:
@@ -238,7 +247,8 @@ def _run(args):
         _check_against_plan(args, the_plan)
     else:
         if args.latency_model:
-            latency_model = _read(kp.LatencyModel, "latency_model", args)
+            _read(kp.LatencyModel, "latency_model", args)  # a flag-named error if it is no model
+            latency_model = args.latency_model  # as a path, so that a mismatch names the file
         else:
             latency_model = _timing(args) if args.latency is not None else None
         the_plan = kp.plan(

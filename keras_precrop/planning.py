@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 
 import numpy as np
 
@@ -346,7 +347,9 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     timed = {}
     if latency_ratio is not None or latency_model is not None:
         lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore))
-        cm = cm.with_rows([lm.cost_row(prof.graph)])
+        named = (f"latency_model={os.fspath(latency_model)!r}"
+                 if isinstance(latency_model, (str, os.PathLike)) else "latency_model")
+        cm = cm.with_rows([lm.cost_row(prof.graph, named)])
         budgets = np.append(budgets, np.inf if latency_ratio is None
                             else latency_ratio * cm.totals(cm.widths)[2])
         timed = {"latency_model": lm.describe()}

@@ -226,6 +226,27 @@ def test_apply_checks_residual_and_ignore_against_the_plan(saved, capsys):
     assert keras.models.load_model(out).count_params() == kp.Plan.from_json(plan).params
 
 
+def test_precrop_apply_refuses_a_plan_that_grows(saved, capsys):
+    folder = saved["folder"]
+    grows = str(folder / "grows.json")
+    assert main(["reconfigure", "resnet20", "--params", "0.8", "--flops", "1.0",
+                 "--plan", grows]) == 0
+    capsys.readouterr()
+    grown = [v for v in kp.Plan.from_json(grows).variables if v["new"] > v["width"]]
+    assert grown, "a PreConfig plan at params 0.8 grows some width"
+    out = folder / "grown.keras"
+    err = _error_line(["precrop", "resnet20", "--apply", grows, "--out", str(out)], capsys)
+    v = grown[0]
+    assert err == (f"--apply {grows} grows {len(grown)} width(s) (e.g. {v['name']} from "
+                   f"{v['width']} to {v['new']} channels), and precrop only removes channels; "
+                   f"apply it with `keras-precrop reconfigure MODEL --apply {grows}`.")
+    assert not out.exists()
+    # The command that makes such plans applies it.
+    assert main(["reconfigure", "resnet20", "--apply", grows, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert keras.models.load_model(out).count_params() == kp.Plan.from_json(grows).params
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--params", "0.5", "--batch_size", "64"],
      "--batch_size 64 has no effect without --latency: nothing is timed."),
@@ -290,7 +311,8 @@ def test_json_files_of_the_wrong_kind_are_named_by_their_flag(saved, tmp_path, c
                         "--latency_model out to measure one with the timing flags.")
     err = _error_line(["precrop", "resnet32", "--latency", "0.5", "--latency_model", saved["lm"]],
                       capsys)
-    assert err.startswith("--latency_model was fitted on model 'resnet20'") and "kp." not in err
+    assert err.startswith(f"--latency_model {saved['lm']} was fitted on model 'resnet20'")
+    assert "kp." not in err
     assert err.endswith("fit one for this model with `keras-precrop latency MODEL --json FILE`.")
     unwritable = str(tmp_path / "no_such_folder" / "p.json")
     assert main(["profile", "resnet20", "--json", unwritable]) == 1  # after the table

@@ -258,7 +258,7 @@ def test_bad_latency_budget(small, fitted, latency, error, match):
         kp.precrop(small, latency=latency)
 
 
-def test_latency_model_of_another_model_is_refused(fitted):
+def test_latency_model_of_another_model_is_refused(fitted, tmp_path):
     other = _small_cnn("other_cnn")  # same layers, another model name
     assert kp.plan(other, latency=0.5, latency_model=fitted).latency > 0
     resnet = kp.models.get("resnet20")
@@ -266,6 +266,11 @@ def test_latency_model_of_another_model_is_refused(fitted):
                        match=r"latency_model was fitted on model 'small_cnn'.*not on model "
                              r"'resnet20'"):
         kp.plan(resnet, latency=0.5, latency_model=fitted)
+    path = tmp_path / "lm.json"
+    fitted.to_json(path)
+    with pytest.raises(kp.LatencyModelMismatchError,  # a file is named
+                       match=rf"latency_model='{re.escape(str(path))}' was fitted on model "):
+        kp.plan(resnet, latency=0.5, latency_model=path)
     with pytest.raises(kp.LatencyModelMismatchError, match="predict's model"):
         fitted.predict(resnet)
     with pytest.raises(TypeError, match="latency_model must be a LatencyModel"):
