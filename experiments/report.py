@@ -294,7 +294,8 @@ def _modes(core, pareto, balance):
         "The SynExp objective cannot see bottlenecks; exact mode's optimum has some (e.g. "
         "`stage3_block2_conv1` 64 -> 3 -> 50 at params 0.11). Layerwise mode is the paper's sqrt(p) rule; "
         "`balance 2` is exact mode with adjacent width ratios at most 2x apart (`plan(balance=2)`). "
-        "Differences vs exact mode, same rule as above (2+ seeds each, beyond the sum of the stds).",
+        "Each pair of modes is compared with the rule above (2+ seeds each, a difference beyond the "
+        "sum of the stds).",
         "",
         "| budget | exact | exact, balance 2 | layerwise | SynFlow (same params) |",
         "|---|---|---|---|---|",
@@ -303,21 +304,21 @@ def _modes(core, pareto, balance):
               ("15,000 params (pareto)", pareto, 0.054736, pareto, dict(method="synflow")))
     verdicts = []
     for label, entries, p, ref_entries, ref in points:
-        exact = _one(entries, method="precrop_params", params=p, mode="exact", flops=None)
-        others = {
+        modes = {
+            "exact": _one(entries, method="precrop_params", params=p, mode="exact", flops=None),
             "balance 2": _one(balance, method="precrop_params", params=p, balance=2),
             "layerwise": _one(entries, method="precrop_params", params=p, mode="layerwise", flops=None),
         }
-        cells = [exact, others["balance 2"], others["layerwise"], _one(ref_entries, **ref)]
+        cells = [*modes.values(), _one(ref_entries, **ref)]
         cells = ["pending" if c is None else f"{c['acc']:.2f} ± {c['std']:.2f} (n {c['n']})" for c in cells]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        for name, summary in others.items():
-            row = _compare(summary, exact)
+        for name, other in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise")):
+            row = _compare(modes[name], modes[other])
             if row is None or min(row[2], row[3]) < 2:
                 continue
             d, tol = row[0], row[1]
             word = "beats" if d > tol else ("loses to" if d < -tol else "ties with")
-            verdicts.append(f"at {label}, {name} {word} exact ({d:+.2f} pp, tol {tol:.2f})")
+            verdicts.append(f"at {label}, {name} {word} {other} ({d:+.2f} pp, tol {tol:.2f})")
     verdict = "; ".join(verdicts) if verdicts else "pending (fewer than 2 seeds)"
     lines += ["", f"Verdict: {verdict}.", ""]
     return lines
