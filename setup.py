@@ -54,6 +54,7 @@ setup(
             "nbformat>=5",
             "ipython",
             "importlib_resources",
+            "matplotlib>=3.5",
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },
