@@ -1,0 +1,600 @@
+"""The reproduction's driver (``experiments/run.py``) and report (``experiments/report.py``).
+
+The driver trains a fake ``examples/train_cifar.py`` (plain Python that logs
+its call and writes ``results.json``, or fails where told) into a temporary
+runs directory, so its order, skips, restarts, filters and failures are read
+off the runs it really starts; ``--commit`` and grids that pin ``code`` run in
+a throwaway git repository. Run ids are checked against names written by hand
+from the documented format. The report's verdicts are checked on hand-built
+comparisons, its statistics against numpy, and one whole page is generated
+from fake results in a temporary directory, never over the real one.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "experiments"))
+import report  # noqa: E402
+import run  # noqa: E402
+
+# Stands in for examples/train_cifar.py: records its call in $FAKE_TRAIN_CALLS, prints
+# a line (the driver sends it to train.log), exits 1 for a run whose directory
+# name matches $FAKE_TRAIN_FAILS, else writes results.json into --model_dir.
+_FAKE_TRAIN = """\
+import json, os, pathlib, re, sys
+flags = dict(arg[2:].split("=", 1) for arg in sys.argv[1:] if "=" in arg)
+model_dir = pathlib.Path(flags["model_dir"])
+call = {"run": model_dir.name, "argv": sys.argv[1:], "script": __file__, "cwd": os.getcwd(),
+        "pythonpath": os.environ["PYTHONPATH"]}
+with open(os.environ["FAKE_TRAIN_CALLS"], "a") as log:
+    log.write(json.dumps(call) + "\\n")
+print("fake training of", model_dir.name)
+if re.search(os.environ.get("FAKE_TRAIN_FAILS", "(?!)"), model_dir.name):
+    sys.exit(1)
+(model_dir / "results.json").write_text(json.dumps(call))
+"""
+
+
+# ------------------------------------------------------------------ run ids and grids
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (dict(model="resnet20", method="synflow", params=0.3, epochs=10, seed=0),
+         "resnet20-synflow-params0.3-ep10-s0"),
+        (dict(model="resnet20", method="baseline", epochs=10, seed=2), "resnet20-baseline-ep10-s2"),
+        # The id's order is the documented flag order, whatever the dict's order.
+        (dict(seed=1, balance=2, mode="exact", epochs=10, params=0.1103, method="precrop_params",
+              model="resnet20"),
+         "resnet20-precrop_params-params0.1103-modeexact-balance2-ep10-s1"),
+        (dict(model="resnet20", method="random", params=0.1, densities="synexp", granularity="weight",
+              epochs=10, seed=0),
+         "resnet20-random-params0.1-granularityweight-densitiessynexp-ep10-s0"),
+        # Floats in 6 significant digits: 1.0 -> 1, 0.1 + 0.2 -> 0.3.
+        (dict(model="resnet20", method="preconfig", params=0.8, flops=1.0, epochs=10, seed=0),
+         "resnet20-preconfig-params0.8-flops1-ep10-s0"),
+        (dict(model="vgg16", method="snip", params=0.1 + 0.2, epochs=3, seed=0),
+         "vgg16-snip-params0.3-ep3-s0"),
+        (dict(model="resnet20", method="synflow", params=1e-5, epochs=1, seed=0),
+         "resnet20-synflow-params1e-05-ep1-s0"),
+        (dict(model="resnet20", method="synflow", params=0.3, batch_size=64, steps_per_epoch=3,
+              epochs=1, seed=0),
+         "resnet20-synflow-params0.3-batch_size64-steps_per_epoch3-ep1-s0"),
+        # Flags that do not change what is trained, and unset ones, are not in the id.
+        (dict(model="resnet20", method="synflow", params=0.3, mode=None, save_model=True, eval_steps=5,
+              epochs=10, seed=0, grid="core", code="b78e90a"),
+         "resnet20-synflow-params0.3-ep10-s0"),
+    ],
+)
+def test_run_id(flags, expected):
+    assert run.run_id(flags) == expected
+
+
+def _write_grid(directory, name, runs, seeds=(0, 1), defaults=None, code=None):
+    """Writes grid ``name`` into ``directory`` and returns its path."""
+    grid = {"name": name, "description": f"test grid {name}", "seeds": list(seeds), "runs": runs,
+            "defaults": {"model": "resnet20", "epochs": 1} if defaults is None else defaults}
+    if code is not None:
+        grid["code"] = code
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(grid))
+    return path
+
+
+def test_load_grid_is_seed_major_with_defaults_merged(tmp_path):
+    path = _write_grid(
+        tmp_path, "g",
+        [{"method": "baseline"}, {"method": "synflow", "params": 0.3, "epochs": 5, "save_model": False}],
+        defaults={"model": "resnet20", "epochs": 10, "save_model": True}, code="abc1234",
+    )
+    baseline = {"model": "resnet20", "epochs": 10, "save_model": True, "method": "baseline"}
+    synflow = {"model": "resnet20", "epochs": 5, "save_model": False, "method": "synflow", "params": 0.3}
+    assert run.load_grid(path) == [
+        {**flags, "seed": seed, "grid": "g", "code": "abc1234"}
+        for seed, flags in ((0, baseline), (0, synflow), (1, baseline), (1, synflow))
+    ]
+
+
+@pytest.mark.parametrize(
+    "runs, defaults, words",
+    [
+        ([{"method": "baseline"}, {"method": "synflow", "prams": 0.3}], None, ["run 1", "'prams'"]),
+        ([{"method": "baseline"}, {"params": 0.3}], None, ["run 1", "'method'"]),
+        ([{"method": "baseline"}], {"model": "resnet20"}, ["run 0", "'epochs'"]),
+        ([{"method": "baseline"}], {"model": "resnet20", "epochs": 1, "lr": 0.1}, ["run 0", "'lr'"]),
+    ],
+    ids=["unknown-key", "no-method", "no-epochs", "unknown-default"],
+)
+def test_load_grid_names_the_file_and_run_it_refuses(tmp_path, runs, defaults, words):
+    path = _write_grid(tmp_path, "bad", runs, defaults=defaults)
+    with pytest.raises(ValueError) as error:
+        run.load_grid(path)
+    for word in [str(path), *words]:
+        assert word in str(error.value)
+
+
+def test_real_grids_load_and_shared_runs_agree():
+    """Every grid loads with unique ids; a run that several grids share (trained once,
+    under the first grid given) has the same flags in each, so it does not matter which."""
+    by_id = {}
+    paths = sorted((REPO / "experiments" / "grids").glob("*.json"))
+    assert paths
+    for path in paths:
+        grid = json.loads(path.read_text())
+        flags = run.load_grid(path)
+        ids = [run.run_id(f) for f in flags]
+        assert len(ids) == len(grid["runs"]) * len(grid["seeds"]) == len(set(ids)), path.name
+        for name, f in zip(ids, flags):
+            by_id.setdefault(name, []).append(f)
+    assert any(len(shared) > 1 for shared in by_id.values())  # e.g. core's baseline is preconfig's
+    for name, shared in by_id.items():
+        others = [{k: v for k, v in f.items() if k != "grid"} for f in shared]
+        assert all(o == others[0] for o in others), f"{name} differs between grids: {shared}"
+
+
+# ------------------------------------------------------------------ the driver loop
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A code checkout holding the fake train_cifar.py, and the driver's runs in tmp_path."""
+    code = tmp_path / "code"
+    (code / "examples").mkdir(parents=True)
+    (code / "examples" / "train_cifar.py").write_text(_FAKE_TRAIN)
+    monkeypatch.setenv("FAKE_TRAIN_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.delenv("FAKE_TRAIN_FAILS", raising=False)
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    return code
+
+
+def _drive(code, *grids, args=()):
+    """``run.py --grid ... --code_dir=code`` with a fixed data_dir; returns its exit code."""
+    data = code.parent / "data"
+    return run.main([*(f"--grid={g}" for g in grids), f"--code_dir={code}", f"--data_dir={data}", *args])
+
+
+def _calls():
+    """The fake training's calls so far, in order."""
+    path = os.environ["FAKE_TRAIN_CALLS"]
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def _header(out):
+    """(runs, done, to train) of the driver's last summary line in ``out``."""
+    return re.findall(r"\[run.py\] (\d+) runs, (\d+) done, (\d+) to train", out)[-1]
+
+
+def test_driver_trains_seed_major_skipping_finished_runs(fake, tmp_path, capsys):
+    a = _write_grid(tmp_path, "a", [{"method": "baseline"},
+                                     {"method": "synflow", "params": 0.3, "save_model": True}])
+    b = _write_grid(tmp_path, "b", [{"method": "baseline"},
+                                     {"method": "snip", "params": 0.1, "save_model": False}], seeds=(0, 1, 2))
+    runs = tmp_path / "runs"
+    (runs / "resnet20-synflow-params0.3-ep1-s0").mkdir(parents=True)
+    (runs / "resnet20-synflow-params0.3-ep1-s0" / "results.json").write_text("{}")
+    (runs / "resnet20-snip-params0.1-ep1-s1").mkdir()  # interrupted: restarted with the same flags
+    (runs / "resnet20-snip-params0.1-ep1-s1" / "train.log").write_text("earlier attempt\n")
+
+    assert _drive(fake, a, b) == 0
+    assert _header(capsys.readouterr().out) == ("8", "1", "7")  # b's baseline s0, s1 are a's
+    assert [c["run"] for c in _calls()] == [
+        "resnet20-baseline-ep1-s0",
+        "resnet20-snip-params0.1-ep1-s0",
+        "resnet20-baseline-ep1-s1",
+        "resnet20-synflow-params0.3-ep1-s1",
+        "resnet20-snip-params0.1-ep1-s1",
+        "resnet20-baseline-ep1-s2",
+        "resnet20-snip-params0.1-ep1-s2",
+    ]
+    assert (runs / "resnet20-synflow-params0.3-ep1-s0" / "results.json").read_text() == "{}"
+    assert (runs / "driver.pid").read_text() == f"{os.getpgrp()}\n"
+
+    call = {c["run"]: c for c in _calls()}
+    synflow, snip = call["resnet20-synflow-params0.3-ep1-s1"], call["resnet20-snip-params0.1-ep1-s1"]
+    assert sorted(synflow["argv"]) == sorted([
+        f"--model_dir={runs / 'resnet20-synflow-params0.3-ep1-s1'}", f"--data_dir={tmp_path / 'data'}",
+        "--model=resnet20", "--epochs=1", "--method=synflow", "--params=0.3", "--save_model", "--seed=1",
+    ])
+    assert "--nosave_model" in snip["argv"]
+    assert synflow["script"] == str(fake / "examples" / "train_cifar.py")
+    assert synflow["cwd"] == synflow["pythonpath"] == str(fake)
+    log = (runs / "resnet20-snip-params0.1-ep1-s1" / "train.log").read_text().splitlines()
+    assert log[0] == "earlier attempt"
+    assert log[1].startswith("$ ") and log[1].endswith(" ".join(snip["argv"]))
+    assert log[2] == "fake training of resnet20-snip-params0.1-ep1-s1"
+
+    assert _drive(fake, a, b) == 0  # everything finished: nothing to train
+    assert _header(capsys.readouterr().out) == ("8", "8", "0")
+    assert len(_calls()) == 7
+
+
+def test_driver_match_and_max_runs(fake, tmp_path, capsys):
+    grid = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3},
+                                       {"method": "synflow", "params": 0.1}])
+    assert _drive(fake, grid, args=["--match=synflow", "--max_runs=3"]) == 0
+    assert _header(capsys.readouterr().out) == ("4", "0", "4")
+    trained = ["resnet20-synflow-params0.3-ep1-s0", "resnet20-synflow-params0.1-ep1-s0",
+               "resnet20-synflow-params0.3-ep1-s1"]
+    assert [c["run"] for c in _calls()] == trained
+
+    assert _drive(fake, grid, args=["--match=synflow"]) == 0
+    trained.append("resnet20-synflow-params0.1-ep1-s1")
+    assert [c["run"] for c in _calls()] == trained
+
+    assert _drive(fake, grid, args=["--match=^resnet20-baseline-ep1-s1$", "--max_runs=5"]) == 0
+    assert _header(capsys.readouterr().out) == ("1", "0", "1")
+    assert [c["run"] for c in _calls()] == [*trained, "resnet20-baseline-ep1-s1"]
+
+
+def test_driver_reports_a_failed_run_and_goes_on(fake, tmp_path, monkeypatch, capsys):
+    grid = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3}])
+    failing = "resnet20-synflow-params0.3-ep1-s0"
+    monkeypatch.setenv("FAKE_TRAIN_FAILS", failing)
+    assert _drive(fake, grid) == 0
+    log = tmp_path / "runs" / failing / "train.log"
+    assert f"[run.py] {failing} failed with exit code 1; see {log}" in capsys.readouterr().out
+    assert [c["run"] for c in _calls()] == ["resnet20-baseline-ep1-s0", failing, "resnet20-baseline-ep1-s1",
+                                            "resnet20-synflow-params0.3-ep1-s1"]
+    assert not (log.parent / "results.json").exists()
+    assert log.read_text().endswith(f"fake training of {failing}\n")
+
+    monkeypatch.delenv("FAKE_TRAIN_FAILS")
+    assert _drive(fake, grid) == 0  # the next call retries the failed run alone
+    assert _header(capsys.readouterr().out) == ("4", "3", "1")
+    assert [c["run"] for c in _calls()][4:] == [failing]
+    assert (log.parent / "results.json").exists()
+
+
+def test_dry_run_lists_each_runs_state_and_trains_nothing(fake, tmp_path, capsys):
+    a = _write_grid(tmp_path, "a", [{"method": "baseline"}, {"method": "synflow", "params": 0.3}], seeds=(0,))
+    b = _write_grid(tmp_path, "b", [{"method": "baseline"}, {"method": "snip", "params": 0.1}], seeds=(0,))
+    runs = tmp_path / "runs"
+    (runs / "resnet20-baseline-ep1-s0").mkdir(parents=True)
+    (runs / "resnet20-baseline-ep1-s0" / "results.json").write_text("{}")
+    (runs / "resnet20-synflow-params0.3-ep1-s0").mkdir()
+    assert _drive(fake, a, b, args=["--dry_run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert _header(lines[0]) == ("3", "1", "2")
+    assert [line.split() for line in lines[1:]] == [
+        ["done", "a", "resnet20-baseline-ep1-s0"],
+        ["started", "a", "resnet20-synflow-params0.3-ep1-s0"],
+        ["todo", "b", "resnet20-snip-params0.1-ep1-s0"],
+    ]
+    assert _calls() == []
+    assert sorted(p.name for p in runs.iterdir()) == ["resnet20-baseline-ep1-s0",
+                                                      "resnet20-synflow-params0.3-ep1-s0"]
+
+
+# ------------------------------------------------------------------ git: --commit and pinned code
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch, fake):
+    """A throwaway git repository standing in for this one, its first commit holding the fake
+    train_cifar.py; ``run.REPO`` and ``run.RUNS`` point into it."""
+    repo = tmp_path / "repo"
+    (repo / "examples").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    config = {"user.name": "test", "user.email": "test@example.com", "commit.gpgsign": "false"}
+    for key, value in config.items():
+        _git(repo, "config", key, value)
+    (repo / "examples" / "train_cifar.py").write_text(_FAKE_TRAIN)
+    (repo / ".gitignore").write_text("runs/\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "fake training")
+    monkeypatch.setattr(run, "REPO", repo)
+    monkeypatch.setattr(run, "RUNS", repo / "experiments" / "runs")
+    return repo
+
+
+def _committed(repo, ref="HEAD"):
+    """The subject and files of commit ``ref``."""
+    subject, *files = _git(repo, "show", "--name-only", "--format=%s", ref).split("\n")
+    return subject, sorted(f for f in files if f)
+
+
+def test_commit_commits_the_runs_small_files_alone(repo, monkeypatch):
+    run_dir = repo / "experiments" / "runs" / "resnet20-synflow-params0.3-ep1-s0"
+    run_dir.mkdir(parents=True)
+    for name in ("results.json", "history.csv", "train.log", "checkpoint.weights.h5"):
+        (run_dir / name).write_text(name)
+    (repo / "notes.txt").write_text("work in progress\n")
+    _git(repo, "add", "notes.txt")
+    lock = repo / ".git" / "index.lock"  # another git command holds the index
+    lock.write_text("")
+    waits = []
+
+    def wait(seconds):
+        waits.append(seconds)
+        if len(waits) == 2:
+            lock.unlink()
+
+    monkeypatch.setattr(run.time, "sleep", wait)
+    assert run._commit(run_dir)
+    assert waits == [2, 5]
+    subject = "experiments: resnet20-synflow-params0.3-ep1-s0"
+    prefix = "experiments/runs/resnet20-synflow-params0.3-ep1-s0/"
+    assert _committed(repo) == (subject, [prefix + n for n in ("history.csv", "results.json", "train.log")])
+    assert _git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]
+
+
+def test_driver_trains_pinned_code_and_commits_finished_runs(repo, tmp_path, monkeypatch, capsys):
+    pinned = _git(repo, "rev-parse", "HEAD").strip()
+    (repo / "examples" / "train_cifar.py").write_text("import sys\nsys.exit(3)\n")  # the checkout moved on
+    _git(repo, "commit", "-q", "-am", "training breaks")
+    grid = _write_grid(tmp_path, "g", [{"method": "synflow", "params": 0.3}, {"method": "baseline"}],
+                       seeds=(0,), code=pinned[:7])
+    monkeypatch.setenv("FAKE_TRAIN_FAILS", "baseline")
+    assert _drive(repo, grid, args=["--commit"]) == 0
+    worktree = tmp_path / f"repo-code-{pinned[:10]}"
+    calls = _calls()
+    assert [c["run"] for c in calls] == ["resnet20-synflow-params0.3-ep1-s0", "resnet20-baseline-ep1-s0"]
+    for c in calls:
+        assert c["script"] == str(worktree / "examples" / "train_cifar.py")
+        assert c["cwd"] == c["pythonpath"] == str(worktree)
+    prefix = "experiments/runs/resnet20-synflow-params0.3-ep1-s0/"
+    assert _committed(repo) == ("experiments: resnet20-synflow-params0.3-ep1-s0",
+                                [prefix + "results.json", prefix + "train.log"])
+    assert _committed(repo, "HEAD~1")[0] == "training breaks"  # the failed run is not committed
+    assert "resnet20-baseline-ep1-s0 failed with exit code 1" in capsys.readouterr().out
+
+    monkeypatch.delenv("FAKE_TRAIN_FAILS")
+    assert _drive(repo, grid, args=["--commit"]) == 0  # the pinned worktree is reused
+    assert _calls()[-1]["script"] == str(worktree / "examples" / "train_cifar.py")
+    assert _committed(repo)[0] == "experiments: resnet20-baseline-ep1-s0"
+
+
+def test_driver_refuses_code_that_is_no_commit(repo, tmp_path):
+    grid = _write_grid(tmp_path, "g", [{"method": "baseline"}], seeds=(0,), code="0123abc")
+    with pytest.raises(ValueError, match=f"'0123abc', which is not a commit of {re.escape(str(repo))}"):
+        _drive(repo, grid)
+    assert _calls() == []
+
+
+# ------------------------------------------------------------------ report: verdicts and statistics
+
+
+@pytest.mark.parametrize(
+    "rows, want, expected",
+    [
+        ([(-0.5, 1.0, 2, 2), (0.3, 0.8, 3, 2)], "match", "reproduced"),
+        ([(-1.0, 1.0, 2, 2)], "match", "reproduced"),  # exactly -tol is no difference
+        ([(-1.5, 1.0, 2, 2), None, (0.0, 1.0, 1, 2)], "match",
+         "not reproduced (fails at 1 of 3 points so far)"),
+        ([(-2.0, 1.0, 2, 2), (-3.0, 1.0, 2, 3), (0.0, 1.0, 2, 2)], "match",
+         "not reproduced (fails at 2 of 3 points so far)"),
+        # A failing point with one seed on a side does not count yet.
+        ([(-1.5, 1.0, 1, 2), (0.5, 1.0, 2, 2)], "match", "pending (fewer than 2 seeds on some point)"),
+        ([None, (0.5, 1.0, 2, 2)], "match", "pending (fewer than 2 seeds on some point)"),
+        ([], "match", "pending (fewer than 2 seeds on some point)"),
+        ([(0.5, 1.0, 2, 2), (1.5, 1.0, 2, 2)], "beat", "reproduced"),
+        ([(0.5, 1.0, 2, 2), (0.9, 1.0, 2, 2)], "beat", "not reproduced"),  # none beyond tol
+        ([(0.0, 1.0, 2, 2), (3.0, 1.0, 2, 2)], "beat", "not reproduced (fails at 1 of 2 points so far)"),
+        ([(-0.1, 1.0, 2, 1), (3.0, 1.0, 2, 2)], "beat", "pending (fewer than 2 seeds on some point)"),
+        ([(3.0, 1.0, 2, 2), None], "beat", "pending (fewer than 2 seeds on some point)"),
+    ],
+)
+def test_verdict(rows, want, expected):
+    assert report._verdict(rows, want) == expected
+
+
+def _train_accuracy(accuracy, seed):
+    """The fake last epoch's training accuracy: 2 pp below the test accuracy, 1 pp closer per seed."""
+    return accuracy - 0.02 + 0.01 * seed
+
+
+def _result(method, accuracy, seed):
+    """A results.json of the fields the report reads; params, MACs, time and train accuracy
+    vary with the seed so that means are means."""
+    params = 30000 + 10 * seed
+    return {"method": method, "final_accuracy": accuracy, "epochs": 10, "train_time_s": 600.0 * (1 + seed),
+            "history": [{"accuracy": 0.3}, {"accuracy": _train_accuracy(accuracy, seed)}],
+            "params": params, "params_ratio": params / 274042, "macs_ratio": 0.25 + 0.01 * seed}
+
+
+def _stats(accuracies):
+    """Mean and sample std (ddof 1; 0 for one seed) of accuracies in %, by numpy."""
+    acc = 100 * np.asarray(accuracies)
+    return acc.mean(), (acc.std(ddof=1) if len(acc) > 1 else 0.0)
+
+
+def _train(accuracies):
+    """Mean last-epoch training accuracy (%) of ``_result``'s runs, seeds 0, 1, ..."""
+    return np.mean([100 * _train_accuracy(a, seed) for seed, a in enumerate(accuracies)])
+
+
+def test_summary_and_compare_against_numpy():
+    a, b = [0.8123, 0.8051, 0.8302], [0.79, 0.801]
+    sa = report._summary({"results": [_result("synflow", x, s) for s, x in enumerate(a)]})
+    sb = report._summary({"results": [_result("baseline", x, s) for s, x in enumerate(b)]})
+    mean_a, std_a = _stats(a)
+    mean_b, std_b = _stats(b)
+    assert sa == pytest.approx({
+        "acc": mean_a, "std": std_a, "n": 3, "train": _train(a), "params": 30010,
+        "params_ratio": 30010 / 274042, "macs_ratio": 0.26, "epochs": 10, "minutes": 20.0,
+    })
+    assert report._compare(sa, sb) == pytest.approx((mean_a - mean_b, std_a + std_b, 3, 2))
+    one = report._summary({"results": [_result("synflow", 0.7, 0)]})
+    assert (one["acc"], one["std"], one["n"]) == pytest.approx((70.0, 0.0, 1))
+    assert report._summary({"results": []}) is None
+    assert report._compare(None, sb) is None and report._compare(sa, None) is None
+
+
+# ------------------------------------------------------------------ report: a whole page
+
+# Fake final accuracies per seed, by run id without its seed (written by hand from the
+# documented id format, so the report must find the driver's directories by itself).
+_CORE_ACCURACIES = {  # figures 2-3; the baseline is preconfig's too, SynFlow 0.1 thm_comp's
+    "resnet20-baseline-ep10": [0.82, 0.83],
+    "resnet20-synflow-params0.3-ep10": [0.80, 0.82],
+    "resnet20-synflow-params0.1-ep10": [0.78, 0.79],
+    "resnet20-synflow-params0.03-ep10": [0.70, 0.72],
+    "resnet20-precrop_params-params0.308-modeexact-ep10": [0.81, 0.815],
+    "resnet20-precrop_params-params0.1103-modeexact-ep10": [0.775, 0.785],
+    "resnet20-precrop_params-params0.0411-modeexact-ep10": [0.69, 0.705],
+    "resnet20-precrop_params-params0.1103-modelayerwise-ep10": [0.70, 0.71],
+}
+_ACCURACIES = {
+    **_CORE_ACCURACIES,
+    # balance, pareto, preconfig
+    "resnet20-precrop_params-params0.1103-modeexact-balance2-ep10": [0.79, 0.80],
+    "resnet20-precrop_params-params0.054736-modeexact-ep10": [0.60, 0.62],
+    "resnet20-precrop_params-params0.054736-modelayerwise-ep10": [0.61, 0.615],
+    "resnet20-preconfig-params0.8-flops1-ep10": [0.84],
+    # thm_comp (figure 4)
+    "resnet20-random-params0.1-granularityweight-densitiessynexp-ep10": [0.70, 0.72],
+    "resnet20-random-params0.1-granularityfilter-densitiessynexp-ep10": [0.705, 0.715],
+    "resnet20-random-params0.1-granularitychannel-densitiessynexp-ep10": [0.69, 0.71],
+    "resnet20-precrop_params-params0.1-modepaper-ep10": [0.71, 0.72],
+}
+
+
+def _cmp(a, b):
+    """``(difference of means, tolerance, n_a, n_b)`` of two fake runs' accuracies, by numpy."""
+    (mean_a, std_a), (mean_b, std_b) = _stats(_ACCURACIES[a]), _stats(_ACCURACIES[b])
+    return mean_a - mean_b, std_a + std_b, len(_ACCURACIES[a]), len(_ACCURACIES[b])
+
+
+def _cell(stem):
+    """``mean ± std`` of a fake run's accuracies as the report's tables print it."""
+    mean, std = _stats(_ACCURACIES[stem])
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def _point(label, a, b):
+    """One point of a claim as the report words it: ``label: +d pp (tol t, n i/j)``."""
+    d, tol, n_a, n_b = _cmp(a, b)
+    return f"{label}: {d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b})"
+
+
+_EXACT = "resnet20-precrop_params-params{}-modeexact-ep10"
+_LAYERWISE = "resnet20-precrop_params-params0.1103-modelayerwise-ep10"
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    """A directory where ``report.main()`` wrote its page and figures from ``_ACCURACIES``'s
+    fake runs: the real grids, but runs, page, results (none) and figures in it."""
+    tmp = tmp_path_factory.mktemp("report")
+    for stem, accuracies in _ACCURACIES.items():
+        for seed, accuracy in enumerate(accuracies):
+            run_dir = tmp / "runs" / f"{stem}-s{seed}"
+            run_dir.mkdir(parents=True)
+            (run_dir / "results.json").write_text(json.dumps(_result(stem.split("-")[1], accuracy, seed)))
+    real_readme = (REPO / "experiments" / "README.md").read_bytes()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "HERE", tmp)
+        patch.setattr(report, "RESULTS", tmp / "results")
+        patch.setattr(report, "FIGURES", tmp / "figures")
+        report.main()
+    assert (REPO / "experiments" / "README.md").read_bytes() == real_readme
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def page(report_dir):
+    return (report_dir / "README.md").read_text()
+
+
+def test_report_page_layout(report_dir, page):
+    assert "**compressed to 10 epochs**" in page
+    assert f"Finished runs: {sum(map(len, _ACCURACIES.values()))}." in page
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings[:4] == ["## The paper's claims on this run",
+                            "## Translation mode: which widths train best at equal parameters",
+                            "## What was checked to rule out a bug",
+                            "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
+    for grid in ("core", "pareto"):  # the grids with a figure
+        assert f"![{grid}](figures/{grid}.png)" in page
+        assert (report_dir / "figures" / f"{grid}.png").stat().st_size > 0
+    for script in ("spar_comp", "imagenet_counts", "sanity"):
+        assert f"Not computed yet: run `python experiments/{script}.py`." in page
+
+
+def test_report_tables(page):
+    """A finished entry, one with seeds pending and one not started."""
+    stem = "resnet20-synflow-params0.3-ep10"
+    assert (f"| synflow | params 0.3 | 30,005 | {30005 / 274042:.4f} | 0.2550 | {_cell(stem)} | "
+            f"{_train(_ACCURACIES[stem]):.2f} | 2 | 10 | 15.0 |") in page
+    stem = "resnet20-preconfig-params0.8-flops1-ep10"
+    assert (f"| preconfig | params 0.8, flops 1.0 | 30,000 | {30000 / 274042:.4f} | 0.2500 | "
+            f"{_cell(stem)} (pending seeds [1, 2]) | {_train(_ACCURACIES[stem]):.2f} | 1 | 10 | 10.0 |"
+            ) in page
+    assert "| precrop_flops (exact) | flops 0.2734 | | | | pending (pending seeds [0, 1]) | | 0 | | |" in page
+
+
+def test_report_claims(page):
+    """Exact PreCrop-Params is within tol of SynFlow at all three points; layerwise fails at
+    0.1103 with its other points not run; nothing of the FLOPs claims is run; PreConfig has one seed."""
+    points = [(f"SynFlow {q}", _EXACT.format(p), f"resnet20-synflow-params{q}-ep10")
+              for p, q in (("0.308", "0.3"), ("0.1103", "0.1"), ("0.0411", "0.03"))]
+    assert all(d >= -tol for d, tol, *_ in (_cmp(a, b) for _, a, b in points))
+    assert ("PreCrop-Params (exact) matches SynFlow at equal parameters**: reproduced. "
+            + "; ".join(_point(*point) for point in points)) in page
+    d, tol, *_ = _cmp(_LAYERWISE, "resnet20-synflow-params0.1-ep10")
+    assert d < -tol
+    assert ("PreCrop-Params (layerwise) matches SynFlow at equal parameters**: not reproduced (fails at 1 of "
+            "3 points so far). SynFlow 0.3: pending; "
+            f"{_point('SynFlow 0.1', _LAYERWISE, 'resnet20-synflow-params0.1-ep10')}; SynFlow 0.03: pending"
+            ) in page
+    for mode in ("exact", "layerwise"):
+        assert (f"PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds on some "
+                "point). MACs of SynFlow 0.3: pending;") in page
+    assert ("PreConfig gives equal or better accuracy at equal cost**: pending (fewer than 2 seeds on some "
+            "point). " + _point("PreConfig - baseline", "resnet20-preconfig-params0.8-flops1-ep10",
+                                "resnet20-baseline-ep10")) in page
+
+
+def test_report_granularity_claim_and_regime(page):
+    stems = {f"random ({g}, synexp)": f"resnet20-random-params0.1-granularity{g}-densitiessynexp-ep10"
+             for g in ("weight", "filter", "channel")}
+    stems["precrop_params (paper)"] = "resnet20-precrop_params-params0.1-modepaper-ep10"
+    means, stds = zip(*(_stats(_ACCURACIES[s]) for s in stems.values()))
+    spread, tol = max(means) - min(means), 2 * max(stds)
+    assert spread <= tol
+    assert (f"(weight, filter, channel, PreCrop): reproduced; spread of means {spread:.2f} pp vs tol "
+            f"(2 x largest std) {tol:.2f} pp. "
+            + "; ".join(f"{label}: {_cell(s)}" for label, s in stems.items())) in page
+
+    def gaps(stems):  # last epoch's train - test accuracy of the runs, in pp
+        return [100 * (_train_accuracy(a, seed) - a) for s in stems for seed, a in enumerate(_ACCURACIES[s])]
+
+    core, dense = gaps(_CORE_ACCURACIES), gaps(["resnet20-baseline-ep10"])
+    assert (f"In the {len(core)} finished runs of figures 2-3, the last epoch's training accuracy (running "
+            f"mean over the epoch, on augmented images) is {min(core):+.2f} to {max(core):+.2f} pp from the "
+            f"final test accuracy ({', '.join(f'{g:+.2f}' for g in dense)} pp for the dense baseline)"
+            ) in page
+
+
+def test_report_translation_modes(page):
+    """Every pair of modes at each budget, its word by the difference against tol."""
+    def said(point, name, other, a, b):
+        d, tol, *_ = _cmp(a, b)
+        word = "beats" if d > tol else ("loses to" if d < -tol else "ties with")
+        return f"at {point}, {name} {word} {other} ({d:+.2f} pp, tol {tol:.2f})", word
+
+    middle = {"exact": _EXACT.format("0.1103"), "layerwise": _LAYERWISE,
+              "balance 2": "resnet20-precrop_params-params0.1103-modeexact-balance2-ep10"}
+    verdicts = [said("params 0.1103", n, o, middle[n], middle[o])
+                for n, o in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"))]
+    verdicts.append(said("15,000 params (pareto)", "layerwise", "exact",
+                         "resnet20-precrop_params-params0.054736-modelayerwise-ep10",
+                         "resnet20-precrop_params-params0.054736-modeexact-ep10"))
+    assert [word for _, word in verdicts] == ["beats", "loses to", "beats", "ties with"]  # all three words
+    assert "Verdict: " + "; ".join(text for text, _ in verdicts) + "." in page
+    cells = [f"{_cell(s)} (n 2)" for s in (middle["exact"], middle["balance 2"], middle["layerwise"],
+                                           "resnet20-synflow-params0.1-ep10")]
+    assert f"| params 0.1103 | {' | '.join(cells)} |" in page
