@@ -328,6 +328,13 @@ def _modes(core, pareto, balance):
             verdicts.append(f"at {label}, {name} {word} {other} ({d:+.2f} pp, tol {tol:.2f})")
     verdict = "; ".join(verdicts) if verdicts else "pending (fewer than 2 seeds)"
     lines += ["", f"Verdict: {verdict}.", ""]
+    if verdicts and all(" ties with " in v for v in verdicts):
+        lines += [
+            "So far no mode trains measurably better than another (every compared pair ties), so the "
+            "library's defaults stay: `exact` for `precrop` (the highest SynExp value) and `layerwise` "
+            "for `reconfigure` (exact PreConfig is scale-degenerate without a balance bound).",
+            "",
+        ]
     return lines
 
 

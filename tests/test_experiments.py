@@ -598,3 +598,23 @@ def test_report_translation_modes(page):
     cells = [f"{_cell(s)} (n 2)" for s in (middle["exact"], middle["balance 2"], middle["layerwise"],
                                            "resnet20-synflow-params0.1-ep10")]
     assert f"| params 0.1103 | {' | '.join(cells)} |" in page
+
+
+def test_report_keeps_the_defaults_only_while_every_pair_ties():
+    """The page says the defaults stay only when every compared pair of modes ties."""
+    def entry(accuracies, **flags):
+        method = flags.setdefault("method", "precrop_params")
+        return {"flags": flags, "results": [_result(method, a, s) for s, a in enumerate(accuracies)]}
+
+    def page(balanced, exact=(0.72, 0.73)):
+        core = [entry(exact, params=0.1103, mode="exact"),
+                entry([0.725, 0.73], params=0.1103, mode="layerwise"),
+                entry([0.75, 0.74], method="synflow", params=0.1)]
+        balance = [entry(balanced, params=0.1103, mode="exact", balance=2)]
+        return "\n".join(report._modes(core, [], balance))
+
+    kept = "the library's defaults stay"
+    assert "ties with exact" in page([0.72, 0.735]) and kept in page([0.72, 0.735])
+    assert "balance 2 beats exact" in page([0.76, 0.765]) and kept not in page([0.76, 0.765])
+    nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
+    assert "Verdict: pending" in nothing and kept not in nothing
