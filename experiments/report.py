@@ -309,7 +309,7 @@ def _modes(core, pareto, balance):
     ]
     points = (("params 0.1103", core, 0.1103, core, dict(method="synflow", params=0.1)),
               ("15,000 params (pareto)", pareto, 0.054736, pareto, dict(method="synflow")))
-    verdicts = []
+    verdicts, words = [], set()
     for label, entries, p, ref_entries, ref in points:
         modes = {
             "exact": _one(entries, method="precrop_params", params=p, mode="exact", flops=None),
@@ -325,10 +325,11 @@ def _modes(core, pareto, balance):
                 continue
             d, tol = row[0], row[1]
             word = "beats" if d > tol else ("loses to" if d < -tol else "ties with")
+            words.add(word)
             verdicts.append(f"at {label}, {name} {word} {other} ({d:+.2f} pp, tol {tol:.2f})")
     verdict = "; ".join(verdicts) if verdicts else "pending (fewer than 2 seeds)"
     lines += ["", f"Verdict: {verdict}.", ""]
-    if verdicts and all(" ties with " in v for v in verdicts):
+    if words == {"ties with"}:
         lines += [
             "So far no mode trains measurably better than another (every compared pair ties), so the "
             "library's defaults stay: `exact` for `precrop` (the highest SynExp value) and `layerwise` "
