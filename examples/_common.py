@@ -110,6 +110,13 @@ def define_flags(default_model):
     flags.DEFINE_bool(
         "save_model", False, "Also keep the trained model as final_model.keras in --model_dir."
     )
+    flags.DEFINE_bool(
+        "export_init",
+        False,
+        "Build and compress the model as the other flags say, write it untrained to "
+        "--model_dir/init_model.keras with init.json (everything results.json records before "
+        "training), and exit: to train it elsewhere, e.g. on another backend without TensorFlow.",
+    )
     flags.DEFINE_integer(
         "verbose",
         1,
@@ -289,6 +296,16 @@ def _git_commit():
     return commit, bool(status.strip())
 
 
+def _export_init(model, record):
+    """Writes the untrained model and what ``results.json`` would record before training."""
+    tf.io.gfile.makedirs(FLAGS.model_dir)
+    path = os.path.join(FLAGS.model_dir, "init_model.keras")
+    model.save(path)
+    with tf.io.gfile.GFile(os.path.join(FLAGS.model_dir, "init.json"), "w") as f:
+        f.write(json.dumps(record, indent=1))
+    print(f"Wrote the untrained model to {path} and its record to init.json; trained nothing.")
+
+
 def run(dataset):
     """Trains ``FLAGS.model`` on ``dataset`` (``"cifar10"`` or ``"imagenet2012"``) as the flags say.
 
@@ -335,24 +352,8 @@ def run(dataset):
         steps_per_execution=FLAGS.steps_per_execution,
     )
     costs = _costs(model, reference, masks)
-    result = train.fit(
-        model,
-        train_ds,
-        eval_ds,
-        model_dir=FLAGS.model_dir,
-        epochs=epochs,
-        steps_per_epoch=FLAGS.steps_per_epoch,
-        eval_steps=FLAGS.eval_steps,
-        verbose=FLAGS.verbose,
-    )
-    if FLAGS.save_model:
-        tf.io.gfile.copy(
-            os.path.join(result.model_dir, "last.keras"),
-            os.path.join(result.model_dir, "final_model.keras"),
-            overwrite=True,
-        )
     commit, dirty = _git_commit()
-    results = {
+    record = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "git_commit": commit,
         "git_dirty": dirty,
@@ -372,7 +373,30 @@ def run(dataset):
         "strategy": FLAGS.strategy,
         "replicas": strategy.num_replicas_in_sync,
         "seed": FLAGS.seed,
+        "normalize": pipeline["normalize"],
         **costs,
+    }
+    if FLAGS.export_init:
+        _export_init(model, record)
+        return
+    result = train.fit(
+        model,
+        train_ds,
+        eval_ds,
+        model_dir=FLAGS.model_dir,
+        epochs=epochs,
+        steps_per_epoch=FLAGS.steps_per_epoch,
+        eval_steps=FLAGS.eval_steps,
+        verbose=FLAGS.verbose,
+    )
+    if FLAGS.save_model:
+        tf.io.gfile.copy(
+            os.path.join(result.model_dir, "last.keras"),
+            os.path.join(result.model_dir, "final_model.keras"),
+            overwrite=True,
+        )
+    results = {
+        **record,
         "final_accuracy": result.final_accuracy,
         "best_accuracy": result.best_accuracy,
         "train_time_s": result.train_time,

@@ -530,6 +530,32 @@ def _underfit(core):
     ]
 
 
+def _long(entries):
+    """The core claim again on the longer schedule of the grid ``long`` (a lent GPU)."""
+    results = [r for e in entries for r in e["results"]]
+    if not results:
+        return []
+    synflow = _one(entries, method="synflow")
+    lines = [
+        f"**Longer schedule** ({results[0]['epochs']} epochs, {results[0]['backend']} backend on "
+        f"{results[0]['device']}; section \"Longer schedule\" below):",
+        "",
+    ]
+    for mode in ("exact", "layerwise"):
+        row = _compare(_one(entries, method="precrop_params", mode=mode), synflow)
+        lines.append(
+            f"- **PreCrop-Params ({mode}) matches SynFlow at params 0.1**: {_verdict([row], 'match')}. "
+            + _fmt_rows([row], ["SynFlow 0.1"])
+        )
+    gaps = [100 * (r["history"][-1]["accuracy"] - r["final_accuracy"]) for r in results]
+    return lines + [
+        "",
+        f"There the last epoch's training accuracy is {min(gaps):+.2f} to {max(gaps):+.2f} pp from the "
+        "final test accuracy.",
+        "",
+    ]
+
+
 # The report's grid sections, in page order: (title, grid, x axis of its figure or None).
 _SECTIONS = (
     ("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", "macs_ratio"),
@@ -538,21 +564,28 @@ _SECTIONS = (
     ("Balanced exact mode (not in the paper)", "balance", None),
     ("Figure 6: PreConfig on CIFAR-10", "preconfig", None),
 )
+_LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
 
 
 def main():
     FIGURES.mkdir(exist_ok=True)
     runs = _load_runs()
-    epochs = sorted({r["epochs"] for r in runs.values()}) or [10]
-    lines = [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
-    entries = {}
+    lines, entries = [], {}
     for title, grid, x_key in _SECTIONS:
         xlabel = "MACs ratio of the trained model" if x_key else None
         body, entries[grid] = _section(title, grid, runs, x_key, xlabel)
         lines += body
+    long_body, long_entries = _section(*_LONG, runs)
+    lines += long_body
+    epochs = sorted({r["epochs"] for grid in entries.values() for e in grid for r in e["results"]}) or [10]
     core, pareto = entries["core"], entries["pareto"]
-    lines[3:3] = (_claims(core, entries["thm_comp"], entries["preconfig"])
-                  + _modes(core, pareto, entries["balance"]) + _sanity())
+    lines[0:0] = (
+        [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
+        + _claims(core, entries["thm_comp"], entries["preconfig"])
+        + _long(long_entries)
+        + _modes(core, pareto, entries["balance"])
+        + _sanity()
+    )
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"

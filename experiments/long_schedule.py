@@ -1,0 +1,426 @@
+"""Longer schedules on a borrowed accelerator that has JAX but no TensorFlow.
+
+The CPU grids train 10 epochs; the paper trains 160. When a session is lent
+a GPU machine for a few minutes (JAX and PyTorch, no TensorFlow, no network,
+64 MiB of files per call), this script trains a grid's runs there for as many
+epochs of the same recipe as fit the time, on the JAX backend:
+
+1. ``export`` (here, with TensorFlow): builds every run's compressed,
+   untrained model with ``examples/train_cifar.py --export_init`` (the code
+   path of the CPU runs: same planning, masks and initialization) into
+   ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
+   tiles of 1,000 images in two parts (``<work>/data_a``, ``<work>/data_b``,
+   about 40 and 48 MB), so each part travels in one call.
+2. ``calibrate`` (there): trains every run at once, one process each, for two
+   short epochs on random images, and writes the measured epoch time and the
+   epochs that fit ``--budget_s`` to ``--calib``.
+3. ``train`` (there): trains every run at once for ``--epochs`` (or the
+   calibrated number), with the recipe of ``keras_precrop.train`` and a NumPy
+   copy of ``keras_precrop.data``'s CIFAR-10 preprocessing (pad 4, random
+   crop, random flip, mean/std), stops at ``--deadline_s``, and packs each
+   run's ``results.json``, ``history.csv``, ``train.log`` and, where the grid
+   asks, ``final_model.keras`` into ``<out>/runs.tgz``.
+
+``python experiments/report.py`` reports a grid trained this way like any
+other once its runs are unpacked into ``experiments/runs/`` and the grid's
+``epochs`` say how long they trained. Example::
+
+    python experiments/long_schedule.py export --grid experiments/grids/long.json --work .gpu
+    # on the accelerator, from the repository root, with keras on PYTHONPATH:
+    python experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work .gpu
+    python experiments/long_schedule.py train --grid experiments/grids/long.json --work .gpu \\
+        --out "$OUT"
+"""
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import run as _run  # experiments/run.py: grid loading and run ids
+
+REPO = Path(__file__).resolve().parents[1]
+_TILE = 1000  # images per WebP tile: 25 rows of 40
+_TILE_SHAPE = (25, 40)
+_PARTS = {"data_a": ("train", 0, 27_000), "data_b": ("train", 27_000, 50_000)}
+_TEST_PART = "data_b"
+_BATCH = 128
+_PACKED = ("results.json", "history.csv", "train.log", "final_model.keras")
+
+
+def _init_name(flags):
+    """The run id without its epochs: the exported model does not depend on them."""
+    return _run.run_id({**flags, "epochs": "X"}).replace("-epX-", "-")
+
+
+# --- export (TensorFlow side) -------------------------------------------------
+
+
+def _tiles(images):
+    """Yields lossless WebP bytes of consecutive ``_TILE``-image tiles."""
+    from PIL import Image
+
+    rows, cols = _TILE_SHAPE
+    for start in range(0, len(images), _TILE):
+        tile = images[start : start + _TILE]
+        if len(tile) != _TILE:
+            raise ValueError(f"{len(images)} images do not split into tiles of {_TILE}")
+        grid = tile.reshape(rows, cols, 32, 32, 3).transpose(0, 2, 1, 3, 4).reshape(rows * 32, cols * 32, 3)
+        buffer = io.BytesIO()
+        Image.fromarray(grid).save(buffer, "WEBP", lossless=True, quality=100, method=4)
+        yield buffer.getvalue()
+
+
+def _export_data(data_dir, work):
+    """Writes CIFAR-10 as WebP tiles in the parts of ``_PARTS`` plus labels and statistics."""
+    import tensorflow_datasets as tfds
+
+    from keras_precrop import data
+
+    info = data.get_info("cifar10")
+    splits = {
+        split: tfds.as_numpy(
+            tfds.load("cifar10", split=split, data_dir=data_dir, batch_size=-1, download=False)
+        )
+        for split in ("train", "test")
+    }
+    parts = {**_PARTS, _TEST_PART + "/test": ("test", 0, len(splits["test"]["image"]))}
+    for part, (split, start, stop) in parts.items():
+        folder = work / part.split("/")[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        for index, blob in enumerate(_tiles(splits[split]["image"][start:stop])):
+            (folder / f"{split}-{(start // _TILE) + index:03d}.webp").write_bytes(blob)
+    np.savez(
+        work / _TEST_PART / "labels.npz",
+        train=splits["train"]["label"].astype(np.int32),
+        test=splits["test"]["label"].astype(np.int32),
+        mean=np.array(info.mean, np.float32),
+        std=np.array(info.std, np.float32),
+    )
+
+
+def export(args):
+    """Exports every run's untrained model and the data; skips what exists."""
+    work = args.work.resolve()
+    for flags in _run.load_grid(args.grid):
+        out = work / "init" / _init_name(flags)
+        if (out / "init.json").exists():
+            continue
+        command = _run._command(flags, out, args.data_dir, REPO)
+        command.append("--export_init")
+        print(f"[long_schedule] exporting {out.name}", flush=True)
+        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if not (work / _TEST_PART / "labels.npz").exists():
+        print("[long_schedule] writing CIFAR-10 as WebP tiles", flush=True)
+        _export_data(args.data_dir, work)
+    sizes = {part: sum(f.stat().st_size for f in (work / part).iterdir()) / 2**20 for part in _PARTS}
+    print(f"[long_schedule] data parts (MiB): {sizes}")
+
+
+# --- training (JAX side) --------------------------------------------------------
+
+
+def _read_split(work, split, count):
+    """Decodes the ``split`` tiles of both parts into a uint8 ``(count, 32, 32, 3)`` array."""
+    from PIL import Image
+
+    paths = sorted(p for part in _PARTS for p in (work / part).glob(f"{split}-*.webp"))
+    if len(paths) * _TILE != count:
+        raise FileNotFoundError(
+            f"{work}: found {len(paths)} {split} tiles of {_TILE} images, need {count // _TILE}; "
+            f"copy both data parts ({', '.join(_PARTS)}) there"
+        )
+    rows, cols = _TILE_SHAPE
+    tiles = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
+    return np.concatenate(
+        [t.reshape(rows, 32, cols, 32, 3).transpose(0, 2, 1, 3, 4).reshape(_TILE, 32, 32, 3) for t in tiles]
+    )
+
+
+def _load_data(work):
+    """``(train images, train labels, test images, test labels, mean, std)`` from the tiles."""
+    labels = np.load(work / _TEST_PART / "labels.npz")
+    train = _read_split(work, "train", len(labels["train"]))
+    test = _read_split(work, "test", len(labels["test"]))
+    return train, labels["train"], test, labels["test"], labels["mean"], labels["std"]
+
+
+def _augment(images, rng):
+    """CIFAR-10 training augmentation: zero-pad 4, random 32x32 crop, random horizontal flip."""
+    n = len(images)
+    padded = np.pad(images, ((0, 0), (4, 4), (4, 4), (0, 0)))
+    top, left = rng.integers(0, 9, size=(2, n))
+    rows = (top[:, None] + np.arange(32))[:, :, None]
+    cols = (left[:, None] + np.arange(32))[:, None, :]
+    flip = rng.random(n) < 0.5
+    cols = np.where(flip[:, None, None], cols[:, :, ::-1], cols)
+    return padded[np.arange(n)[:, None, None], rows, cols]
+
+
+def _batches(images, labels, *, training, seed, mean, std, normalize=True):
+    """A ``keras.utils.PyDataset`` of preprocessed ``(images, labels)`` batches."""
+    import keras
+
+    class Batches(keras.utils.PyDataset):
+        """Shuffled, augmented (training) or plain (evaluation) batches; drops the last partial
+        training batch, as ``keras_precrop.data`` does."""
+
+        def __init__(self):
+            super().__init__(workers=4 if training else 1, use_multiprocessing=False)
+            self._epoch = 0
+            self._order = self._permutation()
+
+        def _permutation(self):
+            if not training:
+                return np.arange(len(images))
+            return np.random.default_rng((seed, self._epoch)).permutation(len(images))
+
+        def __len__(self):
+            return len(images) // _BATCH if training else math.ceil(len(images) / _BATCH)
+
+        def __getitem__(self, index):
+            chosen = self._order[index * _BATCH : (index + 1) * _BATCH]
+            x = images[chosen]
+            if training:
+                x = _augment(x, np.random.default_rng((seed, self._epoch, index)))
+            x = x.astype(np.float32)
+            if normalize:
+                x = (x / 255.0 - mean) / std
+            return x, labels[chosen]
+
+        def on_epoch_end(self):
+            self._epoch += 1
+            self._order = self._permutation()
+
+    return Batches()
+
+
+def _device():
+    import jax
+
+    device = jax.devices()[0]
+    return f"{device.platform}: {getattr(device, 'device_kind', device)}"
+
+
+def train_one(args):
+    """Trains one exported model (one process of ``train``/``calibrate``)."""
+    import keras
+
+    import keras_precrop  # noqa: F401  (registers MaskConstraint for loading)
+    from keras_precrop import train
+
+    start = time.time()
+    init = Path(args.init)
+    record = json.loads((init / "init.json").read_text())
+    keras.utils.set_random_seed(record["seed"])
+    if args.synthetic:
+        rng = np.random.default_rng(0)
+        train_x = rng.integers(0, 256, (50_000, 32, 32, 3), dtype=np.uint8)
+        train_y = rng.integers(0, 10, 50_000).astype(np.int32)
+        test_x, test_y = train_x[:10_000], train_y[:10_000]
+        mean, std = np.zeros(3, np.float32), np.ones(3, np.float32)
+    else:
+        train_x, train_y, test_x, test_y, mean, std = _load_data(Path(args.work))
+    recipe = train.get_recipe(record["dataset"], record["model"])
+    steps = args.steps_per_epoch or len(train_x) // _BATCH
+    loaded = keras.saving.load_model(init / "init_model.keras", compile=False)
+    model = train.compile_model(
+        lambda: loaded, recipe, steps_per_epoch=steps, global_batch_size=_BATCH, epochs=args.epochs
+    )
+    pipeline = dict(seed=record["seed"], mean=mean, std=std, normalize=record.get("normalize", True))
+    result = train.fit(
+        model,
+        _batches(train_x, train_y, training=True, **pipeline),
+        _batches(test_x, test_y, training=False, **pipeline),
+        model_dir=args.model_dir,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        eval_steps=args.eval_steps,
+        tensorboard=False,
+        verbose=2,
+    )
+    if args.save_model:
+        os.replace(Path(result.model_dir) / "last.keras", Path(result.model_dir) / "final_model.keras")
+    results = {
+        **record,
+        "export_command": record["command"],
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "epochs": args.epochs,
+        "steps_per_epoch": steps,
+        "backend": keras.backend.backend(),
+        "device": _device(),
+        "final_accuracy": result.final_accuracy,
+        "best_accuracy": result.best_accuracy,
+        "train_time_s": result.train_time,
+        "wall_time_s": time.time() - start,
+        "history": result.history,
+    }
+    (Path(result.model_dir) / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"Final accuracy {result.final_accuracy:.4f}, best {result.best_accuracy:.4f}")
+
+
+def _launch(runs, work, root, epochs, extra=()):
+    """Starts one ``_one`` process per run; returns ``{run id: (process, run dir)}``."""
+    procs = {}
+    share = max(0.05, round(0.9 / len(runs), 3))
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "PYTHONUNBUFFERED": "1",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": str(share),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    for flags in runs:
+        name = _run.run_id({**flags, "epochs": epochs})
+        run_dir = root / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            __file__,
+            "_one",
+            f"--init={work / 'init' / _init_name(flags)}",
+            f"--work={work}",
+            f"--model_dir={run_dir}",
+            f"--epochs={epochs}",
+            *(["--save_model"] if flags.get("save_model") else []),
+            *extra,
+        ]
+        log = open(run_dir / "train.log", "a")
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        procs[name] = (subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), run_dir)
+    return procs
+
+
+def _wait(procs, deadline):
+    """Waits for every process until ``deadline`` (time.time()), then kills the rest."""
+    for name, (proc, _) in procs.items():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            print(f"[long_schedule] {name}: stopped at the deadline", flush=True)
+    return {name: proc.returncode for name, (proc, _) in procs.items()}
+
+
+def _unique_runs(grid):
+    runs, seen = [], set()
+    for flags in _run.load_grid(grid):
+        if _init_name(flags) not in seen:
+            seen.add(_init_name(flags))
+            runs.append(flags)
+    return runs
+
+
+def _epoch_times(run_dir):
+    """The ``epoch_time`` column of a run's ``history.csv`` (empty if it wrote none)."""
+    path = run_dir / "history.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [float(row["epoch_time"]) for row in csv.DictReader(f)]
+
+
+def calibrate(args):
+    """Times two short epochs of every run at once; writes the full epoch's time and the startup.
+
+    The second epoch (``--steps`` training steps and 20 evaluation batches,
+    compiled already) is scaled to a full one: 390 training steps and 79
+    evaluation batches, an evaluation batch taken as a third of a step.
+    """
+    runs = _unique_runs(args.grid)
+    start = time.time()
+    short = ["--synthetic", f"--steps_per_epoch={args.steps}", "--eval_steps=20"]
+    procs = _launch(runs, args.work.resolve(), Path("/tmp/long_schedule_calibration"), 2, short)
+    codes = _wait(procs, start + args.budget_s)
+    times = []
+    for name, (_, run_dir) in procs.items():
+        epoch_times = _epoch_times(run_dir)
+        if codes[name] != 0 or len(epoch_times) < 2:
+            raise SystemExit(f"calibrating {name} failed (exit {codes[name]}); see {run_dir / 'train.log'}")
+        times.append(epoch_times[1])
+    per_step = max(times) / (args.steps + 20 / 3)
+    epoch_s = per_step * (50_000 // _BATCH + 79 / 3)
+    calib = {"runs": len(runs), "epoch_s": epoch_s, "startup_s": time.time() - start}
+    Path(args.calib).write_text(json.dumps(calib, indent=1))
+    print(f"[long_schedule] calibration: {json.dumps(calib)}", flush=True)
+
+
+def _fitting_epochs(calib, deadline_s, max_epochs):
+    """The most epochs (a multiple of 10 from 20 on) that end before ``deadline_s``.
+
+    The startup measured by ``calibrate`` (imports, compilation, two short
+    epochs) stands in for this call's startup and data decoding.
+    """
+    epochs = max(0, int(min(max_epochs, (deadline_s - calib["startup_s"]) / calib["epoch_s"])))
+    return epochs - epochs % 10 if epochs >= 20 else epochs
+
+
+def train(args):
+    """Trains every run at once until done or ``--deadline_s``; packs the results into ``--out``."""
+    start = time.time()
+    epochs = args.epochs or _fitting_epochs(json.loads(Path(args.calib).read_text()), args.deadline_s, 160)
+    if epochs < 1:
+        raise SystemExit(f"the calibration in {args.calib} fits no epoch in --deadline_s={args.deadline_s}")
+    root = Path("/tmp/long_schedule_runs")
+    print(f"[long_schedule] training {epochs} epochs", flush=True)
+    procs = _launch(_unique_runs(args.grid), args.work.resolve(), root, epochs)
+    codes = _wait(procs, start + args.deadline_s)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "runs.tgz", "w:gz") as tar:
+        for name, (_, run_dir) in procs.items():
+            for file in _PACKED:
+                if (run_dir / file).exists():
+                    tar.add(run_dir / file, arcname=f"{name}/{file}")
+    print(f"[long_schedule] exit codes {codes}; packed {out / 'runs.tgz'} after {time.time() - start:.0f} s")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("export", help="build the untrained models and the data parts (TensorFlow)")
+    p.add_argument("--grid", type=Path, required=True)
+    p.add_argument("--work", type=Path, default=REPO / ".gpu")
+    p.add_argument("--data_dir", default=str(REPO.parent / "shared" / "tfds"))
+    p.set_defaults(fn=export)
+    p = sub.add_parser("calibrate", help="time every run at once; write the epochs that fit")
+    p.add_argument("--grid", type=Path, required=True)
+    p.add_argument("--work", type=Path, default=REPO / ".gpu")
+    p.add_argument("--calib", default="/tmp/long_schedule_calib.json")
+    p.add_argument("--budget_s", type=float, default=120, help="calibration time limit")
+    p.add_argument("--steps", type=int, default=100, help="training steps of each timed epoch")
+    p.set_defaults(fn=calibrate)
+    p = sub.add_parser("train", help="train every run at once and pack the results")
+    p.add_argument("--grid", type=Path, required=True)
+    p.add_argument("--work", type=Path, default=REPO / ".gpu")
+    p.add_argument("--epochs", type=int, default=None, help="default: the calibrated number")
+    p.add_argument("--calib", default="/tmp/long_schedule_calib.json")
+    p.add_argument("--deadline_s", type=float, default=560, help="stop training this long after the start")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=train)
+    p = sub.add_parser("_one", help=argparse.SUPPRESS)
+    p.add_argument("--init", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--model_dir", required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--steps_per_epoch", type=int, default=None)
+    p.add_argument("--eval_steps", type=int, default=None)
+    p.add_argument("--synthetic", action="store_true")
+    p.add_argument("--save_model", action="store_true")
+    p.set_defaults(fn=train_one)
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

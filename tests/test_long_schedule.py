@@ -1,0 +1,159 @@
+"""``experiments/long_schedule.py``: training exported models where there is JAX but no TensorFlow.
+
+The NumPy augmentation is checked against a per-image loop written from the
+documented transform (zero-pad 4, a 32x32 window, an optional mirror), the
+WebP tiles round-trip exactly, the batches keep each image with its label and
+reproduce ``keras_precrop.data``'s batch counts and normalization, and one
+exported masked model trains on the JAX backend in a process where
+TensorFlow cannot be imported, keeping its masks.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_precrop as kp
+from keras_precrop import pai
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "experiments"))
+import long_schedule  # noqa: E402
+import run  # noqa: E402
+
+
+def test_augment_is_a_padded_window_maybe_mirrored():
+    rng = np.random.default_rng(0)
+    images = rng.integers(1, 256, (64, 32, 32, 3), dtype=np.uint8)
+    out = long_schedule._augment(images, np.random.default_rng(1))
+    assert out.shape == images.shape and out.dtype == np.uint8
+    offsets, flips = set(), []
+    for image, result in zip(images, out):
+        padded = np.zeros((40, 40, 3), np.uint8)
+        padded[4:36, 4:36] = image
+        found = [
+            (top, left, flip)
+            for top in range(9)
+            for left in range(9)
+            for flip in (False, True)
+            if np.array_equal(result, padded[top : top + 32, left : left + 32][:, ::-1 if flip else 1])
+        ]
+        assert len(found) == 1
+        offsets.add(found[0][:2])
+        flips.append(found[0][2])
+    assert len(offsets) > 20 and 10 < sum(flips) < 54  # random windows, about half mirrored
+
+
+def test_tiles_round_trip_and_a_missing_part_is_named(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (3000, 32, 32, 3), dtype=np.uint8)
+    for part, (start, stop) in zip(long_schedule._PARTS, ((0, 2000), (2000, 3000))):
+        (tmp_path / part).mkdir()
+        for index, blob in enumerate(long_schedule._tiles(images[start:stop])):
+            (tmp_path / part / f"train-{start // 1000 + index:03d}.webp").write_bytes(blob)
+    np.testing.assert_array_equal(long_schedule._read_split(tmp_path, "train", 3000), images)
+    (tmp_path / "data_b" / "train-002.webp").unlink()
+    with pytest.raises(FileNotFoundError, match="found 2 train tiles.*need 3.*data_a, data_b"):
+        long_schedule._read_split(tmp_path, "train", 3000)
+    with pytest.raises(ValueError, match="tiles of 1000"):
+        list(long_schedule._tiles(images[:1500]))
+
+
+def _indexed(n):
+    """Images whose every pixel is ``index % 200 + 1`` and labels ``index % 10``."""
+    values = np.arange(n) % 200 + 1
+    images = np.broadcast_to(values[:, None, None, None], (n, 32, 32, 3)).astype(np.uint8)
+    return images, (np.arange(n) % 10).astype(np.int32)
+
+
+def test_training_batches_shuffle_augment_and_keep_labels():
+    images, labels = _indexed(1000)
+    mean, std = np.array([0.5, 0.4, 0.3], np.float32), np.array([0.2, 0.25, 0.3], np.float32)
+    batches = long_schedule._batches(images, labels, training=True, seed=3, mean=mean, std=std)
+    assert len(batches) == 1000 // 128  # the last partial batch is dropped, as in keras_precrop.data
+    x, y = batches[0]
+    assert x.shape == (128, 32, 32, 3) and x.dtype == np.float32 and y.dtype == np.int32
+    pixels = np.rint((x * std + mean) * 255).astype(int)
+    centre = pixels[:, 16, 16, 0]  # never padding: windows move at most 4 pixels
+    np.testing.assert_array_equal((centre - 1) % 10, y)
+    assert (pixels == 0).any()  # some windows reach into the zero padding
+    first = [batches[i][1] for i in range(len(batches))]
+    assert not np.array_equal(np.concatenate(first), labels[: len(np.concatenate(first))])
+    batches.on_epoch_end()
+    assert not np.array_equal(batches[0][1], first[0])  # a new order every epoch
+    again = long_schedule._batches(images, labels, training=True, seed=3, mean=mean, std=std)
+    np.testing.assert_array_equal(again[0][0], x)  # the seed fixes order and augmentation
+
+
+def test_evaluation_batches_are_every_image_in_order_normalized():
+    images, labels = _indexed(300)
+    mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2470, 0.2435, 0.2616])
+    batches = long_schedule._batches(images, labels, training=False, seed=0, mean=mean, std=std)
+    assert len(batches) == math.ceil(300 / 128)
+    x = np.concatenate([batches[i][0] for i in range(len(batches))])
+    y = np.concatenate([batches[i][1] for i in range(len(batches))])
+    np.testing.assert_array_equal(y, labels)
+    np.testing.assert_allclose(x, (images / 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
+    raw = long_schedule._batches(images, labels, training=False, seed=0, mean=mean, std=std, normalize=False)
+    np.testing.assert_array_equal(raw[0][0], images[:128].astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "calib, deadline, expected",
+    [
+        ({"epoch_s": 5.0, "startup_s": 60.0}, 560, 100),  # 100 fit exactly
+        ({"epoch_s": 5.1, "startup_s": 60.0}, 560, 90),  # 98 fit: rounded down to tens
+        ({"epoch_s": 1.0, "startup_s": 60.0}, 560, 160),  # the paper's schedule caps it
+        ({"epoch_s": 30.0, "startup_s": 60.0}, 560, 16),  # under 20: every epoch counts
+        ({"epoch_s": 30.0, "startup_s": 600.0}, 560, 0),
+    ],
+)
+def test_fitting_epochs(calib, deadline, expected):
+    assert long_schedule._fitting_epochs(calib, deadline, 160) == expected
+
+
+def test_init_name_is_the_run_id_without_epochs():
+    flags = {"model": "resnet20", "method": "precrop_params", "params": 0.1103, "mode": "exact",
+             "epochs": 160, "seed": 1}
+    assert long_schedule._init_name(flags) == "resnet20-precrop_params-params0.1103-modeexact-s1"
+    assert run.run_id({**flags, "epochs": 40}) == "resnet20-precrop_params-params0.1103-modeexact-ep40-s1"
+
+
+def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
+    """The accelerator path end to end on the CPU: no TensorFlow, JAX backend, masks kept."""
+    keras.utils.set_random_seed(0)
+    model = kp.models.get("resnet20", input_shape=(32, 32, 3), num_classes=10)
+    masks = pai.random(model, 0.2, seed=0)
+    pai.apply_masks(model, masks)
+    init = tmp_path / "init"
+    init.mkdir()
+    model.save(init / "init_model.keras")
+    record = {"command": "train_cifar.py --export_init", "dataset": "cifar10", "model": "resnet20",
+              "method": "random", "seed": 0, "normalize": True, "params": 1}
+    (init / "init.json").write_text(json.dumps(record))
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": os.pathsep.join([str(blocker), str(REPO)])}
+    out = tmp_path / "run"
+    command = [sys.executable, str(REPO / "experiments" / "long_schedule.py"), "_one", f"--init={init}",
+               f"--work={tmp_path}", f"--model_dir={out}", "--epochs=2", "--steps_per_epoch=2",
+               "--eval_steps=1", "--synthetic", "--save_model"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["backend"] == "jax" and results["epochs"] == 2 and results["steps_per_epoch"] == 2
+    assert results["export_command"] == record["command"] and "_one" in results["command"]
+    assert [row["epoch"] for row in results["history"]] == [0, 1]
+    assert 0 <= results["final_accuracy"] <= 1
+    trained = keras.saving.load_model(out / "final_model.keras", compile=False)
+    for path, mask in masks.items():
+        layer = trained.get_layer(path.split("/")[0])
+        weights = keras.ops.convert_to_numpy(layer.kernel)
+        assert np.all(weights[mask == 0] == 0) and np.all(weights[mask == 1] != 0), path
+    assert not np.allclose(keras.ops.convert_to_numpy(trained.get_layer("classifier").kernel),
+                           keras.ops.convert_to_numpy(model.get_layer("classifier").kernel))
