@@ -12,24 +12,37 @@ epochs of the same recipe as fit the time, on the JAX backend:
    tiles of 1,000 images in two parts (``<work>/data_a``, ``<work>/data_b``,
    about 40 and 48 MB), so each part travels in one call.
 2. ``calibrate`` (there): trains every run at once, one process each, for two
-   short epochs on random images, and writes the measured epoch time and the
-   epochs that fit ``--budget_s`` to ``--calib``.
-3. ``train`` (there): trains every run at once for ``--epochs`` (or the
-   calibrated number), with the recipe of ``keras_precrop.train`` and a NumPy
-   copy of ``keras_precrop.data``'s CIFAR-10 preprocessing (pad 4, random
-   crop, random flip, mean/std), stops at ``--deadline_s``, and packs each
+   short epochs on random images, and writes the time of a full epoch (all
+   runs at once) and of the startup to ``--calib``.
+3. ``train`` (there): trains every run at once for ``--epochs`` (default: the
+   most, by the calibration, that end before ``--deadline_s``), with the
+   recipe of ``keras_precrop.train`` and a NumPy copy of ``keras_precrop.data``'s
+   CIFAR-10 preprocessing (pad 4, random crop, random flip, mean/std), stops
+   at ``--deadline_s``, and packs each
    run's ``results.json``, ``history.csv``, ``train.log`` and, where the grid
    asks, ``final_model.keras`` into ``<out>/runs.tgz``.
 
 ``python experiments/report.py`` reports a grid trained this way like any
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
-``epochs`` say how long they trained. Example::
+``epochs`` say how long they trained.
 
-    python experiments/long_schedule.py export --grid experiments/grids/long.json --work .gpu
-    # on the accelerator, from the repository root, with keras on PYTHONPATH:
-    python experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work .gpu
-    python experiments/long_schedule.py train --grid experiments/grids/long.json --work .gpu \\
-        --out "$OUT"
+How the grid ``long`` was trained with this workplace's device tool (one
+H100, 15 minutes in all; ``.gpu`` and ``.whl``, the keras, namex and optree
+wheels, are listed in ``.git/info/exclude``). A call keeps only the ignored
+paths it carries, so each call copies what it brings to ``/tmp/gpu``, which
+outlives calls on the same warm machine::
+
+    python experiments/long_schedule.py export --grid experiments/grids/long.json   # here
+    # call 1, carry .whl .gpu/init .gpu/data_a (61 MiB with the repository):
+    mkdir -p /tmp/gpu && cp -r .gpu/init .gpu/data_a /tmp/gpu/
+    pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
+    python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu
+    # call 2, within 30 s, carry .gpu/data_b (60 MiB):
+    cp -r .gpu/data_b /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
+    python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
+        --out "$OUT" --deadline_s 555
+    # here: tar xzf <files_at>/runs.tgz -C experiments/runs, set the grid's epochs
 """
 
 import argparse
