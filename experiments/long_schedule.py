@@ -6,8 +6,9 @@ a GPU machine for a few minutes (JAX and PyTorch, no TensorFlow, no network,
 epochs of the same recipe as fit the time, on the JAX backend:
 
 1. ``export`` (here, with TensorFlow): builds every run's compressed,
-   untrained model with ``examples/train_cifar.py --export_init`` (the code
-   path of the CPU runs: same planning, masks and initialization) into
+   untrained model with ``examples/train_cifar.py --export_init`` of the
+   grid's pinned ``code`` (the code path of the CPU runs: same planning,
+   masks and initialization) into
    ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
    tiles of 1,000 images in two parts (``<work>/data_a``, ``<work>/data_b``,
    about 40 and 48 MB), so each part travels in one call.
@@ -127,10 +128,10 @@ def export(args):
         out = work / "init" / _init_name(flags)
         if (out / "init.json").exists():
             continue
-        command = _run._command(flags, out, args.data_dir, REPO)
-        command.append("--export_init")
+        code_dir = _run._code_dir(flags["code"], REPO)  # the grid's pinned commit, as run.py does
+        command = [*_run._command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
-        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
     if not (work / _TEST_PART / "labels.npz").exists():
         print("[long_schedule] writing CIFAR-10 as WebP tiles", flush=True)
         _export_data(args.data_dir, work)
