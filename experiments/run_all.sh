@@ -3,7 +3,9 @@
 # Each grid pins the commit that trains it ("code"), checked out once as a worktree beside this one.
 # The translation-mode comparison goes first, because the library's default mode depends on it:
 # PreCrop exact / layerwise / balanced at params 0.1 (both seeds), SynFlow at 0.1, then the three
-# modes at the pareto point (15,000 params). Extra arguments go to run.py (e.g. --commit).
+# modes at the pareto point (15,000 params); then the rest of figures 2-3 and the baseline (grid
+# core, both seeds), the issue's first priority; then every grid, seed-major. Extra arguments go to
+# run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
@@ -12,4 +14,5 @@ done
 python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.1103-' "$@" &&
   python experiments/run.py "${GRIDS[@]}" --match 'synflow-params0\.1-' "$@" &&
   python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.054736-mode' "$@" &&
+  python experiments/run.py --grid experiments/grids/core.json "$@" &&
   exec python experiments/run.py "${GRIDS[@]}" "$@"
