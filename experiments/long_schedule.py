@@ -12,16 +12,19 @@ epochs of the same recipe as fit the time, on the JAX backend:
    ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
    tiles of 1,000 images in two parts (``<work>/data_a``, ``<work>/data_b``,
    about 40 and 48 MB), so each part travels in one call.
-2. ``calibrate`` (there): trains every run at once, one process each, for two
-   short epochs on random images, and writes the time of a full epoch (all
-   runs at once) and of the startup to ``--calib``.
-3. ``train`` (there): trains every run at once for ``--epochs`` (default: the
-   most, by the calibration, that end before ``--deadline_s``), with the
-   recipe of ``keras_precrop.train`` and a NumPy copy of ``keras_precrop.data``'s
-   CIFAR-10 preprocessing (pad 4, random crop, random flip, mean/std), stops
-   at ``--deadline_s``, and packs each
-   run's ``results.json``, ``history.csv``, ``train.log`` and, where the grid
-   asks, ``final_model.keras`` into ``<out>/runs.tgz``.
+2. ``calibrate`` (there): trains the grid's pending runs (no ``results.json``
+   in ``experiments/runs/``; the first ``--max_runs``, both seeds of an entry
+   together) at once, one process each, for two short epochs on random
+   images, and writes the time of a full epoch and of the startup to
+   ``--calib``.
+3. ``train`` (there): trains the same runs at once for the grid's epochs
+   (refused when the calibration says they would not end before
+   ``--deadline_s``), ``--epochs N`` or ``--epochs fit`` (the most that end
+   before it), with the recipe of ``keras_precrop.train`` and a NumPy copy of
+   ``keras_precrop.data``'s CIFAR-10 preprocessing (pad 4, random crop,
+   random flip, mean/std), stops at ``--deadline_s``, and packs each run's
+   ``results.json``, ``history.csv``, ``train.log`` and, where the grid asks,
+   ``final_model.keras`` into ``<out>/runs.tgz``.
 
 ``python experiments/report.py`` reports a grid trained this way like any
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
@@ -38,12 +41,17 @@ outlives calls on the same warm machine::
     mkdir -p /tmp/gpu && cp -r .gpu/init .gpu/data_a /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
-    python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu
+    python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu \\
+        --max_runs 8
     # call 2, within 30 s, carry .gpu/data_b (60 MiB):
     cp -r .gpu/data_b /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
     python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
-        --out "$OUT" --deadline_s 555
-    # here: tar xzf <files_at>/runs.tgz -C experiments/runs, set the grid's epochs
+        --max_runs 8 --out "$OUT" --deadline_s 555
+    # here: tar xzf <files_at>/runs.tgz -C experiments/runs
+
+The first 8 runs trained with ``--epochs fit`` (the grid then said 160): 40
+epochs fit, 449 s for 8 runs at once on the H100, and the grid now says 40,
+so later runs share their SynFlow and dense runs.
 """
 
 import argparse
@@ -122,9 +130,9 @@ def _export_data(data_dir, work):
 
 
 def export(args):
-    """Exports every run's untrained model and the data; skips what exists."""
+    """Exports the untrained model of every run not trained yet, and the data; skips what exists."""
     work = args.work.resolve()
-    for flags in _run.load_grid(args.grid):
+    for flags in _pending(args.grid):
         out = work / "init" / _init_name(flags)
         if (out / "init.json").exists():
             continue
@@ -326,13 +334,19 @@ def _wait(procs, deadline):
     return {name: proc.returncode for name, (proc, _) in procs.items()}
 
 
-def _unique_runs(grid):
-    runs, seen = [], set()
-    for flags in _run.load_grid(grid):
-        if _init_name(flags) not in seen:
-            seen.add(_init_name(flags))
-            runs.append(flags)
-    return runs
+def _pending(grid, max_runs=None):
+    """The grid's runs that have no ``results.json`` in ``experiments/runs/`` yet.
+
+    Ordered entry by entry, both seeds of an entry together (a claim needs two
+    seeds, and one call may not fit every run), and cut to ``max_runs``.
+    """
+    entries = len(json.loads(Path(grid).read_text())["runs"])
+    runs = [
+        (index % entries, flags["seed"], flags)
+        for index, flags in enumerate(_run.load_grid(grid))
+        if not (_run.RUNS / _run.run_id(flags) / "results.json").exists()
+    ]
+    return [flags for *_, flags in sorted(runs, key=lambda run: run[:2])][:max_runs]
 
 
 def _epoch_times(run_dir):
@@ -351,7 +365,7 @@ def calibrate(args):
     compiled already) is scaled to a full one: 390 training steps and 79
     evaluation batches, an evaluation batch taken as a third of a step.
     """
-    runs = _unique_runs(args.grid)
+    runs = _pending(args.grid, args.max_runs)
     start = time.time()
     short = ["--synthetic", f"--steps_per_epoch={args.steps}", "--eval_steps=20"]
     procs = _launch(runs, args.work.resolve(), Path("/tmp/long_schedule_calibration"), 2, short)
@@ -379,15 +393,53 @@ def _fitting_epochs(calib, deadline_s, max_epochs):
     return epochs - epochs % 10 if epochs >= 20 else epochs
 
 
+def _epochs_flag(text):
+    """``--epochs``: ``fit`` or a positive number of epochs."""
+    if text == "fit" or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected a positive number of epochs or 'fit', got {text!r}")
+
+
+def _epochs(args, runs):
+    """``--epochs``: a number, ``fit`` (the most that fit ``--deadline_s``) or, by default, the grid's.
+
+    Raises:
+        SystemExit: when the calibration was for another number of runs, or
+            says the grid's epochs would not end before ``--deadline_s``.
+    """
+    if args.epochs not in (None, "fit"):
+        return int(args.epochs)
+    calib = json.loads(Path(args.calib).read_text())
+    if calib["runs"] != len(runs):
+        raise SystemExit(
+            f"{args.calib} timed {calib['runs']} runs at once, this call trains {len(runs)}: "
+            "calibrate with the same --max_runs"
+        )
+    if args.epochs == "fit":
+        return _fitting_epochs(calib, args.deadline_s, max_epochs=160)
+    epochs = runs[0]["epochs"]
+    need = calib["startup_s"] + epochs * calib["epoch_s"]
+    if need > args.deadline_s:
+        raise SystemExit(
+            f"{len(runs)} runs x {epochs} epochs (the grid's) take about {need:.0f} s by {args.calib}, "
+            f"more than --deadline_s={args.deadline_s:.0f}: train fewer at once (--max_runs) or pass "
+            f"--epochs fit ({_fitting_epochs(calib, args.deadline_s, max_epochs=160)} epochs)"
+        )
+    return epochs
+
+
 def train(args):
-    """Trains every run at once until done or ``--deadline_s``; packs the results into ``--out``."""
+    """Trains the pending runs at once until done or ``--deadline_s``; packs the results into ``--out``."""
     start = time.time()
-    epochs = args.epochs or _fitting_epochs(json.loads(Path(args.calib).read_text()), args.deadline_s, 160)
+    runs = _pending(args.grid, args.max_runs)
+    if not runs:
+        raise SystemExit(f"every run of {args.grid} has its results.json in {_run.RUNS}")
+    epochs = _epochs(args, runs)
     if epochs < 1:
         raise SystemExit(f"the calibration in {args.calib} fits no epoch in --deadline_s={args.deadline_s}")
     root = Path("/tmp/long_schedule_runs")
-    print(f"[long_schedule] training {epochs} epochs", flush=True)
-    procs = _launch(_unique_runs(args.grid), args.work.resolve(), root, epochs)
+    print(f"[long_schedule] training {len(runs)} runs for {epochs} epochs", flush=True)
+    procs = _launch(runs, args.work.resolve(), root, epochs)
     codes = _wait(procs, start + args.deadline_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -413,11 +465,19 @@ def main(argv=None):
     p.add_argument("--calib", default="/tmp/long_schedule_calib.json")
     p.add_argument("--budget_s", type=float, default=120, help="calibration time limit")
     p.add_argument("--steps", type=int, default=100, help="training steps of each timed epoch")
+    p.add_argument("--max_runs", type=int, default=None, help="time only the first N pending runs")
     p.set_defaults(fn=calibrate)
     p = sub.add_parser("train", help="train every run at once and pack the results")
     p.add_argument("--grid", type=Path, required=True)
     p.add_argument("--work", type=Path, default=REPO / ".gpu")
-    p.add_argument("--epochs", type=int, default=None, help="default: the calibrated number")
+    p.add_argument(
+        "--epochs",
+        type=_epochs_flag,
+        default=None,
+        help="a number, or 'fit': the most that end before --deadline_s by the calibration; "
+        "default: the grid's (refused if the calibration says they do not fit)",
+    )
+    p.add_argument("--max_runs", type=int, default=None, help="train only the first N pending runs")
     p.add_argument("--calib", default="/tmp/long_schedule_calib.json")
     p.add_argument("--deadline_s", type=float, default=560, help="stop training this long after the start")
     p.add_argument("--out", required=True)

@@ -456,6 +456,34 @@ def _sanity():
     return lines + [""]
 
 
+# (PreCrop budget, SynFlow density) of the points of figures 2 (params) and 3 (FLOPs): SynFlow's
+# realized params / MACs ratios at its three densities.
+_PARAMS_POINTS = ((0.308, 0.3), (0.1103, 0.1), (0.0411, 0.03))
+_FLOPS_POINTS = ((0.5562, 0.3), (0.2734, 0.1), (0.0884, 0.03))
+
+
+def _precrop_claims(entries):
+    """The PreCrop-Params and PreCrop-FLOPs claim lines, over the points that ``entries`` hold."""
+    synflow = {e["flags"]["params"]: s for e, s in _find(entries, method="synflow")}
+    claims = (
+        ("PreCrop-Params", "precrop_params", "params", _PARAMS_POINTS, "matches SynFlow at equal parameters",
+         "match", "SynFlow {}"),
+        ("PreCrop-FLOPs", "precrop_flops", "flops", _FLOPS_POINTS, "beats SynFlow at equal FLOPs", "beat",
+         "MACs of SynFlow {}"),
+    )
+    lines = []
+    for label, method, key, points, claim, want, what in claims:
+        points = [(p, q) for p, q in points if _find(entries, method=method, **{key: p})]
+        for mode in ("exact", "layerwise") if points else ():
+            found = [_one(entries, method=method, mode=mode, **{key: p}) for p, _ in points]
+            rows = [_compare(s, synflow.get(q)) for s, (_, q) in zip(found, points)]
+            lines.append(
+                f"- **{label} ({mode}) {claim}**: {_verdict(rows, want)}. "
+                + _fmt_rows(rows, [what.format(q) for _, q in points])
+            )
+    return lines
+
+
 def _claims(core, thm, preconfig):
     """One line per paper claim: verdict and the numbers behind it."""
     lines = [
@@ -466,26 +494,7 @@ def _claims(core, thm, preconfig):
         "above tol. Both need 2 or more seeds on each side.",
         "",
     ]
-    synflow = {e["flags"]["params"]: s for e, s in _find(core, method="synflow")}
-    pairs = ((0.308, 0.3), (0.1103, 0.1), (0.0411, 0.03))
-    for mode in ("exact", "layerwise"):
-        rows = [
-            _compare(_one(core, method="precrop_params", params=p, mode=mode), synflow.get(q))
-            for p, q in pairs
-        ]
-        lines.append(
-            f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {_verdict(rows, 'match')}. "
-            + _fmt_rows(rows, [f"SynFlow {q}" for _, q in pairs])
-        )
-    flops = ((0.5562, 0.3), (0.2734, 0.1), (0.0884, 0.03))
-    for mode in ("exact", "layerwise"):
-        rows = [
-            _compare(_one(core, method="precrop_flops", flops=f, mode=mode), synflow.get(q)) for f, q in flops
-        ]
-        lines.append(
-            f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: {_verdict(rows, 'beat')}. "
-            + _fmt_rows(rows, [f"MACs of SynFlow {q}" for _, q in flops])
-        )
+    lines += _precrop_claims(core)
     granular = [(e["label"], _summary(e)) for e in thm if e["flags"]["method"] != "synflow"]
     done = [(label, s) for label, s in granular if s is not None and s["n"] >= 2]
     if len(done) == len(granular) and done:
@@ -537,18 +546,12 @@ def _long(entries):
     results = [r for e in entries for r in e["results"]]
     if not results:
         return []
-    synflow = _one(entries, method="synflow")
     lines = [
         f"**Longer schedule** ({results[0]['epochs']} epochs, {results[0]['backend']} backend on "
         f"{results[0]['device']}; section \"Longer schedule\" below):",
         "",
+        *_precrop_claims(entries),
     ]
-    for mode in ("exact", "layerwise"):
-        row = _compare(_one(entries, method="precrop_params", mode=mode), synflow)
-        lines.append(
-            f"- **PreCrop-Params ({mode}) matches SynFlow at params 0.1**: {_verdict([row], 'match')}. "
-            + _fmt_rows([row], ["SynFlow 0.1"])
-        )
     gaps = [100 * (r["history"][-1]["accuracy"] - r["final_accuracy"]) for r in results]
     return lines + [
         "",

@@ -8,6 +8,7 @@ exported masked model trains on the JAX backend in a process where
 TensorFlow cannot be imported, keeping its masks.
 """
 
+import argparse
 import json
 import math
 import os
@@ -157,3 +158,47 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
         assert np.all(weights[mask == 0] == 0) and np.all(weights[mask == 1] != 0), path
     assert not np.allclose(keras.ops.convert_to_numpy(trained.get_layer("classifier").kernel),
                            keras.ops.convert_to_numpy(model.get_layer("classifier").kernel))
+
+
+def _grid(tmp_path, monkeypatch, done=()):
+    """A two-entry, two-seed grid in tmp_path, with ``done`` run ids finished in a fake runs dir."""
+    runs = tmp_path / "runs"
+    for name in done:
+        (runs / name).mkdir(parents=True)
+        (runs / name / "results.json").write_text("{}")
+    monkeypatch.setattr(run, "RUNS", runs)
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({
+        "name": "g", "description": "", "defaults": {"model": "resnet20", "epochs": 40}, "seeds": [0, 1],
+        "runs": [{"method": "synflow", "params": 0.1}, {"method": "precrop_params", "params": 0.11}]}))
+    return grid
+
+
+def test_pending_runs_go_entry_by_entry_and_skip_finished_ones(tmp_path, monkeypatch):
+    grid = _grid(tmp_path, monkeypatch, done=["resnet20-synflow-params0.1-ep40-s0"])
+    ids = [run.run_id(flags) for flags in long_schedule._pending(grid)]
+    assert ids == ["resnet20-synflow-params0.1-ep40-s1", "resnet20-precrop_params-params0.11-ep40-s0",
+                   "resnet20-precrop_params-params0.11-ep40-s1"]
+    assert [run.run_id(f) for f in long_schedule._pending(grid, max_runs=2)] == ids[:2]
+
+
+def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_path, monkeypatch):
+    grid = _grid(tmp_path, monkeypatch)
+    runs = long_schedule._pending(grid)
+    calib = tmp_path / "calib.json"
+
+    def epochs(epochs, deadline_s, timed_runs=4, epoch_s=10.0):
+        calib.write_text(json.dumps({"runs": timed_runs, "epoch_s": epoch_s, "startup_s": 60.0}))
+        args = argparse.Namespace(epochs=epochs, calib=str(calib), deadline_s=deadline_s)
+        return long_schedule._epochs(args, runs)
+
+    assert epochs(None, 460) == 40  # 60 + 40 x 10 s
+    assert epochs("25", 100) == 25  # a number is taken as given
+    assert epochs("fit", 360) == 30
+    with pytest.raises(SystemExit, match=r"4 runs x 40 epochs \(the grid's\) take about 460 s .* "
+                                         r"--deadline_s=459.*--max_runs.*--epochs fit \(30 epochs\)"):
+        epochs(None, 459)
+    with pytest.raises(SystemExit, match="timed 8 runs at once, this call trains 4: calibrate with the same"):
+        epochs(None, 1000, timed_runs=8)
+    with pytest.raises(argparse.ArgumentTypeError, match="positive number of epochs or 'fit', got '0'"):
+        long_schedule._epochs_flag("0")
