@@ -10,8 +10,10 @@ epochs of the same recipe as fit the time, on the JAX backend:
    grid's pinned ``code`` (the code path of the CPU runs: same planning,
    masks and initialization) into
    ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
-   tiles of 1,000 images in two parts (``<work>/data_a``, ``<work>/data_b``,
-   about 40 and 48 MB), so each part travels in one call.
+   tiles of 1,000 images in three parts of about 29 MiB (``<work>/data_a``,
+   ``data_b``, ``data_c``), so that each part travels in one call beside a
+   repository that grows with every committed run. It also removes the
+   exported models of runs that have finished, which would only take room.
 2. ``calibrate`` (there): trains the grid's pending runs (no ``results.json``
    in ``experiments/runs/``; the first ``--max_runs``, both seeds of an entry
    together) at once, one process each, for two short epochs on random
@@ -30,28 +32,32 @@ epochs of the same recipe as fit the time, on the JAX backend:
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
 ``epochs`` say how long they trained.
 
-How the grid ``long`` was trained with this workplace's device tool (one
-H100, 15 minutes in all; ``.gpu`` and ``.whl``, the keras, namex and optree
+How the grid ``long`` trains with this workplace's device tool (one H100,
+15 minutes a session; ``.gpu`` and ``.whl``, the keras, namex and optree
 wheels, are listed in ``.git/info/exclude``). A call keeps only the ignored
 paths it carries, so each call copies what it brings to ``/tmp/gpu``, which
-outlives calls on the same warm machine::
+outlives calls on the same warm machine; each call must follow the last
+within 30 s::
 
     python experiments/long_schedule.py export --grid experiments/grids/long.json   # here
-    # call 1, carry .whl .gpu/init .gpu/data_a (61 MiB with the repository):
+    # call 1, carry .whl .gpu/init .gpu/data_a:
     mkdir -p /tmp/gpu && cp -r .gpu/init .gpu/data_a /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
     python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu \\
         --max_runs 8
-    # call 2, within 30 s, carry .gpu/data_b (60 MiB):
-    cp -r .gpu/data_b /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
+    # call 2, carry .gpu/data_b:
+    cp -r .gpu/data_b /tmp/gpu/
+    # call 3, carry .gpu/data_c:
+    cp -r .gpu/data_c /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
     python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
         --max_runs 8 --out "$OUT" --deadline_s 555
     # here: tar xzf <files_at>/runs.tgz -C experiments/runs
 
-The first 8 runs trained with ``--epochs fit`` (the grid then said 160): 40
-epochs fit, 449 s for 8 runs at once on the H100, and the grid now says 40,
-so later runs share their SynFlow and dense runs.
+The first 8 runs went in two parts (27,000 and 23,000 training images) and
+trained with ``--epochs fit`` (the grid then said 160): 40 epochs fit, 449 s
+for 8 runs at once on the H100, and the grid now says 40, so later runs share
+their SynFlow and dense runs.
 """
 
 import argparse
@@ -60,6 +66,7 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -72,8 +79,12 @@ import run as _run  # experiments/run.py: grid loading and run ids
 REPO = Path(__file__).resolve().parents[1]
 _TILE = 1000  # images per WebP tile: 25 rows of 40
 _TILE_SHAPE = (25, 40)
-_PARTS = {"data_a": ("train", 0, 27_000), "data_b": ("train", 27_000, 50_000)}
-_TEST_PART = "data_b"
+_PARTS = {
+    "data_a": ("train", 0, 20_000),
+    "data_b": ("train", 20_000, 40_000),
+    "data_c": ("train", 40_000, 50_000),
+}
+_TEST_PART = "data_c"  # with the test split and the labels
 _BATCH = 128
 _PACKED = ("results.json", "history.csv", "train.log", "final_model.keras")
 
@@ -140,6 +151,10 @@ def export(args):
         command = [*_run._command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
         subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
+    pending = {_init_name(flags) for flags in _pending(args.grid)}
+    finished = {_init_name(flags) for flags in _run.load_grid(args.grid)} - pending
+    for name in finished & {folder.name for folder in (work / "init").glob("*")}:
+        shutil.rmtree(work / "init" / name)  # trained already: it would only take room in a call
     if not (work / _TEST_PART / "labels.npz").exists():
         print("[long_schedule] writing CIFAR-10 as WebP tiles", flush=True)
         _export_data(args.data_dir, work)
@@ -158,7 +173,7 @@ def _read_split(work, split, count):
     if len(paths) * _TILE != count:
         raise FileNotFoundError(
             f"{work}: found {len(paths)} {split} tiles of {_TILE} images, need {count // _TILE}; "
-            f"copy both data parts ({', '.join(_PARTS)}) there"
+            f"copy every data part ({', '.join(_PARTS)}) there"
         )
     rows, cols = _TILE_SHAPE
     tiles = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
