@@ -147,8 +147,8 @@ def export(args):
         out = work / "init" / _init_name(flags)
         if (out / "init.json").exists():
             continue
-        code_dir = _run._code_dir(flags["code"], REPO)  # the grid's pinned commit, as run.py does
-        command = [*_run._command(flags, out, args.data_dir, code_dir), "--export_init"]
+        code_dir = _run.code_dir_of(flags["code"], REPO)  # the grid's pinned commit, as run.py does
+        command = [*_run.train_command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
         subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
     pending = {_init_name(flags) for flags in _pending(args.grid)}

@@ -106,7 +106,7 @@ def load_grid(path):
     ]
 
 
-def _code_dir(commit, default):
+def code_dir_of(commit, default):
     """The checkout that trains a grid: a worktree of ``commit`` (made once), or ``default``."""
     if commit is None:
         return default.resolve()
@@ -126,7 +126,8 @@ def _code_dir(commit, default):
     return path
 
 
-def _command(flags, model_dir, data_dir, code_dir):
+def train_command(flags, model_dir, data_dir, code_dir):
+    """The ``examples/train_cifar.py`` command line of ``code_dir`` that trains one run's flags."""
     command = [sys.executable, str(code_dir / "examples" / "train_cifar.py"), f"--model_dir={model_dir}"]
     if data_dir:
         command.append(f"--data_dir={data_dir}")
@@ -206,8 +207,8 @@ def main(argv=None):
         if args.max_runs is not None and trained >= args.max_runs:
             break
         run_dir.mkdir(exist_ok=True)
-        code_dir = _code_dir(flags["code"], args.code_dir)
-        command = _command(flags, run_dir, args.data_dir, code_dir)
+        code_dir = code_dir_of(flags["code"], args.code_dir)
+        command = train_command(flags, run_dir, args.data_dir, code_dir)
         print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
         with open(run_dir / "train.log", "a") as log:
             log.write(f"$ {' '.join(command)}\n")

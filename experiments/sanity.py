@@ -388,7 +388,11 @@ def init_checks(grids, match=None, code_dir=None):
                     raise ValueError(f"a grid of {[p[0] for p in plans]} pins no code; pass --code_dir")
                 _extract(commit, code)
             jobs = [
-                {"run": name, "grid": grid, "args": _run._command(flags, pathlib.Path(tmp), None, code)[2:]}
+                {
+                    "run": name,
+                    "grid": grid,
+                    "args": _run.train_command(flags, pathlib.Path(tmp), None, code)[2:],
+                }
                 for name, grid, flags in plans
             ]
             (pathlib.Path(tmp) / "jobs.json").write_text(json.dumps(jobs))
