@@ -164,6 +164,28 @@ def _plot(entries, x_key, path, title, xlabel, logx=True):
     return True
 
 
+def _plot_curves(entries, path, title):
+    """Test accuracy after each epoch (mean over seeds), one line per finished entry."""
+    finished = [e for e in entries if e["results"]]
+    if not finished:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for entry in finished:
+        curves = [[100 * row["val_accuracy"] for row in r["history"]] for r in entry["results"]]
+        length = min(map(len, curves))
+        mean = [statistics.mean(curve[i] for curve in curves) for i in range(length)]
+        ax.plot(range(1, length + 1), mean, label=f"{entry['label']} (n {len(curves)})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def _spar_comp():
     path = RESULTS / "spar_comp.json"
     if not path.exists():
@@ -582,6 +604,8 @@ def main():
         lines += body
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
+    if _plot_curves(long_entries, FIGURES / "long_curves.png", "Longer schedule: test accuracy per epoch"):
+        lines += ["![long_curves](figures/long_curves.png)", ""]
     epochs = sorted({r["epochs"] for grid in entries.values() for e in grid for r in e["results"]}) or [10]
     core, pareto = entries["core"], entries["pareto"]
     lines[0:0] = (

@@ -508,6 +508,8 @@ def report_dir(tmp_path_factory):
             run_dir.mkdir(parents=True)
             result = {**_result(stem.split("-")[1], accuracy, seed), "epochs": 40, "backend": "jax",
                       "device": "gpu: H100"}
+            for row, val in zip(result["history"], (0.3, accuracy)):  # the per-epoch curve's values
+                row["val_accuracy"] = val
             (run_dir / "results.json").write_text(json.dumps(result))
     real_readme = (REPO / "experiments" / "README.md").read_bytes()
     with pytest.MonkeyPatch.context() as patch:
@@ -636,7 +638,7 @@ def test_report_keeps_the_defaults_only_while_every_pair_ties():
     assert "Verdict: pending" in nothing and kept not in nothing
 
 
-def test_report_longer_schedule(page):
+def test_report_longer_schedule(report_dir, page):
     """The claims again from the grid "long", over its points alone, with its own epochs, backend and
     device; its runs at params 0.03 and its FLOPs runs have not finished."""
     assert '**Longer schedule** (40 epochs, jax backend on gpu: H100; section "Longer schedule"' in page
@@ -654,3 +656,5 @@ def test_report_longer_schedule(page):
     mean, std = _stats(_LONG_ACCURACIES["resnet20-baseline-ep40"])
     assert f"| baseline | - | 30,005 | {30005 / 274042:.4f} | 0.2550 | {mean:.2f} ± {std:.2f} |" in section
     assert "| 40 |" in section and "ep10" not in section
+    assert "![long_curves](figures/long_curves.png)" in section
+    assert (report_dir / "figures" / "long_curves.png").stat().st_size > 0
