@@ -26,7 +26,11 @@ epochs of the same recipe as fit the time, on the JAX backend:
    ``keras_precrop.data``'s CIFAR-10 preprocessing (pad 4, random crop,
    random flip, mean/std), stops at ``--deadline_s``, and packs each run's
    ``results.json``, ``history.csv``, ``train.log`` and, where the grid asks,
-   ``final_model.keras`` into ``<out>/runs.tgz``.
+   ``final_model.keras`` into ``<out>/runs.tgz``; a run the deadline stopped
+   packs its ``backup/`` too, and goes on from its last finished epoch (same
+   batches as uninterrupted) when a later call finds it in ``<work>/resume/``.
+4. ``unpack`` (here): puts finished runs into ``experiments/runs/`` and the
+   stopped ones into ``<work>/resume/``.
 
 ``python experiments/report.py`` reports a grid trained this way like any
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
@@ -40,8 +44,9 @@ outlives calls on the same warm machine; each call must follow the last
 within 30 s::
 
     python experiments/long_schedule.py export --grid experiments/grids/long.json   # here
-    # call 1, carry .whl .gpu/init .gpu/data_a:
+    # call 1, carry .whl .gpu/init .gpu/data_a (and .gpu/resume, if unpack made one):
     mkdir -p /tmp/gpu && cp -r .gpu/init .gpu/data_a /tmp/gpu/
+    [ -d .gpu/resume ] && cp -r .gpu/resume /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
     python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu \\
@@ -52,12 +57,15 @@ within 30 s::
     cp -r .gpu/data_c /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
     python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
         --max_runs 8 --out "$OUT" --deadline_s 555
-    # here: tar xzf <files_at>/runs.tgz -C experiments/runs
+    # here: python experiments/long_schedule.py unpack <files_at>/runs.tgz
 
-The first 8 runs went in two parts (27,000 and 23,000 training images) and
-trained with ``--epochs fit`` (the grid then said 160): 40 epochs fit, 449 s
-for 8 runs at once on the H100, and the grid now says 40, so later runs share
-their SynFlow and dense runs.
+History: the first 8 runs went in two data parts (27,000 and 23,000 training
+images) and trained with ``--epochs fit`` (the grid then said 160): 40 epochs
+fit, 449 s for 8 runs at once on the H100, and the grid now says 40, so later
+runs share their SynFlow and dense runs. The 4.5 minutes left of that session
+trained PreCrop-FLOPs (exact, both seeds) for 35 and 36 of the 40 epochs
+before the deadline; nothing resumed stopped runs then, so they were lost, and
+stopped runs now pack their backup.
 """
 
 import argparse
@@ -70,6 +78,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -202,8 +211,12 @@ def _augment(images, rng):
     return padded[np.arange(n)[:, None, None], rows, cols]
 
 
-def _batches(images, labels, *, training, seed, mean, std, normalize=True):
-    """A ``keras.utils.PyDataset`` of preprocessed ``(images, labels)`` batches."""
+def _batches(images, labels, *, training, seed, mean, std, normalize=True, first_epoch=0):
+    """A ``keras.utils.PyDataset`` of preprocessed ``(images, labels)`` batches.
+
+    Epoch ``e``'s order and augmentation depend on ``(seed, e)`` alone, so a run
+    resumed at ``first_epoch`` sees the batches an uninterrupted run would.
+    """
     import keras
 
     class Batches(keras.utils.PyDataset):
@@ -212,7 +225,7 @@ def _batches(images, labels, *, training, seed, mean, std, normalize=True):
 
         def __init__(self):
             super().__init__(workers=4 if training else 1, use_multiprocessing=False)
-            self._epoch = 0
+            self._epoch = first_epoch
             self._order = self._permutation()
 
         def _permutation(self):
@@ -273,9 +286,10 @@ def train_one(args):
         lambda: loaded, recipe, steps_per_epoch=steps, global_batch_size=_BATCH, epochs=args.epochs
     )
     pipeline = dict(seed=record["seed"], mean=mean, std=std, normalize=record.get("normalize", True))
+    done = len(_epoch_times(Path(args.model_dir)))  # epochs an earlier call trained (resumed here)
     result = train.fit(
         model,
-        _batches(train_x, train_y, training=True, **pipeline),
+        _batches(train_x, train_y, training=True, first_epoch=done, **pipeline),
         _batches(test_x, test_y, training=False, **pipeline),
         model_dir=args.model_dir,
         epochs=args.epochs,
@@ -319,6 +333,8 @@ def _launch(runs, work, root, epochs, extra=()):
         name = _run.run_id({**flags, "epochs": epochs})
         run_dir = root / name
         run_dir.mkdir(parents=True, exist_ok=True)
+        if (work / "resume" / name).is_dir():  # stopped by an earlier call's deadline: go on from there
+            shutil.copytree(work / "resume" / name, run_dir, dirs_exist_ok=True)
         command = [
             sys.executable,
             __file__,
@@ -458,12 +474,35 @@ def train(args):
     codes = _wait(procs, start + args.deadline_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / "runs.tgz", "w:gz") as tar:
-        for name, (_, run_dir) in procs.items():
-            for file in _PACKED:
+    _pack({name: run_dir for name, (_, run_dir) in procs.items()}, out / "runs.tgz")
+    print(f"[long_schedule] exit codes {codes}; packed {out / 'runs.tgz'} after {time.time() - start:.0f} s")
+
+
+def _pack(run_dirs, path):
+    """Packs each run's files; an unfinished run's ``backup/`` too, so that a later call resumes it."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, run_dir in run_dirs.items():
+            finished = (run_dir / "results.json").exists()
+            for file in _PACKED if finished else (*_PACKED, "backup"):
                 if (run_dir / file).exists():
                     tar.add(run_dir / file, arcname=f"{name}/{file}")
-    print(f"[long_schedule] exit codes {codes}; packed {out / 'runs.tgz'} after {time.time() - start:.0f} s")
+
+
+def unpack(args):
+    """Puts ``train``'s ``runs.tgz`` in place: finished runs into ``experiments/runs/``, the others
+    (stopped at the deadline) into ``<work>/resume/``, which the next call carries to go on."""
+    work = args.work.resolve()
+    with tarfile.open(args.tgz) as tar, tempfile.TemporaryDirectory() as tmp:
+        tar.extractall(tmp, filter="data")
+        for run_dir in sorted(Path(tmp).iterdir()):
+            finished = (run_dir / "results.json").exists()
+            target = (_run.RUNS if finished else work / "resume") / run_dir.name
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(run_dir, target)
+            if finished:
+                shutil.rmtree(work / "resume" / run_dir.name, ignore_errors=True)
+            state = "finished" if finished else f"{len(_epoch_times(target))} epochs done, to resume"
+            print(f"[long_schedule] {run_dir.name}: {state} -> {target}")
 
 
 def main(argv=None):
@@ -497,6 +536,10 @@ def main(argv=None):
     p.add_argument("--deadline_s", type=float, default=560, help="stop training this long after the start")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=train)
+    p = sub.add_parser("unpack", help="put train's runs.tgz in place (here)")
+    p.add_argument("tgz", type=Path)
+    p.add_argument("--work", type=Path, default=REPO / ".gpu")
+    p.set_defaults(fn=unpack)
     p = sub.add_parser("_one", help=argparse.SUPPRESS)
     p.add_argument("--init", required=True)
     p.add_argument("--work", required=True)

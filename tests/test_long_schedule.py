@@ -88,6 +88,8 @@ def test_training_batches_shuffle_augment_and_keep_labels():
     assert not np.array_equal(batches[0][1], first[0])  # a new order every epoch
     again = long_schedule._batches(images, labels, training=True, seed=3, mean=mean, std=std)
     np.testing.assert_array_equal(again[0][0], x)  # the seed fixes order and augmentation
+    resumed = long_schedule._batches(images, labels, training=True, seed=3, mean=mean, std=std, first_epoch=1)
+    np.testing.assert_array_equal(resumed[0][0], batches[0][0])  # a resumed run's second epoch
 
 
 def test_evaluation_batches_are_every_image_in_order_normalized():
@@ -158,6 +160,13 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
         assert np.all(weights[mask == 0] == 0) and np.all(weights[mask == 1] != 0), path
     assert not np.allclose(keras.ops.convert_to_numpy(trained.get_layer("classifier").kernel),
                            keras.ops.convert_to_numpy(model.get_layer("classifier").kernel))
+    # A later call with a longer run goes on from the backup: one more epoch, history kept.
+    command[command.index("--epochs=2")] = "--epochs=3"
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Epoch 3/3" in done.stdout and "Epoch 1/3" not in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert [row["epoch"] for row in results["history"]] == [0, 1, 2]
 
 
 def _grid(tmp_path, monkeypatch, done=()):
@@ -202,3 +211,26 @@ def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_pa
         epochs(None, 1000, timed_runs=8)
     with pytest.raises(argparse.ArgumentTypeError, match="positive number of epochs or 'fit', got '0'"):
         long_schedule._epochs_flag("0")
+
+
+def test_pack_and_unpack_put_finished_runs_in_place_and_keep_the_others_resumable(tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    device = tmp_path / "device"
+    files = {"done": ["results.json", "history.csv", "train.log", "final_model.keras", "backup/w.h5"],
+             "cut": ["history.csv", "train.log", "backup/w.h5", "backup/training_metadata.json"]}
+    for name, paths in files.items():
+        for path in paths:
+            (device / name / path).parent.mkdir(parents=True, exist_ok=True)
+            text = "epoch,epoch_time\n0,1.0\n1,1.0\n" if "history" in path else name
+            (device / name / path).write_text(text)
+    long_schedule._pack({name: device / name for name in files}, tmp_path / "runs.tgz")
+    work = tmp_path / "work"
+    (work / "resume" / "done" / "backup").mkdir(parents=True)  # from an earlier call that was cut short
+    long_schedule.unpack(argparse.Namespace(tgz=tmp_path / "runs.tgz", work=work))
+    assert sorted(p.name for p in (tmp_path / "runs" / "done").iterdir()) == sorted(
+        ["results.json", "history.csv", "train.log", "final_model.keras"])  # no backup: it is finished
+    assert not (work / "resume" / "done").exists()
+    cut = work / "resume" / "cut"
+    assert sorted(str(p.relative_to(cut)) for p in cut.rglob("*") if p.is_file()) == sorted(files["cut"])
+    assert (cut / "backup" / "w.h5").read_text() == "cut"
+    assert not (tmp_path / "runs" / "cut").exists()
