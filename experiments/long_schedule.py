@@ -134,9 +134,10 @@ def _export_data(data_dir, work):
         )
         for split in ("train", "test")
     }
-    parts = {**_PARTS, _TEST_PART + "/test": ("test", 0, len(splits["test"]["image"]))}
-    for part, (split, start, stop) in parts.items():
-        folder = work / part.split("/")[0]
+    pieces = [(part, *spec) for part, spec in _PARTS.items()]
+    pieces.append((_TEST_PART, "test", 0, len(splits["test"]["image"])))
+    for part, split, start, stop in pieces:
+        folder = work / part
         folder.mkdir(parents=True, exist_ok=True)
         for index, blob in enumerate(_tiles(splits[split]["image"][start:stop])):
             (folder / f"{split}-{(start // _TILE) + index:03d}.webp").write_bytes(blob)
@@ -175,10 +176,11 @@ def export(args):
 
 
 def _read_split(work, split, count):
-    """Decodes the ``split`` tiles of both parts into a uint8 ``(count, 32, 32, 3)`` array."""
+    """Decodes the ``split`` tiles of every part, in tile order, into uint8 ``(count, 32, 32, 3)``."""
     from PIL import Image
 
-    paths = sorted(p for part in _PARTS for p in (work / part).glob(f"{split}-*.webp"))
+    found = [path for part in _PARTS for path in (work / part).glob(f"{split}-*.webp")]
+    paths = sorted(found, key=lambda path: path.name)
     if len(paths) * _TILE != count:
         raise FileNotFoundError(
             f"{work}: found {len(paths)} {split} tiles of {_TILE} images, need {count // _TILE}; "

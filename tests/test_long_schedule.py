@@ -57,6 +57,8 @@ def test_tiles_round_trip_and_a_missing_part_is_named(tmp_path):
         for index, blob in enumerate(long_schedule._tiles(images[start:stop])):
             (tmp_path / part / f"train-{start // 1000 + index:03d}.webp").write_bytes(blob)
     np.testing.assert_array_equal(long_schedule._read_split(tmp_path, "train", 3000), images)
+    (tmp_path / "data_a" / "train-000.webp").rename(tmp_path / "data_b" / "train-000.webp")
+    np.testing.assert_array_equal(long_schedule._read_split(tmp_path, "train", 3000), images)  # tile order
     (tmp_path / "data_b" / "train-002.webp").unlink()
     with pytest.raises(FileNotFoundError, match="2 train tiles.*need 3.*every data part.*data_a, data_b"):
         long_schedule._read_split(tmp_path, "train", 3000)
