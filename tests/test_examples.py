@@ -117,6 +117,24 @@ def test_cifar_synflow_keeps_masked_weights_zero(tmp_path):
     assert "Density" in stdout and stdout.index("Density") < stdout.index("Epoch 1/2")
 
 
+def test_cifar_export_init_writes_the_untrained_model_and_its_record(tmp_path):
+    """--export_init: the model that would train, untrained, and the record results.json would start
+    with; nothing is trained (no history, no checkpoints)."""
+    proc = _run("train_cifar.py", ["--method=synflow", "--params=0.1", "--verbose=0", "--export_init",
+                                   f"--model_dir={tmp_path}", *_SHORT], mock_examples=64)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "trained nothing" in proc.stdout and "Epoch" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["init.json", "init_model.keras"]
+    record = json.loads((tmp_path / "init.json").read_text())
+    model = keras.saving.load_model(tmp_path / "init_model.keras", compile=False)
+    kernels = [w.numpy() for w in model.weights if w.trainable and len(w.shape) >= 2]
+    kept = sum(int(np.count_nonzero(k)) for k in kernels)
+    assert kept / sum(k.size for k in kernels) == pytest.approx(0.1, abs=1e-4)  # masks applied already
+    assert record["params"] == model.count_params() - sum(k.size for k in kernels) + kept
+    assert [record[key] for key in ("method", "epochs", "seed", "normalize")] == ["synflow", 2, 0, True]
+    assert "--export_init" in record["command"] and "final_accuracy" not in record
+
+
 @pytest.mark.slow
 def test_imagenet_resnet18_on_mock_data(tmp_path):
     results, _ = _train(
