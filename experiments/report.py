@@ -153,6 +153,12 @@ def _plot(entries, x_key, path, title, xlabel, logx=True):
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
     if logx:
         ax.set_xscale("log")
+    _finish(fig, ax, xlabel, title, path)
+    return True
+
+
+def _finish(fig, ax, xlabel, title, path):
+    """Labels an accuracy plot, saves it to ``path`` and closes it."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -161,7 +167,6 @@ def _plot(entries, x_key, path, title, xlabel, logx=True):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
 
 
 def _plot_curves(entries, path, title):
@@ -175,14 +180,7 @@ def _plot_curves(entries, path, title):
         length = min(map(len, curves))
         mean = [statistics.mean(curve[i] for curve in curves) for i in range(length)]
         ax.plot(range(1, length + 1), mean, label=f"{entry['label']} (n {len(curves)})")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, "epoch", title, path)
     return True
 
 
