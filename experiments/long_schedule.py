@@ -153,7 +153,8 @@ def _export_data(data_dir, work):
 def export(args):
     """Exports the untrained model of every run not trained yet, and the data; skips what exists."""
     work = args.work.resolve()
-    for flags in _pending(args.grid):
+    pending = _pending(args.grid)
+    for flags in pending:
         out = work / "init" / _init_name(flags)
         if (out / "init.json").exists():
             continue
@@ -161,8 +162,8 @@ def export(args):
         command = [*_run.train_command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
         subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
-    pending = {_init_name(flags) for flags in _pending(args.grid)}
-    finished = {_init_name(flags) for flags in _run.load_grid(args.grid)} - pending
+    finished = {_init_name(flags) for flags in _run.load_grid(args.grid)}
+    finished -= {_init_name(flags) for flags in pending}
     for name in finished & {folder.name for folder in (work / "init").glob("*")}:
         shutil.rmtree(work / "init" / name)  # trained already: it would only take room in a call
     if not (work / _TEST_PART / "labels.npz").exists():
@@ -288,7 +289,9 @@ def train_one(args):
         lambda: loaded, recipe, steps_per_epoch=steps, global_batch_size=_BATCH, epochs=args.epochs
     )
     pipeline = dict(seed=record["seed"], mean=mean, std=std, normalize=record.get("normalize", True))
-    done = len(_epoch_times(Path(args.model_dir)))  # epochs an earlier call trained (resumed here)
+    # Epochs an earlier call trained, which BackupAndRestore skips. (A kill between an epoch's log
+    # row and its backup repeats that epoch with the next epoch's batches: still a fresh shuffle.)
+    done = len(train.read_history(args.model_dir))
     result = train.fit(
         model,
         _batches(train_x, train_y, training=True, first_epoch=done, **pipeline),

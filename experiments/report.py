@@ -542,10 +542,14 @@ def _claims(core, thm, preconfig):
     return lines + ["", *_underfit(core), ""]
 
 
+def _train_minus_test(result):
+    """The last epoch's training accuracy less the final test accuracy of a run, in pp."""
+    return 100 * (result["history"][-1]["accuracy"] - result["final_accuracy"])
+
+
 def _underfit(core):
     """A note on the regime the short schedule trains in: train vs test accuracy at the end."""
-    gaps = [(100 * (r["history"][-1]["accuracy"] - r["final_accuracy"]), r)
-            for e in core for r in e["results"]]
+    gaps = [(_train_minus_test(r), r) for e in core for r in e["results"]]
     if not gaps:
         return []
     low, high = min(g for g, _ in gaps), max(g for g, _ in gaps)
@@ -572,7 +576,7 @@ def _long(entries):
         "",
         *_precrop_claims(entries),
     ]
-    gaps = [100 * (r["history"][-1]["accuracy"] - r["final_accuracy"]) for r in results]
+    gaps = [_train_minus_test(r) for r in results]
     return lines + [
         "",
         f"There the last epoch's training accuracy is {min(gaps):+.2f} to {max(gaps):+.2f} pp from the "
