@@ -65,7 +65,14 @@ fit, 449 s for 8 runs at once on the H100, and the grid now says 40, so later
 runs share their SynFlow and dense runs. The 4.5 minutes left of that session
 trained PreCrop-FLOPs (exact, both seeds) for 35 and 36 of the 40 epochs
 before the deadline; nothing resumed stopped runs then, so they were lost, and
-stopped runs now pack their backup.
+stopped runs now pack their backup. The next lent H100 trained the other 10 in
+two calls after the three above: ``train --max_runs 8 --epochs 40
+--deadline_s 565`` (8 runs at once, 432 s), then, on the same warm machine,
+``train --max_runs 2 --epochs 40`` (the last 2, 167 s; ``train`` counts the
+runs an earlier call on the same machine finished as done). After the first
+(compiling) epoch, an epoch took 2.9 s with 2 runs at once and 7.3-8.5 s with
+8: the 8 trained 1.4x as many epochs a second, so filling a call with runs
+pays, but not 4x.
 """
 
 import argparse
@@ -370,17 +377,21 @@ def _wait(procs, deadline):
     return {name: proc.returncode for name, (proc, _) in procs.items()}
 
 
-def _pending(grid, max_runs=None):
+def _pending(grid, max_runs=None, trained=None):
     """The grid's runs that have no ``results.json`` in ``experiments/runs/`` yet.
 
     Ordered entry by entry, both seeds of an entry together (a claim needs two
-    seeds, and one call may not fit every run), and cut to ``max_runs``.
+    seeds, and one call may not fit every run), and cut to ``max_runs``. Runs
+    with a ``results.json`` under ``trained`` (``train``'s folder on the
+    device, where an earlier call on the same warm machine finished them and
+    packed them for ``unpack``) are done too, so a second call trains the next.
     """
     entries = len(json.loads(Path(grid).read_text())["runs"])
+    done = [_run.RUNS, *([trained] if trained else [])]
     runs = [
         (index % entries, flags["seed"], flags)
         for index, flags in enumerate(_run.load_grid(grid))
-        if not (_run.RUNS / _run.run_id(flags) / "results.json").exists()
+        if not any((root / _run.run_id(flags) / "results.json").exists() for root in done)
     ]
     return [flags for *_, flags in sorted(runs, key=lambda run: run[:2])][:max_runs]
 
@@ -467,13 +478,13 @@ def _epochs(args, runs):
 def train(args):
     """Trains the pending runs at once until done or ``--deadline_s``; packs the results into ``--out``."""
     start = time.time()
-    runs = _pending(args.grid, args.max_runs)
+    root = Path("/tmp/long_schedule_runs")
+    runs = _pending(args.grid, args.max_runs, trained=root)
     if not runs:
-        raise SystemExit(f"every run of {args.grid} has its results.json in {_run.RUNS}")
+        raise SystemExit(f"every run of {args.grid} has its results.json in {_run.RUNS} or {root}")
     epochs = _epochs(args, runs)
     if epochs < 1:
         raise SystemExit(f"the calibration in {args.calib} fits no epoch in --deadline_s={args.deadline_s}")
-    root = Path("/tmp/long_schedule_runs")
     print(f"[long_schedule] training {len(runs)} runs for {epochs} epochs", flush=True)
     procs = _launch(runs, args.work.resolve(), root, epochs)
     codes = _wait(procs, start + args.deadline_s)

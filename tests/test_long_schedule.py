@@ -191,6 +191,10 @@ def test_pending_runs_go_entry_by_entry_and_skip_finished_ones(tmp_path, monkeyp
     assert ids == ["resnet20-synflow-params0.1-ep40-s1", "resnet20-precrop_params-params0.11-ep40-s0",
                    "resnet20-precrop_params-params0.11-ep40-s1"]
     assert [run.run_id(f) for f in long_schedule._pending(grid, max_runs=2)] == ids[:2]
+    trained = tmp_path / "trained"  # an earlier call on the same device machine finished this one
+    (trained / ids[0]).mkdir(parents=True)
+    (trained / ids[0] / "results.json").write_text("{}")
+    assert [run.run_id(f) for f in long_schedule._pending(grid, trained=trained)] == ids[1:]
 
 
 def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_path, monkeypatch):
