@@ -482,26 +482,62 @@ _PARAMS_POINTS = ((0.308, 0.3), (0.1103, 0.1), (0.0411, 0.03))
 _FLOPS_POINTS = ((0.5562, 0.3), (0.2734, 0.1), (0.0884, 0.03))
 
 
-def _precrop_claims(entries):
-    """The PreCrop-Params and PreCrop-FLOPs claim lines, over the points that ``entries`` hold."""
+_PRECROP_CLAIMS = (  # label, method, budget flag, points, claim, "match"/"beat", point label
+    ("PreCrop-Params", "precrop_params", "params", _PARAMS_POINTS, "matches SynFlow at equal parameters",
+     "match", "SynFlow {}"),
+    ("PreCrop-FLOPs", "precrop_flops", "flops", _FLOPS_POINTS, "beats SynFlow at equal FLOPs", "beat",
+     "MACs of SynFlow {}"),
+)
+
+
+def _precrop_rows(entries):
+    """Each PreCrop claim and mode, compared with SynFlow at the points that ``entries`` hold.
+
+    Returns:
+        ``(label, mode, claim, want, {point label: _compare row or None})`` tuples.
+    """
     synflow = {e["flags"]["params"]: s for e, s in _find(entries, method="synflow")}
-    claims = (
-        ("PreCrop-Params", "precrop_params", "params", _PARAMS_POINTS, "matches SynFlow at equal parameters",
-         "match", "SynFlow {}"),
-        ("PreCrop-FLOPs", "precrop_flops", "flops", _FLOPS_POINTS, "beats SynFlow at equal FLOPs", "beat",
-         "MACs of SynFlow {}"),
-    )
-    lines = []
-    for label, method, key, points, claim, want, what in claims:
+    found = []
+    for label, method, key, points, claim, want, what in _PRECROP_CLAIMS:
         points = [(p, q) for p, q in points if _find(entries, method=method, **{key: p})]
         for mode in ("exact", "layerwise") if points else ():
-            found = [_one(entries, method=method, mode=mode, **{key: p}) for p, _ in points]
-            rows = [_compare(s, synflow.get(q)) for s, (_, q) in zip(found, points)]
-            lines.append(
-                f"- **{label} ({mode}) {claim}**: {_verdict(rows, want)}. "
-                + _fmt_rows(rows, [what.format(q) for _, q in points])
-            )
-    return lines
+            rows = {
+                what.format(q): _compare(_one(entries, method=method, mode=mode, **{key: p}), synflow.get(q))
+                for p, q in points
+            }
+            found.append((label, mode, claim, want, rows))
+    return found
+
+
+def _precrop_claims(entries):
+    """The PreCrop-Params and PreCrop-FLOPs claim lines, over the points that ``entries`` hold."""
+    return [
+        f"- **{label} ({mode}) {claim}**: {_verdict(list(rows.values()), want)}. "
+        + _fmt_rows(list(rows.values()), list(rows))
+        for label, mode, claim, want, rows in _precrop_rows(entries)
+    ]
+
+
+def _across_schedules(short, long):
+    """PreCrop minus SynFlow at the points both schedules trained with 2+ seeds on each side."""
+    def epochs(entries):
+        return next(r["epochs"] for e in entries for r in e["results"])
+
+    def counted(row):
+        return row is not None and min(row[2], row[3]) >= 2
+
+    before = {(label, mode, point): row for label, mode, *_, rows in _precrop_rows(short)
+              for point, row in rows.items() if counted(row)}
+    said = [
+        f"{label} ({mode}) at {point}: {before[label, mode, point][0]:+.2f} pp at {epochs(short)} epochs, "
+        f"{row[0]:+.2f} pp at {epochs(long)}"
+        for label, mode, *_, rows in _precrop_rows(long)
+        for point, row in rows.items()
+        if counted(row) and (label, mode, point) in before
+    ]
+    if not said:
+        return []
+    return ["PreCrop minus SynFlow where both schedules have 2+ seeds: " + "; ".join(said) + "."]
 
 
 def _claims(core, thm, preconfig):
@@ -565,8 +601,9 @@ def _underfit(core):
     ]
 
 
-def _long(entries):
-    """The core claim again on the longer schedule of the grid ``long`` (a lent GPU)."""
+def _long(entries, core):
+    """The core claims again on the longer schedule of the grid ``long`` (a lent GPU), and how
+    PreCrop's differences from SynFlow move from the CPU grid ``core``'s schedule to it."""
     results = [r for e in entries for r in e["results"]]
     if not results:
         return []
@@ -581,6 +618,7 @@ def _long(entries):
         "",
         f"There the last epoch's training accuracy is {min(gaps):+.2f} to {max(gaps):+.2f} pp from the "
         "final test accuracy.",
+        *_across_schedules(core, entries),
         "",
     ]
 
@@ -613,7 +651,7 @@ def main():
     lines[0:0] = (
         [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
         + _claims(core, entries["thm_comp"], entries["preconfig"])
-        + _long(long_entries)
+        + _long(long_entries, core)
         + _modes(core, pareto, entries["balance"])
         + _sanity()
     )

@@ -652,9 +652,19 @@ def test_report_longer_schedule(report_dir, page):
                 "SynFlow 0.03: pending\n") in page
         assert (f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds "
                 "on some point). MACs of SynFlow 0.1: pending\n") in page
+    def minus_synflow(accuracies, stem, epochs):  # PreCrop's mean minus SynFlow 0.1's, in pp
+        return (_stats(accuracies[stem.format(epochs)])[0]
+                - _stats(accuracies[f"resnet20-synflow-params0.1-ep{epochs}"])[0])
+
+    stems = {m: f"resnet20-precrop_params-params0.1103-mode{m}-ep{{}}" for m in ("exact", "layerwise")}
+    assert ("PreCrop minus SynFlow where both schedules have 2+ seeds: " + "; ".join(
+        f"PreCrop-Params ({mode}) at SynFlow 0.1: {minus_synflow(_ACCURACIES, stem, 10):+.2f} pp at 10 "
+        f"epochs, {minus_synflow(_LONG_ACCURACIES, stem, 40):+.2f} pp at 40" for mode, stem in stems.items())
+            + ".\n") in page  # the points only one schedule has (0.3, 0.03 at 10 epochs) are left out
     section = page.split("## Longer schedule on a lent GPU")[1].split("\n## ")[0]
     mean, std = _stats(_LONG_ACCURACIES["resnet20-baseline-ep40"])
-    assert f"| baseline | - | 30,005 | {30005 / 274042:.4f} | 0.2550 | {mean:.2f} ± {std:.2f} |" in section
+    assert (f"| baseline | - | 30,005 | {30005 / 274042:.4f} | 0.2550 | {mean:.2f} ± {std:.2f}"
+            f"{' (pending seeds [2])' * (len(_LONG_ACCURACIES['resnet20-baseline-ep40']) == 2)} |") in section
     assert "| 40 |" in section and "ep10" not in section
     assert "![long_curves](figures/long_curves.png)" in section
     assert (report_dir / "figures" / "long_curves.png").stat().st_size > 0
