@@ -44,20 +44,21 @@ outlives calls on the same warm machine; each call must follow the last
 within 30 s::
 
     python experiments/long_schedule.py export --grid experiments/grids/long.json   # here
-    # call 1, carry .whl .gpu/init .gpu/data_a (and .gpu/resume, if unpack made one):
-    mkdir -p /tmp/gpu && cp -r .gpu/init .gpu/data_a /tmp/gpu/
-    [ -d .gpu/resume ] && cp -r .gpu/resume /tmp/gpu/
+    # call 1, carry .whl .gpu/data_a (the working tree travels too: at most 64 MiB in all):
+    mkdir -p /tmp/gpu && cp -r .gpu/data_a /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
-    python3 experiments/long_schedule.py calibrate --grid experiments/grids/long.json --work /tmp/gpu \\
-        --max_runs 8
-    # call 2, carry .gpu/data_b:
-    cp -r .gpu/data_b /tmp/gpu/
+    # call 2, carry .gpu/init .gpu/data_b (and .gpu/resume, if unpack made one):
+    cp -r .gpu/init .gpu/data_b /tmp/gpu/ && { [ ! -d .gpu/resume ] || cp -r .gpu/resume /tmp/gpu/; }
     # call 3, carry .gpu/data_c:
     cp -r .gpu/data_c /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
-    python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
-        --max_runs 8 --out "$OUT" --deadline_s 555
-    # here: python experiments/long_schedule.py unpack <files_at>/runs.tgz
+    python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \
+        --max_runs 8 --epochs 40 --out "$OUT" --deadline_s 565
+    # call 4, with what is left of the 15 minutes: the next pending runs (the export again first)
+    python3 experiments/long_schedule.py train ... --max_runs 2 --epochs 40 --out "$OUT" --deadline_s 360
+    # here, after each train call: python experiments/long_schedule.py unpack <files_at>/runs.tgz
+
+``--epochs 40`` needs no calibration; without it, a ``calibrate`` call
+with the same ``--max_runs`` (about two minutes) must come before ``train``.
 
 History: the first 8 runs went in two data parts (27,000 and 23,000 training
 images) and trained with ``--epochs fit`` (the grid then said 160): 40 epochs
