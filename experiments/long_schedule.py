@@ -66,8 +66,9 @@ fit, 449 s for 8 runs at once on the H100, and the grid now says 40, so later
 runs share their SynFlow and dense runs. The 4.5 minutes left of that session
 trained PreCrop-FLOPs (exact, both seeds) for 35 and 36 of the 40 epochs
 before the deadline; nothing resumed stopped runs then, so they were lost, and
-stopped runs now pack their backup. The next lent H100 trained the other 10 in
-two calls after the three above: ``train --max_runs 8 --epochs 40
+stopped runs now pack their backup. The next lent H100 trained the other 10 (this
+script and ``keras_precrop.train`` of e785dff; the models of 779e83c) with
+the recipe above: in call 3, ``train --max_runs 8 --epochs 40
 --deadline_s 565`` (8 runs at once, 432 s), then, on the same warm machine,
 ``train --max_runs 2 --epochs 40`` (the last 2, 167 s; ``train`` counts the
 runs an earlier call on the same machine finished as done). After the first
