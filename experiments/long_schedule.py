@@ -51,9 +51,9 @@ within 30 s::
     cp -r .gpu/init .gpu/data_b /tmp/gpu/ && { [ ! -d .gpu/resume ] || cp -r .gpu/resume /tmp/gpu/; }
     # call 3, carry .gpu/data_c:
     cp -r .gpu/data_c /tmp/gpu/ && export PYTHONPATH=/tmp/site KERAS_BACKEND=jax
-    python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \
+    python3 experiments/long_schedule.py train --grid experiments/grids/long.json --work /tmp/gpu \\
         --max_runs 8 --epochs 40 --out "$OUT" --deadline_s 565
-    # call 4, with what is left of the 15 minutes: the next pending runs (the export again first)
+    # call 4, in what is left of the 15 minutes, the next runs (export the two variables again):
     python3 experiments/long_schedule.py train ... --max_runs 2 --epochs 40 --out "$OUT" --deadline_s 360
     # here, after each train call: python experiments/long_schedule.py unpack <files_at>/runs.tgz
 

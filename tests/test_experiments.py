@@ -652,6 +652,7 @@ def test_report_longer_schedule(report_dir, page):
                 "SynFlow 0.03: pending\n") in page
         assert (f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds "
                 "on some point). MACs of SynFlow 0.1: pending\n") in page
+
     def minus_synflow(accuracies, stem, epochs):  # PreCrop's mean minus SynFlow 0.1's, in pp
         return (_stats(accuracies[stem.format(epochs)])[0]
                 - _stats(accuracies[f"resnet20-synflow-params0.1-ep{epochs}"])[0])
