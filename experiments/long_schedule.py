@@ -70,8 +70,10 @@ stopped runs now pack their backup. The next lent H100 trained the other 10 (thi
 script and ``keras_precrop.train`` of e785dff; the models of 779e83c) with
 the recipe above: in call 3, ``train --max_runs 8 --epochs 40
 --deadline_s 565`` (8 runs at once, 432 s), then, on the same warm machine,
-``train --max_runs 2 --epochs 40`` (the last 2, 167 s; ``train`` counts the
-runs an earlier call on the same machine finished as done). After the first
+``train --max_runs 2 --epochs 40`` (the last 2, 167 s; that call first
+copied the 8 finished ``results.json`` into ``experiments/runs/`` by hand,
+which ``train`` now does not need: it counts the runs an earlier call on the
+same machine finished as done). After the first
 (compiling) epoch, an epoch took 2.9 s with 2 runs at once and 7.3-8.5 s with
 8: the 8 trained 1.4x as many epochs a second, so filling a call with runs
 pays, but not 4x.
