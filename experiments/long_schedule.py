@@ -30,7 +30,12 @@ epochs of the same recipe as fit the time, on the JAX backend:
    packs its ``backup/`` too, and goes on from its last finished epoch (same
    batches as uninterrupted) when a later call finds it in ``<work>/resume/``.
 4. ``unpack`` (here): puts finished runs into ``experiments/runs/`` and the
-   stopped ones into ``<work>/resume/``.
+   stopped ones into ``<work>/resume/``. A run's ``results.json`` says which
+   code built its model (``git_commit``, the grid's pinned ``code``) and which
+   trained it: the device's copy of the tree has no git history, so a run
+   records the git blob ids of its training code (``train_code``), and
+   ``unpack`` adds the commit here that has exactly those files
+   (``train_commit``; null, with a warning, if none has).
 
 ``python experiments/report.py`` reports a grid trained this way like any
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
@@ -81,6 +86,7 @@ pays, but not 4x.
 
 import argparse
 import csv
+import hashlib
 import io
 import json
 import math
@@ -107,6 +113,7 @@ _PARTS = {
 _TEST_PART = "data_c"  # with the test split and the labels
 _BATCH = 128
 _PACKED = ("results.json", "history.csv", "train.log", "final_model.keras")
+_TRAIN_CODE = ("experiments/long_schedule.py", "experiments/run.py", "keras_precrop")  # what trains there
 
 
 def _init_name(flags):
@@ -274,6 +281,38 @@ def _device():
     return f"{device.platform}: {getattr(device, 'device_kind', device)}"
 
 
+def _blob_id(data):
+    """Git's object id of a file's bytes (what ``git hash-object`` prints), computed without git."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _train_code(repo=REPO):
+    """``{path: git blob id}`` of the Python files under ``_TRAIN_CODE`` in ``repo``.
+
+    The device gets a copy of the working tree without its git history, so a
+    run records the blob ids of the code that trained it, and ``unpack`` finds
+    the commit here that has exactly those files (``_train_commit``).
+    """
+    files = (repo / name for name in _TRAIN_CODE)
+    files = sorted(path for top in files for path in ([top] if top.suffix == ".py" else top.rglob("*.py")))
+    return {str(path.relative_to(repo)): _blob_id(path.read_bytes()) for path in files}
+
+
+def _train_commit(code, repo=REPO):
+    """The newest commit of ``repo``'s HEAD whose ``_TRAIN_CODE`` files are exactly ``code``, else None."""
+
+    def git(*argv):
+        done = subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True, check=True)
+        return done.stdout
+
+    for commit in git("rev-list", "HEAD").split():
+        listing = git("ls-tree", "-r", commit, "--", *_TRAIN_CODE).splitlines()
+        tree = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listing)}
+        if {path: blob for path, blob in tree.items() if path.endswith(".py")} == code:
+            return commit
+    return None
+
+
 def train_one(args):
     """Trains one exported model (one process of ``train``/``calibrate``)."""
     import keras
@@ -324,6 +363,7 @@ def train_one(args):
         "steps_per_epoch": steps,
         "backend": keras.backend.backend(),
         "device": _device(),
+        "train_code": _train_code(),
         "final_accuracy": result.final_accuracy,
         "best_accuracy": result.best_accuracy,
         "train_time_s": result.train_time,
@@ -508,6 +548,21 @@ def _pack(run_dirs, path):
                     tar.add(run_dir / file, arcname=f"{name}/{file}")
 
 
+def _stamp_train_commit(path):
+    """Adds ``train_commit`` to a device run's results: the commit here whose code trained it.
+
+    None (and a warning) when no commit of ``HEAD`` has the recorded files:
+    the run trained uncommitted code.
+    """
+    results = json.loads(path.read_text())
+    if "train_code" not in results:  # trained before runs recorded their code
+        return
+    results["train_commit"] = _train_commit(results["train_code"], REPO)
+    if results["train_commit"] is None:
+        print(f"[long_schedule] warning: no commit of HEAD has the code that trained {path.parent.name}")
+    path.write_text(json.dumps(results, indent=1))
+
+
 def unpack(args):
     """Puts ``train``'s ``runs.tgz`` in place: finished runs into ``experiments/runs/``, the others
     (stopped at the deadline) into ``<work>/resume/``, which the next call carries to go on."""
@@ -521,6 +576,7 @@ def unpack(args):
             shutil.copytree(run_dir, target)
             if finished:
                 shutil.rmtree(work / "resume" / run_dir.name, ignore_errors=True)
+                _stamp_train_commit(target / "results.json")
             state = "finished" if finished else f"{len(_epoch_times(target))} epochs done, to resume"
             print(f"[long_schedule] {run_dir.name}: {state} -> {target}")
 

@@ -155,6 +155,10 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
     assert results["export_command"] == record["command"] and "_one" in results["command"]
     assert [row["epoch"] for row in results["history"]] == [0, 1]
     assert 0 <= results["final_accuracy"] <= 1
+    hashed = subprocess.run(["git", "-C", str(REPO), "hash-object", "keras_precrop/train.py"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert results["train_code"]["keras_precrop/train.py"] == hashed
+    assert results["train_code"] == long_schedule._train_code()
     trained = keras.saving.load_model(out / "final_model.keras", compile=False)
     for path, mask in masks.items():
         layer = trained.get_layer(path.split("/")[0])
@@ -227,7 +231,7 @@ def test_pack_and_unpack_put_finished_runs_in_place_and_keep_the_others_resumabl
     for name, paths in files.items():
         for path in paths:
             (device / name / path).parent.mkdir(parents=True, exist_ok=True)
-            text = "epoch,epoch_time\n0,1.0\n1,1.0\n" if "history" in path else name
+            text = {"history.csv": "epoch,epoch_time\n0,1.0\n1,1.0\n", "results.json": "{}"}.get(path, name)
             (device / name / path).write_text(text)
     long_schedule._pack({name: device / name for name in files}, tmp_path / "runs.tgz")
     work = tmp_path / "work"
@@ -240,3 +244,44 @@ def test_pack_and_unpack_put_finished_runs_in_place_and_keep_the_others_resumabl
     assert sorted(str(p.relative_to(cut)) for p in cut.rglob("*") if p.is_file()) == sorted(files["cut"])
     assert (cut / "backup" / "w.h5").read_text() == "cut"
     assert not (tmp_path / "runs" / "cut").exists()
+
+
+def test_unpack_names_the_commit_whose_code_trained_a_run(tmp_path, monkeypatch):
+    """The device has no git: a run records its code's blob ids, and unpack finds their commit here."""
+    repo = tmp_path / "repo"
+
+    def git(*argv):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *argv],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    def write(path, text):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+
+    repo.mkdir()
+    git("init", "-q")
+    for path in ("experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py"):
+        write(path, f"# {path}\n")
+    write("README.md", "not training code\n")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    first, code = git("rev-parse", "HEAD"), long_schedule._train_code(repo)
+    write("keras_precrop/train.py", "# changed\n")
+    git("commit", "-qam", "second")
+    write("README.md", "changed, but not training code\n")
+    git("commit", "-qam", "third")
+    assert set(code) == {"experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py"}
+    assert long_schedule._train_commit(code, repo) == first
+    assert long_schedule._train_commit(long_schedule._train_code(repo), repo) == git("rev-parse", "HEAD")
+    write("keras_precrop/new.py", "# not committed\n")
+    assert long_schedule._train_commit(long_schedule._train_code(repo), repo) is None
+
+    monkeypatch.setattr(long_schedule, "REPO", repo)
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    device = tmp_path / "device" / "r"
+    device.mkdir(parents=True)
+    (device / "results.json").write_text(json.dumps({"final_accuracy": 0.5, "train_code": code}))
+    long_schedule._pack({"r": device}, tmp_path / "runs.tgz")
+    long_schedule.unpack(argparse.Namespace(tgz=tmp_path / "runs.tgz", work=tmp_path / "work"))
+    results = json.loads((tmp_path / "runs" / "r" / "results.json").read_text())
+    assert results == {"final_accuracy": 0.5, "train_code": code, "train_commit": first}
