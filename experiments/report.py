@@ -308,11 +308,21 @@ def _verdict(rows, want):
     return "reproduced" if ok else "not reproduced"
 
 
+def _fmt_row(row):
+    """``+d pp (tol t, n i/j)``, marked *close* where the issue asks for a third seed.
+
+    A point is close when both sides have two seeds (not three) and the
+    difference is within the tolerance: two seeds cannot tell the two apart.
+    """
+    if row is None:
+        return "pending"
+    d, tol, n_a, n_b = row
+    close = min(n_a, n_b) == 2 and abs(d) <= tol
+    return f"{d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b}{', close: a third seed is due' if close else ''})"
+
+
 def _fmt_rows(rows, labels):
-    return "; ".join(
-        f"{label}: {'pending' if r is None else f'{r[0]:+.2f} pp (tol {r[1]:.2f}, n {r[2]}/{r[3]})'}"
-        for label, r in zip(labels, rows)
-    )
+    return "; ".join(f"{label}: {_fmt_row(r)}" for label, r in zip(labels, rows))
 
 
 def _modes(core, pareto, balance):
@@ -547,7 +557,8 @@ def _claims(core, thm, preconfig):
         "",
         'Rule: differences are of mean final accuracy in percentage points (pp); "tol" is the sum of the '
         "two standard deviations. *Matches* = no point below -tol; *beats* = every point above 0 and one "
-        "above tol. Both need 2 or more seeds on each side.",
+        "above tol. Both need 2 or more seeds on each side; a point with 2 seeds a side and a difference "
+        "within tol is *close*, and gets a third seed.",
         "",
     ]
     lines += _precrop_claims(core)

@@ -391,6 +391,21 @@ def test_verdict(rows, want, expected):
     assert report._verdict(rows, want) == expected
 
 
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        (None, "pending"),
+        ((0.5, 1.0, 2, 2), "+0.50 pp (tol 1.00, n 2/2, close: a third seed is due)"),
+        ((-1.0, 1.0, 3, 2), "-1.00 pp (tol 1.00, n 3/2, close: a third seed is due)"),  # a side has 2
+        ((0.5, 1.0, 3, 3), "+0.50 pp (tol 1.00, n 3/3)"),  # has its third seeds
+        ((1.5, 1.0, 2, 2), "+1.50 pp (tol 1.00, n 2/2)"),  # two seeds tell them apart
+        ((-0.2, 1.0, 1, 2), "-0.20 pp (tol 1.00, n 1/2)"),  # the second seed comes first
+    ],
+)
+def test_a_point_within_tol_at_two_seeds_is_close(row, expected):
+    assert report._fmt_row(row) == expected
+
+
 def _train_accuracy(accuracy, seed):
     """The fake last epoch's training accuracy: 2 pp below the test accuracy, 1 pp closer per seed."""
     return accuracy - 0.02 + 0.01 * seed
@@ -470,10 +485,10 @@ _LONG_ACCURACIES = {
 }
 
 
-def _cmp(a, b):
+def _cmp(a, b, accuracies=_ACCURACIES):
     """``(difference of means, tolerance, n_a, n_b)`` of two fake runs' accuracies, by numpy."""
-    (mean_a, std_a), (mean_b, std_b) = _stats(_ACCURACIES[a]), _stats(_ACCURACIES[b])
-    return mean_a - mean_b, std_a + std_b, len(_ACCURACIES[a]), len(_ACCURACIES[b])
+    (mean_a, std_a), (mean_b, std_b) = _stats(accuracies[a]), _stats(accuracies[b])
+    return mean_a - mean_b, std_a + std_b, len(accuracies[a]), len(accuracies[b])
 
 
 def _cell(stem):
@@ -482,10 +497,12 @@ def _cell(stem):
     return f"{mean:.2f} ± {std:.2f}"
 
 
-def _point(label, a, b):
-    """One point of a claim as the report words it: ``label: +d pp (tol t, n i/j)``."""
-    d, tol, n_a, n_b = _cmp(a, b)
-    return f"{label}: {d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b})"
+def _point(label, a, b, accuracies=_ACCURACIES):
+    """One point of a claim as the report words it: ``label: +d pp (tol t, n i/j)``, and ``close``
+    when two seeds a side cannot tell the two apart (the issue's case for a third seed)."""
+    d, tol, n_a, n_b = _cmp(a, b, accuracies)
+    close = ", close: a third seed is due" if min(n_a, n_b) == 2 and abs(d) <= tol else ""
+    return f"{label}: {d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b}{close})"
 
 
 _EXACT = "resnet20-precrop_params-params{}-modeexact-ep10"
@@ -642,13 +659,12 @@ def test_report_longer_schedule(report_dir, page):
     """The claims again from the grid "long", over its points alone, with its own epochs, backend and
     device; its runs at params 0.03 and its FLOPs runs have not finished."""
     assert '**Longer schedule** (40 epochs, jax backend on gpu: H100; section "Longer schedule"' in page
-    synflow = _stats(_LONG_ACCURACIES["resnet20-synflow-params0.1-ep40"])
     verdicts = {"exact": "pending (fewer than 2 seeds on some point)",
                 "layerwise": "not reproduced (fails at 1 of 2 points so far)"}
     for mode, verdict in verdicts.items():
-        mean, std = _stats(_LONG_ACCURACIES[f"resnet20-precrop_params-params0.1103-mode{mode}-ep40"])
-        assert (f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {verdict}. "
-                f"SynFlow 0.1: {mean - synflow[0]:+.2f} pp (tol {std + synflow[1]:.2f}, n 2/2); "
+        point = _point("SynFlow 0.1", f"resnet20-precrop_params-params0.1103-mode{mode}-ep40",
+                       "resnet20-synflow-params0.1-ep40", _LONG_ACCURACIES)
+        assert (f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {verdict}. {point}; "
                 "SynFlow 0.03: pending\n") in page
         assert (f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds "
                 "on some point). MACs of SynFlow 0.1: pending\n") in page
