@@ -491,9 +491,9 @@ def _cmp(a, b, accuracies=_ACCURACIES):
     return mean_a - mean_b, std_a + std_b, len(accuracies[a]), len(accuracies[b])
 
 
-def _cell(stem):
+def _cell(stem, accuracies=_ACCURACIES):
     """``mean ± std`` of a fake run's accuracies as the report's tables print it."""
-    mean, std = _stats(_ACCURACIES[stem])
+    mean, std = _stats(accuracies[stem])
     return f"{mean:.2f} ± {std:.2f}"
 
 
@@ -549,7 +549,7 @@ def test_report_page_layout(report_dir, page):
     assert f"Finished runs: {finished}." in page  # the header's epochs are the CPU grids' alone
     headings = [line for line in page.splitlines() if line.startswith("## ")]
     assert headings[:4] == ["## The paper's claims on this run",
-                            "## Translation mode: which widths train best at equal parameters",
+                            "## Translation mode: which widths train best at equal cost",
                             "## What was checked to rule out a bug",
                             "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
     for grid in ("core", "pareto"):  # the grids with a figure
@@ -615,42 +615,71 @@ def test_report_granularity_claim_and_regime(page):
 
 
 def test_report_translation_modes(page):
-    """Every pair of modes at each budget, its word by the difference against tol."""
-    def said(point, name, other, a, b):
-        d, tol, *_ = _cmp(a, b)
-        word = "beats" if d > tol else ("loses to" if d < -tol else "ties with")
-        return f"at {point}, {name} {word} {other} ({d:+.2f} pp, tol {tol:.2f})", word
+    """Each budget trained in two or more modes, on either schedule, is a row; each pair of modes
+    there names its winner where the difference is beyond tol, and counts a tie otherwise."""
+    pareto = "resnet20-precrop_params-params0.054736-mode{}-ep10"
+    long = "resnet20-precrop_params-params0.1103-mode{}-ep40"
+    points = [  # in the page's order: core's, pareto's, then the longer schedule's
+        (10, "params 0.1103", _ACCURACIES, {"exact": _EXACT.format("0.1103"), "layerwise": _LAYERWISE,
+                                             "balance 2": "resnet20-precrop_params-params0.1103-modeexact-"
+                                                          "balance2-ep10"}),
+        (10, "params 0.054736", _ACCURACIES, {**{m: pareto.format(m) for m in ("exact", "layerwise")},
+                                               "balance 2": None}),  # balance's run there: not finished
+        (40, "params 0.1103", _LONG_ACCURACIES, {m: long.format(m) for m in ("exact", "layerwise")}),
+    ]
+    wins, ties = [], 0
+    for epochs, budget, accuracies, stems in points:
+        cells = [f"{_cell(stems[m], accuracies)} (n 2)" if stems.get(m) else "pending" if m in stems else "-"
+                 for m in ("exact", "balance 2", "layerwise")]
+        assert f"| {epochs} | {budget} | {' | '.join(cells)} |" in page
+        for a, b in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise")):
+            if stems.get(a) and stems.get(b):
+                d, tol, *_ = _cmp(stems[a], stems[b], accuracies)
+                winner, loser = (a, b) if d > 0 else (b, a)
+                if abs(d) <= tol:
+                    ties += 1
+                else:
+                    wins.append(f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(d):.2f} pp "
+                                f"(tol {tol:.2f})")
+    assert len(wins) == 4 and ties == 1  # balance 2 > exact > layerwise at 10 epochs, exact wins at 40
+    assert f"Verdict: {'; '.join(wins)}; {ties} of {ties + len(wins)} compared pairs tie." in page
+    assert "| 10 | params 0.0411 | " in page and "| 10 | flops 0.2734 | pending | - | pending |" in page
+    assert ("Where modes differ, balance 2 never loses and beats another mode: the evidence favours it "
+            "over `precrop`'s default `exact`.") in page
 
-    middle = {"exact": _EXACT.format("0.1103"), "layerwise": _LAYERWISE,
-              "balance 2": "resnet20-precrop_params-params0.1103-modeexact-balance2-ep10"}
-    verdicts = [said("params 0.1103", n, o, middle[n], middle[o])
-                for n, o in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"))]
-    verdicts.append(said("15,000 params (pareto)", "layerwise", "exact",
-                         "resnet20-precrop_params-params0.054736-modelayerwise-ep10",
-                         "resnet20-precrop_params-params0.054736-modeexact-ep10"))
-    assert [word for _, word in verdicts] == ["beats", "loses to", "beats", "ties with"]  # all three words
-    assert "Verdict: " + "; ".join(text for text, _ in verdicts) + "." in page
-    cells = [f"{_cell(s)} (n 2)" for s in (middle["exact"], middle["balance 2"], middle["layerwise"],
-                                           "resnet20-synflow-params0.1-ep10")]
-    assert f"| params 0.1103 | {' | '.join(cells)} |" in page
 
-
-def test_report_keeps_the_defaults_only_while_every_pair_ties():
-    """The page says the defaults stay only when every compared pair of modes ties."""
-    def entry(accuracies, **flags):
+def test_report_keeps_the_defaults_unless_a_mode_wins_and_never_loses():
+    """The page keeps the defaults while every compared pair ties, while exact never loses, or while
+    no mode wins everywhere; a mode that beats another and never loses is favoured."""
+    def entry(accuracies, epochs=10, **flags):
         method = flags.setdefault("method", "precrop_params")
-        return {"flags": flags, "results": [_result(method, a, s) for s, a in enumerate(accuracies)]}
+        return {"flags": {**flags, "epochs": epochs},
+                "results": [_result(method, a, s) for s, a in enumerate(accuracies)]}
 
-    def page(balanced, exact=(0.72, 0.73)):
-        core = [entry(exact, params=0.1103, mode="exact"),
-                entry([0.725, 0.73], params=0.1103, mode="layerwise"),
-                entry([0.75, 0.74], method="synflow", params=0.1)]
-        balance = [entry(balanced, params=0.1103, mode="exact", balance=2)]
-        return "\n".join(report._modes(core, [], balance))
+    def page(balanced, exact=(0.72, 0.73), long_layerwise=None):
+        entries = [entry(exact, params=0.1103, mode="exact"),
+                   entry([0.725, 0.73], params=0.1103, mode="layerwise"),
+                   entry([0.75, 0.74], method="synflow", params=0.1),  # not a mode: no column
+                   entry(balanced, params=0.1103, mode="exact", balance=2)]
+        if long_layerwise:  # the same budget on the longer schedule: a point of its own
+            entries += [entry([0.80, 0.801], 40, params=0.1103, mode="exact"),
+                        entry(long_layerwise, 40, params=0.1103, mode="layerwise")]
+        return "\n".join(report._modes(entries))
 
     kept = "the library's defaults stay"
-    assert "ties with exact" in page([0.72, 0.735]) and kept in page([0.72, 0.735])
-    assert "balance 2 beats exact" in page([0.76, 0.765]) and kept not in page([0.76, 0.765])
+    tied = page([0.72, 0.735])
+    assert "3 of 3 compared pairs tie" in tied and "So far no mode trains measurably better" in tied
+    assert kept in tied and "| 10 | params 0.1103 |" in tied and "| 40 |" not in tied
+    favoured = page([0.76, 0.765])
+    assert "balance 2 beats exact" in favoured and kept not in favoured
+    assert "balance 2 never loses and beats another mode: the evidence favours it" in favoured
+    # Exact beats layerwise at 10 epochs, layerwise beats exact at 40 (balance 2 has one seed).
+    mixed = page([0.76], exact=(0.75, 0.755), long_layerwise=[0.83, 0.831])
+    assert "at 10 epochs, params 0.1103: exact beats layerwise" in mixed
+    assert "at 40 epochs, params 0.1103: layerwise beats exact" in mixed
+    assert "no mode wins everywhere" in mixed and kept in mixed
+    exact_best = page([0.60, 0.605], exact=(0.72, 0.73))
+    assert "exact beats balance 2" in exact_best and "exact beats another mode and never loses" in exact_best
     nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
     assert "Verdict: pending" in nothing and kept not in nothing
 
