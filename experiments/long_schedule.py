@@ -424,20 +424,19 @@ def _wait(procs, deadline):
 def _pending(grid, max_runs=None, trained=None):
     """The grid's runs that have no ``results.json`` in ``experiments/runs/`` yet.
 
-    Ordered entry by entry, both seeds of an entry together (a claim needs two
+    Ordered entry by entry, every seed of an entry together (a claim needs two
     seeds, and one call may not fit every run), and cut to ``max_runs``. Runs
     with a ``results.json`` under ``trained`` (``train``'s folder on the
     device, where an earlier call on the same warm machine finished them and
     packed them for ``unpack``) are done too, so a second call trains the next.
     """
-    entries = len(json.loads(Path(grid).read_text())["runs"])
     done = [_run.RUNS, *([trained] if trained else [])]
-    runs = [
-        (index % entries, flags["seed"], flags)
-        for index, flags in enumerate(_run.load_grid(grid))
-        if not any((root / _run.run_id(flags) / "results.json").exists() for root in done)
-    ]
-    return [flags for *_, flags in sorted(runs, key=lambda run: run[:2])][:max_runs]
+    place, pending = {}, []  # an entry's place in the grid, by its run id at seed 0
+    for flags in _run.load_grid(grid):
+        index = place.setdefault(_run.run_id({**flags, "seed": 0}), len(place))
+        if not any((root / _run.run_id(flags) / "results.json").exists() for root in done):
+            pending.append((index, flags["seed"], flags))
+    return [flags for *_, flags in sorted(pending, key=lambda run: run[:2])][:max_runs]
 
 
 def _epoch_times(run_dir):

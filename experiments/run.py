@@ -6,8 +6,11 @@ A grid (``experiments/grids/<name>.json``) lists runs of
     {"name": "cifar-a", "description": "...", "code": "b78e90a",
      "defaults": {"model": "resnet20", "epochs": 10},
      "seeds": [0, 1],
-     "runs": [{"method": "synflow", "params": 0.3},
+     "runs": [{"method": "synflow", "params": 0.3, "seeds": [0, 1, 2]},
               {"method": "precrop_params", "params": 0.308, "mode": "exact"}]}
+
+An entry's own ``seeds`` (optional) replace the grid's for it: above, a
+third seed for SynFlow at 0.3 where a claim is close.
 
 ``code`` (optional) pins the commit whose ``examples/`` and ``keras_precrop/``
 train the grid's runs: the driver checks it out once as a detached git
@@ -79,30 +82,49 @@ def run_id(flags):
     return "-".join(parts)
 
 
+def _seeds(value, where):
+    """A grid's or an entry's ``seeds``: a non-empty list of distinct non-negative ints."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ValueError(f"{where} has seeds {value!r}; expected a non-empty list of distinct ints >= 0.")
+    return value
+
+
 def load_grid(path):
     """The grid's runs as flag dicts, one per (entry, seed), seed-major.
 
+    An entry's own ``seeds`` replace the grid's for it, e.g. a third seed
+    where a claim is close; the seed-major order then puts it after every
+    entry's first two.
+
     Raises:
-        ValueError: naming the grid file and entry for an unknown key or a
-            missing ``method``/``model``/``epochs``.
+        ValueError: naming the grid file and entry for an unknown key, a
+            missing ``method``/``model``/``epochs`` or bad ``seeds``.
     """
     with open(path) as f:
         grid = json.load(f)
     allowed = set(_ID_FLAGS) | set(_OTHER_FLAGS)
+    default_seeds = _seeds(grid.get("seeds"), f"{path}")
     runs = []
     for index, entry in enumerate(grid["runs"]):
         flags = {**grid.get("defaults", {}), **entry}
+        seeds = _seeds(flags.pop("seeds"), f"{path}: run {index}") if "seeds" in entry else default_seeds
         unknown = sorted(set(flags) - allowed)
         if unknown:
             raise ValueError(f"{path}: run {index} has unknown keys {unknown}; allowed: {sorted(allowed)}.")
         for key in ("model", "method", "epochs"):
             if key not in flags:
                 raise ValueError(f"{path}: run {index} ({entry}) sets no {key!r}, nor do the defaults.")
-        runs.append(flags)
+        runs.append((flags, seeds))
     return [
         {**flags, "seed": seed, "grid": grid["name"], "code": grid.get("code")}
-        for seed in grid["seeds"]
-        for flags in runs
+        for seed in sorted({s for _, seeds in runs for s in seeds})
+        for flags, seeds in runs
+        if seed in seeds
     ]
 
 

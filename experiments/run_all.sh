@@ -4,15 +4,16 @@
 # The translation-mode comparison goes first, because the library's default mode depends on it:
 # PreCrop exact / layerwise / balanced at params 0.1 (both seeds), SynFlow at 0.1, then the three
 # modes at the pareto point (15,000 params); then the rest of figures 2-3 and the baseline (grid
-# core, both seeds), the issue's first priority; then every grid, seed-major. Extra arguments go to
-# run.py (e.g. --commit).
+# core, both seeds), the issue's first priority; then every grid, seed-major, so that a third seed
+# (an entry's own "seeds", where a claim is close) comes after every run's first two. Extra
+# arguments go to run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
   GRIDS+=(--grid "experiments/grids/$name.json")
 done
-python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.1103-' "$@" &&
-  python experiments/run.py "${GRIDS[@]}" --match 'synflow-params0\.1-' "$@" &&
-  python experiments/run.py "${GRIDS[@]}" --match 'precrop_params-params0\.054736-mode' "$@" &&
-  python experiments/run.py --grid experiments/grids/core.json "$@" &&
+python experiments/run.py "${GRIDS[@]}" --match='precrop_params-params0\.1103-.*-s[01]$' "$@" &&
+  python experiments/run.py "${GRIDS[@]}" --match='synflow-params0\.1-.*-s[01]$' "$@" &&
+  python experiments/run.py "${GRIDS[@]}" --match='precrop_params-params0\.054736-mode.*-s[01]$' "$@" &&
+  python experiments/run.py --grid experiments/grids/core.json --match='-s[01]$' "$@" &&
   exec python experiments/run.py "${GRIDS[@]}" "$@"

@@ -104,6 +104,21 @@ def test_load_grid_is_seed_major_with_defaults_merged(tmp_path):
     ]
 
 
+def test_an_entrys_own_seeds_replace_the_grids_and_come_seed_major(tmp_path):
+    path = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3,
+                                                                 "seeds": [2, 0, 1]}])
+    assert [(f["method"], f["seed"]) for f in run.load_grid(path)] == [
+        ("baseline", 0), ("synflow", 0), ("baseline", 1), ("synflow", 1), ("synflow", 2)]
+    assert all("seeds" not in f for f in run.load_grid(path))  # not a flag of train_cifar.py
+
+
+@pytest.mark.parametrize("seeds", [[], [0, 0], "0, 1", [-1], [True], [0.5]])
+def test_bad_seeds_name_the_grid_and_run(tmp_path, seeds):
+    path = _write_grid(tmp_path, "bad", [{"method": "baseline"}, {"method": "synflow", "seeds": seeds}])
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: run 1 has seeds .*distinct ints >= 0"):
+        run.load_grid(path)
+
+
 @pytest.mark.parametrize(
     "runs, defaults, words",
     [
@@ -132,7 +147,8 @@ def test_real_grids_load_and_shared_runs_agree():
         grid = json.loads(path.read_text())
         flags = run.load_grid(path)
         ids = [run.run_id(f) for f in flags]
-        assert len(ids) == len(grid["runs"]) * len(grid["seeds"]) == len(set(ids)), path.name
+        count = sum(len(entry.get("seeds", grid["seeds"])) for entry in grid["runs"])
+        assert len(ids) == count == len(set(ids)), path.name
         for name, f in zip(ids, flags):
             by_id.setdefault(name, []).append(f)
     assert any(len(shared) > 1 for shared in by_id.values())  # e.g. core's baseline is preconfig's

@@ -201,6 +201,16 @@ def test_pending_runs_go_entry_by_entry_and_skip_finished_ones(tmp_path, monkeyp
     assert [run.run_id(f) for f in long_schedule._pending(grid, trained=trained)] == ids[1:]
 
 
+def test_pending_runs_keep_an_entrys_own_third_seed_with_its_others(tmp_path, monkeypatch):
+    grid = _grid(tmp_path, monkeypatch, done=["resnet20-synflow-params0.1-ep40-s0"])
+    text = json.loads(grid.read_text())
+    text["runs"][0]["seeds"] = [0, 1, 2]
+    grid.write_text(json.dumps(text))
+    assert [run.run_id(f) for f in long_schedule._pending(grid)] == [
+        "resnet20-synflow-params0.1-ep40-s1", "resnet20-synflow-params0.1-ep40-s2",
+        "resnet20-precrop_params-params0.11-ep40-s0", "resnet20-precrop_params-params0.11-ep40-s1"]
+
+
 def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_path, monkeypatch):
     grid = _grid(tmp_path, monkeypatch)
     runs = long_schedule._pending(grid)
