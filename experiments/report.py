@@ -15,6 +15,7 @@ import json
 import math
 import pathlib
 import statistics
+import textwrap
 
 import matplotlib
 
@@ -107,16 +108,19 @@ def _summary(entry):
     }
 
 
-def _table(entries, budget_keys=("params", "flops")):
+def _budget(flags):
+    """``params 0.1, flops 0.2``: the budgets that a grid entry sets ("" for none)."""
+    return ", ".join(f"{k} {flags[k]}" for k in ("params", "flops") if flags.get(k) is not None)
+
+
+def _table(entries):
     lines = [
         "| method | budget | params | params ratio | MACs ratio | accuracy % | train % | n | epochs "
         "| train min |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for entry in entries:
-        budget = ", ".join(
-            f"{k} {entry['flags'][k]}" for k in budget_keys if entry["flags"].get(k) is not None
-        )
+        budget = _budget(entry["flags"])
         s = _summary(entry)
         pending = f" (pending seeds {entry['pending']})" if entry["pending"] else ""
         if s is None:
@@ -131,8 +135,8 @@ def _table(entries, budget_keys=("params", "flops")):
     return lines
 
 
-def _plot(entries, x_key, path, title, xlabel, logx=True):
-    """Accuracy (mean ± std) against ``x_key`` of the summary, one series per method label."""
+def _plot(entries, x_key, path, title, xlabel):
+    """Accuracy (mean ± std) against ``x_key`` of the summary (log scale), one series per method label."""
     series = {}
     for entry in entries:
         s = _summary(entry)
@@ -151,9 +155,33 @@ def _plot(entries, x_key, path, title, xlabel, logx=True):
         points.sort()
         xs, ys, es = zip(*points)
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
-    if logx:
-        ax.set_xscale("log")
+    ax.set_xscale("log")
     _finish(fig, ax, xlabel, title, path)
+    return True
+
+
+def _plot_bars(entries, path, title):
+    """Accuracy (mean ± std over seeds) of each finished entry, one bar each, for the grids whose
+    runs share a budget (no cost axis to plot against)."""
+    finished = [(e, s) for e in entries if (s := _summary(e)) is not None]
+    if not finished:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 1.3 + 0.4 * len(finished)))
+    labels = []
+    for entry, s in finished:
+        budget = _budget(entry["flags"])
+        labels.append(f"{entry['label']}{', ' + budget if budget else ''} (n {s['n']})")
+    accs = [s["acc"] for _, s in finished]
+    ax.barh(labels, accs, xerr=[s["std"] for _, s in finished], capsize=3, color="tab:blue", alpha=0.7)
+    low = min(a - s["std"] for a, (_, s) in zip(accs, finished))
+    ax.set_xlim(max(0.0, low - 5), min(100.0, max(accs) + 3))
+    ax.invert_yaxis()  # the grid's order, top down
+    ax.set_xlabel("test accuracy (%)")
+    fig.suptitle(textwrap.fill(title, 90), fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     return True
 
 
@@ -259,11 +287,12 @@ def _imagenet():
     return lines
 
 
-def _section(title, grid, runs, x_key=None, xlabel=None, budget_keys=("params", "flops"), logx=True):
+def _section(title, grid, runs, x_key=None, xlabel=None):
     entries = _entries(grid, runs)
     description = json.loads((GRIDS / f"{grid}.json").read_text())["description"]
-    lines = [f"## {title}", "", description, "", *_table(entries, budget_keys)]
-    if x_key and _plot(entries, x_key, FIGURES / f"{grid}.png", title, xlabel, logx):
+    lines = [f"## {title}", "", description, "", *_table(entries)]
+    path = FIGURES / f"{grid}.png"
+    if _plot(entries, x_key, path, title, xlabel) if x_key else _plot_bars(entries, path, title):
         lines += ["", f"![{grid}](figures/{grid}.png)"]
     return lines + [""], entries
 
@@ -347,8 +376,7 @@ def _mode_points(entries):
             if mode != "exact":
                 continue
             mode = f"balance {flags['balance']}"
-        budget = ", ".join(f"{k} {flags[k]}" for k in ("params", "flops") if flags.get(k) is not None)
-        points.setdefault((flags["epochs"], budget), {})[mode] = _summary(e)
+        points.setdefault((flags["epochs"], _budget(flags)), {})[mode] = _summary(e)
     return {point: modes for point, modes in points.items() if len(modes) > 1}
 
 

@@ -568,7 +568,8 @@ def test_report_page_layout(report_dir, page):
                             "## Translation mode: which widths train best at equal cost",
                             "## What was checked to rule out a bug",
                             "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
-    for grid in ("core", "pareto"):  # the grids with a figure
+    # Every grid with a finished run has a figure: accuracy vs MACs, or one bar per entry.
+    for grid in ("core", "pareto", "thm_comp", "balance", "preconfig", "long"):
         assert f"![{grid}](figures/{grid}.png)" in page
         assert (report_dir / "figures" / f"{grid}.png").stat().st_size > 0
     for script in ("spar_comp", "imagenet_counts", "sanity"):
