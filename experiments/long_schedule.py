@@ -35,7 +35,8 @@ epochs of the same recipe as fit the time, on the JAX backend:
    trained it: the device's copy of the tree has no git history, so a run
    records the git blob ids of its training code (``train_code``), and
    ``unpack`` adds the commit here that has exactly those files
-   (``train_commit``; null, with a warning, if none has).
+   (``train_commit``; null, with a warning, if none has: commit what the
+   device ran and unpack again).
 
 ``python experiments/report.py`` reports a grid trained this way like any
 other once its runs are unpacked into ``experiments/runs/`` and the grid's
@@ -282,7 +283,12 @@ def _device():
 
 
 def _blob_id(data):
-    """Git's object id of a file's bytes (what ``git hash-object`` prints), computed without git."""
+    """Git's object id of a file's raw bytes (``git hash-object --no-filters``), computed without git.
+
+    It equals the id in the tree for the repository's plain text files (no
+    ``.gitattributes`` filters, no CRLF conversion, no symlinks); a file that
+    is not stored byte for byte matches no commit.
+    """
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
@@ -290,12 +296,12 @@ def _train_code(repo=REPO):
     """``{path: git blob id}`` of the Python files under ``_TRAIN_CODE`` in ``repo``.
 
     The device gets a copy of the working tree without its git history, so a
-    run records the blob ids of the code that trained it, and ``unpack`` finds
+    run records the blob ids of the code that trains it, and ``unpack`` finds
     the commit here that has exactly those files (``_train_commit``).
     """
-    files = (repo / name for name in _TRAIN_CODE)
-    files = sorted(path for top in files for path in ([top] if top.suffix == ".py" else top.rglob("*.py")))
-    return {str(path.relative_to(repo)): _blob_id(path.read_bytes()) for path in files}
+    tops = [repo / name for name in _TRAIN_CODE]
+    files = sorted(path for top in tops for path in ([top] if top.is_file() else top.rglob("*.py")))
+    return {path.relative_to(repo).as_posix(): _blob_id(path.read_bytes()) for path in files}
 
 
 def _train_commit(code, repo=REPO):
@@ -306,8 +312,8 @@ def _train_commit(code, repo=REPO):
         return done.stdout
 
     for commit in git("rev-list", "HEAD").split():
-        listing = git("ls-tree", "-r", commit, "--", *_TRAIN_CODE).splitlines()
-        tree = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listing)}
+        listing = git("ls-tree", "-r", "-z", commit, "--", *_TRAIN_CODE).split("\0")
+        tree = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listing if line)}
         if {path: blob for path, blob in tree.items() if path.endswith(".py")} == code:
             return commit
     return None
@@ -321,6 +327,7 @@ def train_one(args):
     from keras_precrop import train
 
     start = time.time()
+    code = _train_code()  # before training: a file that cannot be read fails the run at once
     init = Path(args.init)
     record = json.loads((init / "init.json").read_text())
     keras.utils.set_random_seed(record["seed"])
@@ -363,7 +370,7 @@ def train_one(args):
         "steps_per_epoch": steps,
         "backend": keras.backend.backend(),
         "device": _device(),
-        "train_code": _train_code(),
+        "train_code": code,  # of this call: a run resumed by a later call records the later code
         "final_accuracy": result.final_accuracy,
         "best_accuracy": result.best_accuracy,
         "train_time_s": result.train_time,
@@ -424,19 +431,24 @@ def _wait(procs, deadline):
 def _pending(grid, max_runs=None, trained=None):
     """The grid's runs that have no ``results.json`` in ``experiments/runs/`` yet.
 
-    Ordered entry by entry, every seed of an entry together (a claim needs two
-    seeds, and one call may not fit every run), and cut to ``max_runs``. Runs
-    with a ``results.json`` under ``trained`` (``train``'s folder on the
-    device, where an earlier call on the same warm machine finished them and
-    packed them for ``unpack``) are done too, so a second call trains the next.
+    Ordered entry by entry, an entry's first two seeds together (a claim needs
+    two seeds, and one call may not fit every run), then the entries' further
+    seeds, entry by entry; cut to ``max_runs``. Runs with a ``results.json``
+    under ``trained`` (``train``'s folder on the device, where an earlier call
+    on the same warm machine finished them and packed them for ``unpack``) are
+    done too, so a second call trains the next.
     """
     done = [_run.RUNS, *([trained] if trained else [])]
-    place, pending = {}, []  # an entry's place in the grid, by its run id at seed 0
-    for flags in _run.load_grid(grid):
-        index = place.setdefault(_run.run_id({**flags, "seed": 0}), len(place))
-        if not any((root / _run.run_id(flags) / "results.json").exists() for root in done):
-            pending.append((index, flags["seed"], flags))
-    return [flags for *_, flags in sorted(pending, key=lambda run: run[:2])][:max_runs]
+    runs = _run.load_grid(grid)
+    seeds = {}  # each entry's seeds, in order: its first two come before any entry's third
+    for flags in runs:
+        seeds.setdefault(flags["entry"], []).append(flags["seed"])
+    pending = [
+        (seeds[flags["entry"]].index(flags["seed"]) >= 2, flags["entry"], flags["seed"], flags)
+        for flags in runs
+        if not any((root / _run.run_id(flags) / "results.json").exists() for root in done)
+    ]
+    return [flags for *_, flags in sorted(pending, key=lambda run: run[:3])][:max_runs]
 
 
 def _epoch_times(run_dir):
@@ -558,7 +570,10 @@ def _stamp_train_commit(path):
         return
     results["train_commit"] = _train_commit(results["train_code"], REPO)
     if results["train_commit"] is None:
-        print(f"[long_schedule] warning: no commit of HEAD has the code that trained {path.parent.name}")
+        print(
+            f"[long_schedule] warning: no commit of HEAD has the code that trained {path.parent.name}; "
+            "commit that code and unpack again"
+        )
     path.write_text(json.dumps(results, indent=1))
 
 

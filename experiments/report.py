@@ -80,7 +80,7 @@ def _entries(grid_name, runs):
             entry["results"].append(runs[name])
         else:
             entry["pending"].append(flags["seed"])
-    return list(entries.values())
+    return sorted(entries.values(), key=lambda entry: entry["flags"]["entry"])  # the grid's order
 
 
 def _mean_std(values):
@@ -161,8 +161,8 @@ def _plot(entries, x_key, path, title, xlabel):
 
 
 def _plot_bars(entries, path, title):
-    """Accuracy (mean ± std over seeds) of each finished entry, one bar each, for the grids whose
-    runs share a budget (no cost axis to plot against)."""
+    """Accuracy (mean ± std over seeds) of each finished entry, one bar each, in the grid's order:
+    the figure of a grid plotted without a cost axis."""
     finished = [(e, s) for e in entries if (s := _summary(e)) is not None]
     if not finished:
         return False
@@ -171,11 +171,13 @@ def _plot_bars(entries, path, title):
     for entry, s in finished:
         budget = _budget(entry["flags"])
         labels.append(f"{entry['label']}{', ' + budget if budget else ''} (n {s['n']})")
-    accs = [s["acc"] for _, s in finished]
-    ax.barh(labels, accs, xerr=[s["std"] for _, s in finished], capsize=3, color="tab:blue", alpha=0.7)
-    low = min(a - s["std"] for a, (_, s) in zip(accs, finished))
-    ax.set_xlim(max(0.0, low - 5), min(100.0, max(accs) + 3))
-    ax.invert_yaxis()  # the grid's order, top down
+    accs, stds = [s["acc"] for _, s in finished], [s["std"] for _, s in finished]
+    rows = range(len(finished))  # positions, not labels: equal labels must not share a bar
+    ax.barh(rows, accs, xerr=stds, capsize=3, color="tab:blue", alpha=0.7)
+    ax.set_yticks(rows, labels)
+    low = min(a - d for a, d in zip(accs, stds))
+    ax.set_xlim(max(0.0, low - 5), min(100.0, max(a + d for a, d in zip(accs, stds)) + 3))
+    ax.invert_yaxis()  # top down
     ax.set_xlabel("test accuracy (%)")
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
@@ -338,16 +340,16 @@ def _verdict(rows, want):
 
 
 def _fmt_row(row):
-    """``+d pp (tol t, n i/j)``, marked *close* where the issue asks for a third seed.
+    """``+d pp (tol t, n i/j)``, marked *close* where a third seed would tell most.
 
-    A point is close when both sides have two seeds (not three) and the
+    A point is close when the side with fewer seeds has exactly two and the
     difference is within the tolerance: two seeds cannot tell the two apart.
     """
     if row is None:
         return "pending"
     d, tol, n_a, n_b = row
     close = min(n_a, n_b) == 2 and abs(d) <= tol
-    return f"{d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b}{', close: a third seed is due' if close else ''})"
+    return f"{d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b}{', close' if close else ''})"
 
 
 def _fmt_rows(rows, labels):
@@ -355,16 +357,21 @@ def _fmt_rows(rows, labels):
 
 
 _MODE_COLUMNS = ("exact", "balance 2", "layerwise")
+# Flags that do not make another model to compare modes of (the modes themselves, the bookkeeping).
+_NOT_THE_MODELS_FLAGS = ("mode", "balance", "seed", "grid", "entry", "code", "save_model")
 _MODE_PAIRS = (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"))
 
 
 def _mode_points(entries):
-    """The PreCrop budgets that ``entries`` train in two or more translation modes.
+    """The PreCrop models that ``entries`` train in two or more translation modes.
+
+    Entries are the same model in another mode when every flag but the mode
+    and the bookkeeping agrees (model, budgets, epochs, round_to, ...).
 
     Returns:
-        ``{(epochs, budget): {mode: summary, or None while unfinished}}`` in
-        the order of ``entries``; a mode is ``exact``, ``layerwise`` or
-        ``balance 2`` (exact mode with ``plan(balance=2)``).
+        ``[(epochs, budget), {mode: summary, or None while unfinished}]``
+        pairs in the order of ``entries``; a mode is ``exact``,
+        ``layerwise`` or ``balance 2`` (exact mode with ``plan(balance=2)``).
     """
     points = {}
     for e in entries:
@@ -373,11 +380,12 @@ def _mode_points(entries):
             continue
         mode = flags["mode"]
         if flags.get("balance") is not None:
-            if mode != "exact":
+            if (mode, flags["balance"]) != ("exact", 2):  # no column for it
                 continue
-            mode = f"balance {flags['balance']}"
-        points.setdefault((flags["epochs"], _budget(flags)), {})[mode] = _summary(e)
-    return {point: modes for point, modes in points.items() if len(modes) > 1}
+            mode = "balance 2"
+        same = tuple(sorted((k, str(v)) for k, v in flags.items() if k not in _NOT_THE_MODELS_FLAGS))
+        points.setdefault(same, ((flags["epochs"], _budget(flags)), {}))[1][mode] = _summary(e)
+    return [point for point in points.values() if len(point[1]) > 1]
 
 
 def _mode_cell(modes, mode):
@@ -392,8 +400,8 @@ def _modes(entries):
 
     Every PreCrop budget of ``entries`` (any grid, any schedule) trained in
     two or more modes is a point; each pair of modes there is compared by the
-    claims' rule, and the library's defaults are kept unless one mode wins
-    where modes differ and never loses.
+    claims' rule, and the library's defaults are kept unless a mode beats
+    ``exact`` somewhere and loses nowhere.
     """
     lines = [
         "## Translation mode: which widths train best at equal cost",
@@ -408,7 +416,7 @@ def _modes(entries):
         "|---:|---|---|---|---|",
     ]
     wins, ties = [], 0
-    for (epochs, budget), modes in _mode_points(entries).items():
+    for (epochs, budget), modes in _mode_points(entries):
         lines.append(
             f"| {epochs} | {budget} | " + " | ".join(_mode_cell(modes, m) for m in _MODE_COLUMNS) + " |"
         )
@@ -431,18 +439,19 @@ def _modes(entries):
         "the library's defaults stay: `exact` for `precrop` (the highest SynExp value) and "
         "`layerwise` for `reconfigure` (exact PreConfig is scale-degenerate without a balance bound)."
     )
-    best = sorted({winner for winner, *_ in wins} - {loser for _, loser, _ in wins})
+    losers = {loser for _, loser, _ in wins}
+    favoured = sorted({winner for winner, loser, _ in wins if loser == "exact"} - losers)
     if not wins:
         lines.append(
             f"So far no mode trains measurably better than another (every compared pair ties), so {keep}"
         )
-    elif "exact" in best or not best:
-        why = "exact beats another mode and never loses" if best else "no mode wins everywhere"
-        lines.append(f"Where modes differ, {why}, so {keep}")
+    elif not favoured:
+        lines.append(f"Where modes differ, no mode beats `exact` without losing elsewhere, so {keep}")
     else:
         lines.append(
-            f"Where modes differ, {' and '.join(best)} never loses and beats another mode: the "
-            "evidence favours it over `precrop`'s default `exact`."
+            f"Where modes differ, {' and '.join(favoured)} beat{'s' * (len(favoured) == 1)} `exact` and "
+            f"never lose{'s' * (len(favoured) == 1)}: the evidence favours "
+            f"{'it' if len(favoured) == 1 else 'them'} over `precrop`'s default `exact`."
         )
     return lines + [""]
 
@@ -633,8 +642,8 @@ def _claims(core, thm, preconfig):
         "",
         'Rule: differences are of mean final accuracy in percentage points (pp); "tol" is the sum of the '
         "two standard deviations. *Matches* = no point below -tol; *beats* = every point above 0 and one "
-        "above tol. Both need 2 or more seeds on each side; a point with 2 seeds a side and a difference "
-        "within tol is *close*, and gets a third seed.",
+        "above tol. Both need 2 or more seeds on each side; a point with 2 seeds on its smaller side and a "
+        "difference within tol is *close*: where a claim's verdict could turn on it, it gets a third seed.",
         "",
     ]
     lines += _precrop_claims(core)

@@ -97,9 +97,11 @@ def _seeds(value, where):
 def load_grid(path):
     """The grid's runs as flag dicts, one per (entry, seed), seed-major.
 
-    An entry's own ``seeds`` replace the grid's for it, e.g. a third seed
-    where a claim is close; the seed-major order then puts it after every
-    entry's first two.
+    Besides ``examples/train_cifar.py``'s flags, each run has its ``seed``,
+    the ``grid``'s name, the ``entry``'s index in the grid and the grid's
+    pinned ``code``. An entry's own ``seeds`` replace the grid's for it, e.g. a
+    third seed where a claim is close; a seed that no entry had before comes
+    after all of theirs.
 
     Raises:
         ValueError: naming the grid file and entry for an unknown key, a
@@ -108,11 +110,14 @@ def load_grid(path):
     with open(path) as f:
         grid = json.load(f)
     allowed = set(_ID_FLAGS) | set(_OTHER_FLAGS)
+    defaults = grid.get("defaults", {})
+    if "seeds" in defaults:
+        raise ValueError(f"{path}: 'seeds' belongs at the grid's top level or in a run, not in the defaults.")
     default_seeds = _seeds(grid.get("seeds"), f"{path}")
     runs = []
     for index, entry in enumerate(grid["runs"]):
-        flags = {**grid.get("defaults", {}), **entry}
-        seeds = _seeds(flags.pop("seeds"), f"{path}: run {index}") if "seeds" in entry else default_seeds
+        flags = {**defaults, **entry}
+        seeds = _seeds(flags.pop("seeds"), f"{path}: run {index}") if "seeds" in flags else default_seeds
         unknown = sorted(set(flags) - allowed)
         if unknown:
             raise ValueError(f"{path}: run {index} has unknown keys {unknown}; allowed: {sorted(allowed)}.")
@@ -121,9 +126,9 @@ def load_grid(path):
                 raise ValueError(f"{path}: run {index} ({entry}) sets no {key!r}, nor do the defaults.")
         runs.append((flags, seeds))
     return [
-        {**flags, "seed": seed, "grid": grid["name"], "code": grid.get("code")}
+        {**flags, "seed": seed, "grid": grid["name"], "entry": index, "code": grid.get("code")}
         for seed in sorted({s for _, seeds in runs for s in seeds})
-        for flags, seeds in runs
+        for index, (flags, seeds) in enumerate(runs)
         if seed in seeds
     ]
 
@@ -154,7 +159,7 @@ def train_command(flags, model_dir, data_dir, code_dir):
     if data_dir:
         command.append(f"--data_dir={data_dir}")
     for key, value in flags.items():
-        if key in ("grid", "code") or value is None:
+        if key in ("grid", "entry", "code") or value is None:
             continue
         if isinstance(value, bool):
             command.append(f"--{key}" if value else f"--no{key}")

@@ -99,17 +99,28 @@ def test_load_grid_is_seed_major_with_defaults_merged(tmp_path):
     baseline = {"model": "resnet20", "epochs": 10, "save_model": True, "method": "baseline"}
     synflow = {"model": "resnet20", "epochs": 5, "save_model": False, "method": "synflow", "params": 0.3}
     assert run.load_grid(path) == [
-        {**flags, "seed": seed, "grid": "g", "code": "abc1234"}
-        for seed, flags in ((0, baseline), (0, synflow), (1, baseline), (1, synflow))
+        {**flags, "seed": seed, "grid": "g", "entry": entry, "code": "abc1234"}
+        for seed, entry, flags in ((0, 0, baseline), (0, 1, synflow), (1, 0, baseline), (1, 1, synflow))
     ]
 
 
 def test_an_entrys_own_seeds_replace_the_grids_and_come_seed_major(tmp_path):
     path = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3,
-                                                                 "seeds": [2, 0, 1]}])
-    assert [(f["method"], f["seed"]) for f in run.load_grid(path)] == [
-        ("baseline", 0), ("synflow", 0), ("baseline", 1), ("synflow", 1), ("synflow", 2)]
+                                                                 "seeds": [2, 0, 1]},
+                                       {"method": "snip", "params": 0.3, "seeds": [1]}])
+    assert [(f["method"], f["seed"], f["entry"]) for f in run.load_grid(path)] == [
+        ("baseline", 0, 0), ("synflow", 0, 1), ("baseline", 1, 0), ("synflow", 1, 1), ("snip", 1, 2),
+        ("synflow", 2, 1)]
     assert all("seeds" not in f for f in run.load_grid(path))  # not a flag of train_cifar.py
+    command = run.train_command(run.load_grid(path)[1], tmp_path, None, REPO)
+    assert not any(arg.startswith(("--seeds", "--entry", "--grid", "--code")) for arg in command)
+
+
+def test_seeds_in_the_defaults_are_refused(tmp_path):
+    path = _write_grid(tmp_path, "bad", [{"method": "baseline"}],
+                       defaults={"model": "resnet20", "epochs": 1, "seeds": [0, 1, 2]})
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: 'seeds' belongs at the grid's top level"):
+        run.load_grid(path)
 
 
 @pytest.mark.parametrize("seeds", [[], [0, 0], "0, 1", [-1], [True], [0.5]])
@@ -153,7 +164,7 @@ def test_real_grids_load_and_shared_runs_agree():
             by_id.setdefault(name, []).append(f)
     assert any(len(shared) > 1 for shared in by_id.values())  # e.g. core's baseline is preconfig's
     for name, shared in by_id.items():
-        others = [{k: v for k, v in f.items() if k != "grid"} for f in shared]
+        others = [{k: v for k, v in f.items() if k not in ("grid", "entry")} for f in shared]
         assert all(o == others[0] for o in others), f"{name} differs between grids: {shared}"
 
 
@@ -411,8 +422,8 @@ def test_verdict(rows, want, expected):
     "row, expected",
     [
         (None, "pending"),
-        ((0.5, 1.0, 2, 2), "+0.50 pp (tol 1.00, n 2/2, close: a third seed is due)"),
-        ((-1.0, 1.0, 3, 2), "-1.00 pp (tol 1.00, n 3/2, close: a third seed is due)"),  # a side has 2
+        ((0.5, 1.0, 2, 2), "+0.50 pp (tol 1.00, n 2/2, close)"),
+        ((-1.0, 1.0, 3, 2), "-1.00 pp (tol 1.00, n 3/2, close)"),  # a side has 2
         ((0.5, 1.0, 3, 3), "+0.50 pp (tol 1.00, n 3/3)"),  # has its third seeds
         ((1.5, 1.0, 2, 2), "+1.50 pp (tol 1.00, n 2/2)"),  # two seeds tell them apart
         ((-0.2, 1.0, 1, 2), "-0.20 pp (tol 1.00, n 1/2)"),  # the second seed comes first
@@ -517,7 +528,7 @@ def _point(label, a, b, accuracies=_ACCURACIES):
     """One point of a claim as the report words it: ``label: +d pp (tol t, n i/j)``, and ``close``
     when two seeds a side cannot tell the two apart (the issue's case for a third seed)."""
     d, tol, n_a, n_b = _cmp(a, b, accuracies)
-    close = ", close: a third seed is due" if min(n_a, n_b) == 2 and abs(d) <= tol else ""
+    close = ", close" if min(n_a, n_b) == 2 and abs(d) <= tol else ""
     return f"{label}: {d:+.2f} pp (tol {tol:.2f}, n {n_a}/{n_b}{close})"
 
 
@@ -661,7 +672,7 @@ def test_report_translation_modes(page):
     assert len(wins) == 4 and ties == 1  # balance 2 > exact > layerwise at 10 epochs, exact wins at 40
     assert f"Verdict: {'; '.join(wins)}; {ties} of {ties + len(wins)} compared pairs tie." in page
     assert "| 10 | params 0.0411 | " in page and "| 10 | flops 0.2734 | pending | - | pending |" in page
-    assert ("Where modes differ, balance 2 never loses and beats another mode: the evidence favours it "
+    assert ("Where modes differ, balance 2 beats `exact` and never loses: the evidence favours it "
             "over `precrop`'s default `exact`.") in page
 
 
@@ -689,16 +700,32 @@ def test_report_keeps_the_defaults_unless_a_mode_wins_and_never_loses():
     assert kept in tied and "| 10 | params 0.1103 |" in tied and "| 40 |" not in tied
     favoured = page([0.76, 0.765])
     assert "balance 2 beats exact" in favoured and kept not in favoured
-    assert "balance 2 never loses and beats another mode: the evidence favours it" in favoured
+    assert "balance 2 beats `exact` and never loses: the evidence favours it" in favoured
     # Exact beats layerwise at 10 epochs, layerwise beats exact at 40 (balance 2 has one seed).
     mixed = page([0.76], exact=(0.75, 0.755), long_layerwise=[0.83, 0.831])
     assert "at 10 epochs, params 0.1103: exact beats layerwise" in mixed
     assert "at 40 epochs, params 0.1103: layerwise beats exact" in mixed
-    assert "no mode wins everywhere" in mixed and kept in mixed
+    assert "no mode beats `exact` without losing elsewhere" in mixed and kept in mixed
     exact_best = page([0.60, 0.605], exact=(0.72, 0.73))
-    assert "exact beats balance 2" in exact_best and "exact beats another mode and never loses" in exact_best
+    assert "exact beats balance 2" in exact_best and "no mode beats `exact` without" in exact_best
+    # Balance 2 beats layerwise and ties exact: never beaten, but it did not beat the default.
+    only_layerwise = page([0.735, 0.74], exact=(0.72, 0.735))
+    assert "balance 2 beats layerwise" in only_layerwise and "balance 2 beats exact" not in only_layerwise
+    assert "no mode beats `exact` without losing elsewhere" in only_layerwise and kept in only_layerwise
     nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
     assert "Verdict: pending" in nothing and kept not in nothing
+
+
+def test_modes_are_compared_only_between_the_same_model():
+    """Entries that differ in a flag besides the mode (round_to here) are other models: other rows."""
+    def entry(mode, **flags):
+        flags = {"method": "precrop_params", "params": 0.1, "epochs": 10, "mode": mode, "entry": 0, **flags}
+        return {"flags": flags, "results": [_result("precrop_params", 0.7, 0)]}
+
+    points = report._mode_points([entry("exact"), entry("layerwise", round_to=8), entry("exact", round_to=8),
+                                  entry("layerwise", seed=3, grid="other"), entry("exact", balance=3)])
+    assert [(label, sorted(modes)) for label, modes in points] == [
+        ((10, "params 0.1"), ["exact", "layerwise"]), ((10, "params 0.1"), ["exact", "layerwise"])]
 
 
 def test_report_longer_schedule(report_dir, page):

@@ -158,7 +158,10 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
     hashed = subprocess.run(["git", "-C", str(REPO), "hash-object", "keras_precrop/train.py"],
                             capture_output=True, text=True, check=True).stdout.strip()
     assert results["train_code"]["keras_precrop/train.py"] == hashed
-    assert results["train_code"] == long_schedule._train_code()
+    paths = ["keras_precrop/*.py", "experiments/long_schedule.py", "experiments/run.py"]
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard",
+                             "--", *paths], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert sorted(results["train_code"]) == sorted(set(listed))
     trained = keras.saving.load_model(out / "final_model.keras", compile=False)
     for path, mask in masks.items():
         layer = trained.get_layer(path.split("/")[0])
@@ -201,14 +204,17 @@ def test_pending_runs_go_entry_by_entry_and_skip_finished_ones(tmp_path, monkeyp
     assert [run.run_id(f) for f in long_schedule._pending(grid, trained=trained)] == ids[1:]
 
 
-def test_pending_runs_keep_an_entrys_own_third_seed_with_its_others(tmp_path, monkeypatch):
+def test_pending_runs_put_every_entrys_first_two_seeds_before_a_third(tmp_path, monkeypatch):
     grid = _grid(tmp_path, monkeypatch, done=["resnet20-synflow-params0.1-ep40-s0"])
     text = json.loads(grid.read_text())
     text["runs"][0]["seeds"] = [0, 1, 2]
+    text["runs"].insert(0, {"method": "snip", "params": 0.1, "seeds": [1, 2]})  # no seed 0, still first
     grid.write_text(json.dumps(text))
     assert [run.run_id(f) for f in long_schedule._pending(grid)] == [
-        "resnet20-synflow-params0.1-ep40-s1", "resnet20-synflow-params0.1-ep40-s2",
-        "resnet20-precrop_params-params0.11-ep40-s0", "resnet20-precrop_params-params0.11-ep40-s1"]
+        "resnet20-snip-params0.1-ep40-s1", "resnet20-snip-params0.1-ep40-s2",
+        "resnet20-synflow-params0.1-ep40-s1",
+        "resnet20-precrop_params-params0.11-ep40-s0", "resnet20-precrop_params-params0.11-ep40-s1",
+        "resnet20-synflow-params0.1-ep40-s2"]
 
 
 def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_path, monkeypatch):
@@ -272,15 +278,20 @@ def test_unpack_names_the_commit_whose_code_trained_a_run(tmp_path, monkeypatch)
     git("init", "-q")
     for path in ("experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py"):
         write(path, f"# {path}\n")
+    write("keras_precrop/notes.txt", "tracked, but not Python: not recorded on either side\n")
+    write("keras_precrop/sub dir/x.py", "# a path with a space\n")
     write("README.md", "not training code\n")
     git("add", ".")
     git("commit", "-qm", "first")
     first, code = git("rev-parse", "HEAD"), long_schedule._train_code(repo)
+    for path, blob in code.items():
+        assert blob == git("hash-object", "--no-filters", path), path
     write("keras_precrop/train.py", "# changed\n")
     git("commit", "-qam", "second")
     write("README.md", "changed, but not training code\n")
     git("commit", "-qam", "third")
-    assert set(code) == {"experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py"}
+    assert set(code) == {"experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py",
+                         "keras_precrop/sub dir/x.py"}
     assert long_schedule._train_commit(code, repo) == first
     assert long_schedule._train_commit(long_schedule._train_code(repo), repo) == git("rev-parse", "HEAD")
     write("keras_precrop/new.py", "# not committed\n")
