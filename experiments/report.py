@@ -191,7 +191,7 @@ def _finish(fig, ax, xlabel, title, path):
     """Labels an accuracy plot, saves it to ``path`` and closes it."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 60), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -289,13 +289,26 @@ def _imagenet():
     return lines
 
 
-def _section(title, grid, runs, x_key=None, xlabel=None):
+_XLABELS = {
+    "params_ratio": "params ratio of the trained model",
+    "macs_ratio": "MACs ratio of the trained model",
+}
+
+
+def _section(title, grid, runs, figures=()):
+    """A grid's heading, description, table and figures: ``figures`` holds ``(file name, title,
+    x key, methods or None for all)`` of accuracy-vs-cost plots; without any, one bar per entry."""
     entries = _entries(grid, runs)
     description = json.loads((GRIDS / f"{grid}.json").read_text())["description"]
     lines = [f"## {title}", "", description, "", *_table(entries)]
-    path = FIGURES / f"{grid}.png"
-    if _plot(entries, x_key, path, title, xlabel) if x_key else _plot_bars(entries, path, title):
-        lines += ["", f"![{grid}](figures/{grid}.png)"]
+    drawn = []
+    for name, fig_title, x_key, methods in figures:
+        shown = [e for e in entries if methods is None or e["flags"]["method"] in methods]
+        if _plot(shown, x_key, FIGURES / f"{name}.png", fig_title, _XLABELS[x_key]):
+            drawn.append(name)
+    if not figures and _plot_bars(entries, FIGURES / f"{grid}.png", title):
+        drawn.append(grid)
+    lines += [line for name in drawn for line in ("", f"![{name}](figures/{name}.png)")]
     return lines + [""], entries
 
 
@@ -719,13 +732,20 @@ def _long(entries, core):
     ]
 
 
-# The report's grid sections, in page order: (title, grid, x axis of its figure or None).
+# The report's grid sections, in page order: (title, grid, its figures as _section takes them).
 _SECTIONS = (
-    ("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", "macs_ratio"),
-    ("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", None),
-    ("Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "pareto", "macs_ratio"),
-    ("Balanced exact mode (not in the paper)", "balance", None),
-    ("Figure 6: PreConfig on CIFAR-10", "preconfig", None),
+    ("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", (
+        ("cifar_a", "Figure 2 (cifar-a): PreCrop-Params vs SynFlow at equal parameters", "params_ratio",
+         ("baseline", "synflow", "precrop_params")),
+        ("cifar_b", "Figure 3 (cifar-b): PreCrop-FLOPs vs SynFlow at equal MACs", "macs_ratio",
+         ("baseline", "synflow", "precrop_flops")),
+    )),
+    ("Figure 4 (thm_comp): granularity at equal layer densities", "thm_comp", ()),
+    ("Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "pareto", (
+        ("pareto", "Figure 5 (pareto): accuracy vs MACs at 1.5e4 parameters", "macs_ratio", None),
+    )),
+    ("Balanced exact mode (not in the paper)", "balance", ()),
+    ("Figure 6: PreConfig on CIFAR-10", "preconfig", ()),
 )
 _LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
 
@@ -734,9 +754,8 @@ def main():
     FIGURES.mkdir(exist_ok=True)
     runs = _load_runs()
     lines, entries = [], {}
-    for title, grid, x_key in _SECTIONS:
-        xlabel = "MACs ratio of the trained model" if x_key else None
-        body, entries[grid] = _section(title, grid, runs, x_key, xlabel)
+    for title, grid, figures in _SECTIONS:
+        body, entries[grid] = _section(title, grid, runs, figures)
         lines += body
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
