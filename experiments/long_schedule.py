@@ -13,7 +13,9 @@ epochs of the same recipe as fit the time, on the JAX backend:
    tiles of 1,000 images in three parts of about 29 MiB (``<work>/data_a``,
    ``data_b``, ``data_c``), so that each part travels in one call beside a
    repository that grows with every committed run. It also removes the
-   exported models of runs that have finished, which would only take room.
+   exported models of runs that have finished, which would only take room,
+   and prints what each call of the recipe below carries with the tree,
+   against the 64 MiB a call takes.
 2. ``calibrate`` (there): trains the grid's pending runs (no ``results.json``
    in ``experiments/runs/``; the first ``--max_runs``, both seeds of an entry
    together) at once, one process each, for two short epochs on random
@@ -112,6 +114,8 @@ _PARTS = {
     "data_c": ("train", 40_000, 50_000),
 }
 _TEST_PART = "data_c"  # with the test split and the labels
+_CALLS = ((".whl", "data_a"), ("init", "data_b", "resume"), ("data_c",))  # each device call's carry
+_CALL_LIMIT = 64 * 2**20  # bytes a device call takes: the working tree and what it carries
 _BATCH = 128
 _PACKED = ("results.json", "history.csv", "train.log", "final_model.keras")
 _TRAIN_CODE = ("experiments/long_schedule.py", "experiments/run.py", "keras_precrop")  # what trains there
@@ -188,8 +192,32 @@ def export(args):
     if not (work / _TEST_PART / "labels.npz").exists():
         print("[long_schedule] writing CIFAR-10 as WebP tiles", flush=True)
         _export_data(args.data_dir, work)
-    sizes = {part: sum(f.stat().st_size for f in (work / part).iterdir()) / 2**20 for part in _PARTS}
-    print(f"[long_schedule] data parts (MiB): {sizes}")
+    _check_call_sizes(work)
+
+
+def _size(path):
+    """Bytes of the files under ``path`` (0 if it does not exist)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _check_call_sizes(work):
+    """Prints what each device call of the recipe carries, with the working tree that every call
+    copies (git's tracked files and the untracked ones it does not ignore), and says which exceed
+    the 64 MiB a call takes."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    tree = sum((REPO / path).stat().st_size for path in listed if path and (REPO / path).is_file())
+    for number, carried in enumerate(_CALLS, 1):
+        total = tree + sum(_size(REPO / name if name == ".whl" else work / name) for name in carried)
+        over = " -- OVER the 64 MiB a call takes: move a part to another call" if total > _CALL_LIMIT else ""
+        print(
+            f"[long_schedule] call {number} carries {' '.join(carried)} and the tree "
+            f"({tree / 2**20:.1f} MiB): {total / 2**20:.1f} MiB{over}"
+        )
 
 
 # --- training (JAX side) --------------------------------------------------------

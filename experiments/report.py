@@ -347,7 +347,8 @@ def _verdict(rows, want):
     if fails:
         return f"not reproduced (fails at {len(fails)} of {len(rows)} points so far)"
     if not rows or len(counted) < len(rows):
-        return "pending (fewer than 2 seeds on some point)"
+        so_far = f"; {len(counted)} of {len(rows)} points counted, none fails" if counted else ""
+        return f"pending (fewer than 2 seeds on some point{so_far})"
     ok = want == "match" or any(d > tol for d, tol, *_ in rows)
     return "reproduced" if ok else "not reproduced"
 

@@ -404,14 +404,18 @@ def test_driver_refuses_code_that_is_no_commit(repo, tmp_path):
         ([(-2.0, 1.0, 2, 2), (-3.0, 1.0, 2, 3), (0.0, 1.0, 2, 2)], "match",
          "not reproduced (fails at 2 of 3 points so far)"),
         # A failing point with one seed on a side does not count yet.
-        ([(-1.5, 1.0, 1, 2), (0.5, 1.0, 2, 2)], "match", "pending (fewer than 2 seeds on some point)"),
-        ([None, (0.5, 1.0, 2, 2)], "match", "pending (fewer than 2 seeds on some point)"),
+        ([(-1.5, 1.0, 1, 2), (0.5, 1.0, 2, 2)], "match",
+         "pending (fewer than 2 seeds on some point; 1 of 2 points counted, none fails)"),
+        ([None, (0.5, 1.0, 2, 2)], "match",
+         "pending (fewer than 2 seeds on some point; 1 of 2 points counted, none fails)"),
         ([], "match", "pending (fewer than 2 seeds on some point)"),
         ([(0.5, 1.0, 2, 2), (1.5, 1.0, 2, 2)], "beat", "reproduced"),
         ([(0.5, 1.0, 2, 2), (0.9, 1.0, 2, 2)], "beat", "not reproduced"),  # none beyond tol
         ([(0.0, 1.0, 2, 2), (3.0, 1.0, 2, 2)], "beat", "not reproduced (fails at 1 of 2 points so far)"),
-        ([(-0.1, 1.0, 2, 1), (3.0, 1.0, 2, 2)], "beat", "pending (fewer than 2 seeds on some point)"),
-        ([(3.0, 1.0, 2, 2), None], "beat", "pending (fewer than 2 seeds on some point)"),
+        ([(-0.1, 1.0, 2, 1), (3.0, 1.0, 2, 2)], "beat",
+         "pending (fewer than 2 seeds on some point; 1 of 2 points counted, none fails)"),
+        ([(3.0, 1.0, 2, 2), None, None], "beat",
+         "pending (fewer than 2 seeds on some point; 1 of 3 points counted, none fails)"),
     ],
 )
 def test_verdict(rows, want, expected):
@@ -734,13 +738,13 @@ def test_report_longer_schedule(report_dir, page):
     """The claims again from the grid "long", over its points alone, with its own epochs, backend and
     device; its runs at params 0.03 and its FLOPs runs have not finished."""
     assert '**Longer schedule** (40 epochs, jax backend on gpu: H100; section "Longer schedule"' in page
-    verdicts = {"exact": "pending (fewer than 2 seeds on some point)",
-                "layerwise": "not reproduced (fails at 1 of 2 points so far)"}
+    verdicts = {"exact": "pending (fewer than 2 seeds on some point; 1 of 3 points counted, none fails)",
+                "layerwise": "not reproduced (fails at 1 of 3 points so far)"}
     for mode, verdict in verdicts.items():
         point = _point("SynFlow 0.1", f"resnet20-precrop_params-params0.1103-mode{mode}-ep40",
                        "resnet20-synflow-params0.1-ep40", _LONG_ACCURACIES)
-        assert (f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {verdict}. {point}; "
-                "SynFlow 0.03: pending\n") in page
+        assert (f"- **PreCrop-Params ({mode}) matches SynFlow at equal parameters**: {verdict}. "
+                f"SynFlow 0.3: pending; {point}; SynFlow 0.03: pending\n") in page
         assert (f"- **PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds "
                 "on some point). MACs of SynFlow 0.1: pending\n") in page
 

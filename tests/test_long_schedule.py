@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -306,3 +307,30 @@ def test_unpack_names_the_commit_whose_code_trained_a_run(tmp_path, monkeypatch)
     long_schedule.unpack(argparse.Namespace(tgz=tmp_path / "runs.tgz", work=tmp_path / "work"))
     results = json.loads((tmp_path / "runs" / "r" / "results.json").read_text())
     assert results == {"final_accuracy": 0.5, "train_code": code, "train_commit": first}
+
+
+def test_export_says_which_device_call_would_carry_too_much(tmp_path, monkeypatch, capsys):
+    """Each call's carry plus the working tree (tracked and untracked-not-ignored files, not ignored
+    ones) against the limit of a call, here scaled down to 11 MiB."""
+    mib = 2**20
+    repo, work = tmp_path / "repo", tmp_path / "repo" / ".gpu"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text(".gpu/\n.whl/\nbig.bin\n")
+    sizes = {"tracked.py": mib, "untracked.txt": mib, "big.bin": 50 * mib, ".whl/k.whl": 2 * mib,
+             ".gpu/data_a/t.webp": 3 * mib, ".gpu/init/m/init_model.keras": 9 * mib,
+             ".gpu/data_b/t.webp": mib // 10, ".gpu/data_c/t.webp": mib // 10}
+    for name, size in sizes.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(b"x" * size)
+    subprocess.run(["git", "-C", str(repo), "add", "tracked.py", ".gitignore"], check=True)
+    monkeypatch.setattr(long_schedule, "REPO", repo)
+    monkeypatch.setattr(long_schedule, "_CALL_LIMIT", 11 * mib)
+    long_schedule._check_call_sizes(work)
+    tree = 2 * mib + len(".gpu/\n.whl/\nbig.bin\n")  # big.bin is ignored: no call copies it
+    lines = capsys.readouterr().out.splitlines()
+    totals = [tree + 5 * mib, tree + 9 * mib + mib // 10, tree + mib // 10]
+    said = [re.search(r"\): ([\d.]+) MiB", line).group(1) for line in lines]
+    assert said == [f"{total / mib:.1f}" for total in totals]
+    assert ["OVER" in line for line in lines] == [False, True, False]
+    assert lines[1].startswith("[long_schedule] call 2 carries init data_b resume and the tree (2.0 MiB)")
