@@ -595,8 +595,8 @@ def test_report_page_layout(report_dir, page):
 
 def test_report_tables(page):
     """A finished entry, one with seeds pending and one not started."""
-    stem = "resnet20-synflow-params0.3-ep10"
-    assert (f"| synflow | params 0.3 | 30,005 | {30005 / 274042:.4f} | 0.2550 | {_cell(stem)} | "
+    stem = "resnet20-synflow-params0.03-ep10"
+    assert (f"| synflow | params 0.03 | 30,005 | {30005 / 274042:.4f} | 0.2550 | {_cell(stem)} | "
             f"{_train(_ACCURACIES[stem]):.2f} | 2 | 10 | 15.0 |") in page
     stem = "resnet20-preconfig-params0.8-flops1-ep10"
     assert (f"| preconfig | params 0.8, flops 1.0 | 30,000 | {30000 / 274042:.4f} | 0.2500 | "
