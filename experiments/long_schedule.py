@@ -195,6 +195,11 @@ def export(args):
     _check_call_sizes(work)
 
 
+def _git(repo, *argv):
+    """The standard output of ``git argv`` in ``repo`` (raises on failure)."""
+    return subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True, check=True).stdout
+
+
 def _size(path):
     """Bytes of the files under ``path`` (0 if it does not exist)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
@@ -204,12 +209,7 @@ def _check_call_sizes(work):
     """Prints what each device call of the recipe carries, with the working tree that every call
     copies (git's tracked files and the untracked ones it does not ignore), and says which exceed
     the 64 MiB a call takes."""
-    listed = subprocess.run(
-        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\0")
+    listed = _git(REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     tree = sum((REPO / path).stat().st_size for path in listed if path and (REPO / path).is_file())
     for number, carried in enumerate(_CALLS, 1):
         total = tree + sum(_size(REPO / name if name == ".whl" else work / name) for name in carried)
@@ -334,13 +334,8 @@ def _train_code(repo=REPO):
 
 def _train_commit(code, repo=REPO):
     """The newest commit of ``repo``'s HEAD whose ``_TRAIN_CODE`` files are exactly ``code``, else None."""
-
-    def git(*argv):
-        done = subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True, check=True)
-        return done.stdout
-
-    for commit in git("rev-list", "HEAD").split():
-        listing = git("ls-tree", "-r", "-z", commit, "--", *_TRAIN_CODE).split("\0")
+    for commit in _git(repo, "rev-list", "HEAD").split():
+        listing = _git(repo, "ls-tree", "-r", "-z", commit, "--", *_TRAIN_CODE).split("\0")
         tree = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listing if line)}
         if {path: blob for path, blob in tree.items() if path.endswith(".py")} == code:
             return commit

@@ -108,6 +108,11 @@ def _summary(entry):
     }
 
 
+def _acc(summary):
+    """``mean ± std`` of a summary's test accuracy, as every table and claim line prints it."""
+    return f"{summary['acc']:.2f} ± {summary['std']:.2f}"
+
+
 def _budget(flags):
     """``params 0.1, flops 0.2``: the budgets that a grid entry sets ("" for none)."""
     return ", ".join(f"{k} {flags[k]}" for k in ("params", "flops") if flags.get(k) is not None)
@@ -128,7 +133,7 @@ def _table(entries):
             continue
         lines.append(
             f"| {entry['label']} | {budget or '-'} | {s['params']:,.0f} | {s['params_ratio']:.4f} | "
-            f"{s['macs_ratio']:.4f} | {s['acc']:.2f} ± {s['std']:.2f}{pending} | {s['train']:.2f} | "
+            f"{s['macs_ratio']:.4f} | {_acc(s)}{pending} | {s['train']:.2f} | "
             f"{s['n']} | {s['epochs']} | "
             f"{s['minutes']:.1f} |"
         )
@@ -181,9 +186,7 @@ def _plot_bars(entries, path, title):
     ax.set_xlabel("test accuracy (%)")
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -194,8 +197,13 @@ def _finish(fig, ax, xlabel, title, path):
     ax.set_title(textwrap.fill(title, 60), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _save(fig, path, dpi=120):
+    """Lays out, writes and closes a figure."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -260,10 +268,8 @@ def _spar_comp():
         ax.set_xlabel("prunable layer (model order)")
         ax.set_ylabel("density")
         ax.legend(fontsize=6, ncol=5)
-    fig.tight_layout()
     FIGURES.mkdir(exist_ok=True)
-    fig.savefig(FIGURES / "spar_comp.png", dpi=110)
-    plt.close(fig)
+    _save(fig, FIGURES / "spar_comp.png", dpi=110)
     lines += ["", "![spar_comp](figures/spar_comp.png)"]
     return lines
 
@@ -406,7 +412,7 @@ def _mode_cell(modes, mode):
     if mode not in modes:
         return "-"
     s = modes[mode]
-    return "pending" if s is None else f"{s['acc']:.2f} ± {s['std']:.2f} (n {s['n']})"
+    return "pending" if s is None else f"{_acc(s)} (n {s['n']})"
 
 
 def _modes(entries):
@@ -678,7 +684,7 @@ def _claims(core, thm, preconfig):
             else f"; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp"
         )
         + ". "
-        + "; ".join(f"{label}: {s['acc']:.2f} ± {s['std']:.2f}" for label, s in done)
+        + "; ".join(f"{label}: {_acc(s)}" for label, s in done)
     )
     row = _compare(_one(preconfig, method="preconfig"), _one(preconfig, method="baseline"))
     lines.append(
