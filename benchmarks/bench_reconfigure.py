@@ -3,8 +3,8 @@
 For EfficientNetB0, MobileNetV2 (``keras.applications``, ``weights=None``) and
 the zoo's ImageNet ResNet-34, times building the model, then
 ``kp.reconfigure(model, params=1.0, flops=1.0)`` (PreConfig at the original
-budget, default layerwise mode) and ``kp.precrop(model, flops=0.5)`` (exact
-mode) end to end, and their parts: ``profile`` (graph walk and cost model),
+budget, layerwise mode by default) and ``kp.precrop(model, flops=0.5,
+mode="exact")`` end to end, and their parts: ``profile`` (graph walk and cost model),
 ``plan`` (walk + solve + integer widths) and ``apply_plan`` (walk + rebuild
 with fresh weights). Medians over repeats; the Keras session is cleared
 (untimed) before every repeat. Goal (issue 7): ``reconfigure(EfficientNetB0)``
@@ -45,7 +45,7 @@ OPERATIONS = {
         lambda m: kp.reconfigure(m, params=1.0, flops=1.0),
         {"params": 1.0, "flops": 1.0, "upper": None, "mode": "layerwise"}),
     "precrop(flops=0.5)": (
-        lambda m: kp.precrop(m, flops=0.5),
+        lambda m: kp.precrop(m, flops=0.5, mode="exact"),
         {"flops": 0.5, "upper": 1.0, "mode": "exact"}),
 }
 GOAL = ("EfficientNetB0", "reconfigure(params=1.0, flops=1.0)", 1.5)

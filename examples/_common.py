@@ -80,9 +80,9 @@ def define_flags(default_model):
     flags.DEFINE_enum(
         "mode",
         None,
-        ["exact", "layerwise", "paper"],
-        "Width translation of precrop_*/preconfig; default: the library's (precrop: exact, "
-        "reconfigure: layerwise).",
+        ["auto", "exact", "layerwise", "paper"],
+        "Width translation of precrop_*/preconfig; default: the library's (auto: layerwise for "
+        "preconfig and under --flops, exact otherwise).",
     )
     flags.DEFINE_float(
         "balance",
@@ -154,9 +154,8 @@ def _check_flags():
     if structural and method not in STRUCTURED:
         raise app.UsageError(
             f"{', '.join(structural)} apply to {'/'.join(STRUCTURED)}, not --method={method}.")
-    mode = FLAGS.mode or ("layerwise" if method == "preconfig" else "exact")
-    if FLAGS.balance is not None and mode != "exact":
-        raise app.UsageError(f"--balance needs --mode=exact; --method={method} uses --mode={mode} here.")
+    if FLAGS.balance is not None and FLAGS.mode not in (None, "auto", "exact"):
+        raise app.UsageError(f"--balance needs --mode=exact (or no --mode); got --mode={FLAGS.mode}.")
     if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
         raise app.UsageError(
             f"--densities and --granularity apply to --method=random, not --method={method}.")

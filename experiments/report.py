@@ -415,13 +415,18 @@ def _mode_cell(modes, mode):
     return "pending" if s is None else f"{_acc(s)} (n {s['n']})"
 
 
+# What plan(mode="auto") picks for PreCrop under each kind of budget (tests check it against
+# keras_precrop.planning.auto_mode): a point with a FLOPs budget is of the second kind.
+_AUTO_PICKS = (("a parameter budget", "exact"), ("a FLOPs budget", "layerwise"))
+
+
 def _modes(entries):
     """Which translation mode trains best at equal cost: exact, balanced exact or layerwise.
 
     Every PreCrop budget of ``entries`` (any grid, any schedule) trained in
     two or more modes is a point; each pair of modes there is compared by the
-    claims' rule, and the library's defaults are kept unless a mode beats
-    ``exact`` somewhere and loses nowhere.
+    claims' rule. Points with a FLOPs budget and points without one are
+    judged apart, each against the mode ``plan(mode="auto")`` picks there.
     """
     lines = [
         "## Translation mode: which widths train best at equal cost",
@@ -435,45 +440,52 @@ def _modes(entries):
         "| epochs | budget | exact | exact, balance 2 | layerwise |",
         "|---:|---|---|---|---|",
     ]
-    wins, ties = [], 0
+    pairs = []  # (kind, the two modes, the winner or None for a tie, what the verdict says)
     for (epochs, budget), modes in _mode_points(entries):
         lines.append(
             f"| {epochs} | {budget} | " + " | ".join(_mode_cell(modes, m) for m in _MODE_COLUMNS) + " |"
         )
+        kind = _AUTO_PICKS["flops" in budget][0]
         for name, other in _MODE_PAIRS:
             row = _compare(modes.get(name), modes.get(other))
             if row is None or min(row[2], row[3]) < 2:
                 continue
             d, tol = row[0], row[1]
             if abs(d) <= tol:
-                ties += 1
+                pairs.append((kind, (name, other), None, ""))
                 continue
             winner, loser = (name, other) if d > 0 else (other, name)
-            said = f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(d):.2f} pp (tol {tol:.2f})"
-            wins.append((winner, loser, said))
-    if not wins and not ties:
+            pairs.append((kind, (name, other), winner,
+                          f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(d):.2f} pp "
+                          f"(tol {tol:.2f})"))
+    if not pairs:
         return lines + ["", "Verdict: pending (fewer than 2 seeds).", ""]
-    said = [text for *_, text in wins] + [f"{ties} of {ties + len(wins)} compared pairs tie"]
+    ties = sum(winner is None for _, _, winner, _ in pairs)
+    said = [text for *_, text in pairs if text] + [f"{ties} of {len(pairs)} compared pairs tie"]
     lines += ["", f"Verdict: {'; '.join(said)}.", ""]
-    keep = (
-        "the library's defaults stay: `exact` for `precrop` (the highest SynExp value) and "
-        "`layerwise` for `reconfigure` (exact PreConfig is scale-degenerate without a balance bound)."
-    )
-    losers = {loser for _, loser, _ in wins}
-    favoured = sorted({winner for winner, loser, _ in wins if loser == "exact"} - losers)
-    if not wins:
-        lines.append(
-            f"So far no mode trains measurably better than another (every compared pair ties), so {keep}"
-        )
-    elif not favoured:
-        lines.append(f"Where modes differ, no mode beats `exact` without losing elsewhere, so {keep}")
-    else:
-        lines.append(
-            f"Where modes differ, {' and '.join(favoured)} beat{'s' * (len(favoured) == 1)} `exact` and "
-            f"never lose{'s' * (len(favoured) == 1)}: the evidence favours "
-            f"{'it' if len(favoured) == 1 else 'them'} over `precrop`'s default `exact`."
-        )
-    return lines + [""]
+    for kind, pick in _AUTO_PICKS:
+        outcomes = [winner for k, modes, winner, _ in pairs if k == kind and pick in modes]
+        lines += [_auto_verdict(kind, pick, outcomes), ""]
+    return lines
+
+
+def _auto_verdict(kind, pick, outcomes):
+    """One sentence: does ``pick`` (``mode="auto"``'s mode under ``kind``) lose a compared pair?
+
+    ``outcomes`` has the winner (None for a tie) of every compared pair that ``pick`` is in.
+    """
+    beaten_by = sorted({w for w in outcomes if w not in (None, pick)})
+    lost = sum(w not in (None, pick) for w in outcomes)
+    won = outcomes.count(pick)
+    head = f"Under {kind}, `mode=\"auto\"` picks `{pick}`"
+    if not outcomes:
+        return f"{head}; no pair with it is compared yet."
+    pairs = f"{len(outcomes)} compared pair{'s' * (len(outcomes) != 1)} with it"
+    if lost:
+        return (f"{head}, which loses {lost} of the {pairs} (to {', '.join(beaten_by)}): the evidence "
+                "is against that pick.")
+    return (f"{head}, which loses none of the {pairs} and wins {won}"
+            + (": the evidence supports that pick." if won else ": so far ties only."))
 
 
 def _sanity_init(init):

@@ -100,9 +100,9 @@ def _parser(defaults=True):
         p.add_argument("--calibrate", type=int,
                        help="rounds of timing the plan and re-planning until it measures <= "
                        "--latency (default: 2 when the latency model is measured now, else 0)")
-        p.add_argument("--mode", choices=("exact", "layerwise", "paper"),
-                       help="width translation (default: exact for precrop, "
-                       "layerwise for reconfigure)")
+        p.add_argument("--mode", choices=("auto", "exact", "layerwise", "paper"), default=default("auto"),
+                       help="width translation (default auto: layerwise for reconfigure and for "
+                       "a FLOPs budget, exact otherwise)")
         p.add_argument("--balance", type=float,
                        help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
         p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
@@ -254,7 +254,7 @@ def _run(args):
         the_plan = kp.plan(
             model, args.params, args.flops, max_params=args.max_params,
             max_macs=args.max_macs, round_to=args.round_to,
-            mode=args.mode or ("exact" if args.command == "precrop" else "layerwise"),
+            mode=args.mode,
             min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
             upper=1.0 if args.command == "precrop" else None, latency=args.latency,
             latency_model=latency_model, balance=args.balance, calibrate=args.calibrate,

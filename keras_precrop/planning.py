@@ -21,14 +21,18 @@ Three translation modes:
   scale factor on the density program's budgets, then the same integer
   repair as exact mode).
 
-Exact mode is the optimum of the SynExp proxy over widths, but that proxy is
-scale-degenerate once widths may grow: a product ``r_in * r_out`` can trade
-width between adjacent groups freely, and a depthwise layer's density counts
-as much as a full conv's at a fraction of the cost, so unbounded PreConfig
-drives inverted-residual bottlenecks to a few channels and expansions to many
-thousands. ``reconfigure`` therefore defaults to ``"layerwise"``, the paper's
-own method; ``precrop`` (widths capped at the original) defaults to
-``"exact"``.
+The default, ``mode="auto"``, picks one of the first two by the budgets
+(:func:`auto_mode`). Exact mode is the optimum of the SynExp proxy over widths,
+but that proxy is scale-degenerate once widths may grow: a product
+``r_in * r_out`` can trade width between adjacent groups freely, and a
+depthwise layer's density counts as much as a full conv's at a fraction of the
+cost, so unbounded PreConfig drives inverted-residual bottlenecks to a few
+channels and expansions to many thousands; PreConfig therefore gets
+``"layerwise"``, the paper's own method. Under PreCrop (widths capped at the
+original) training decides: on CIFAR-10 (``experiments/README.md``, 14
+compared pairs) exact mode never lost under a parameter budget and won at the
+smallest, while layerwise mode never lost under a FLOPs budget and won at two
+of three.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ class Plan(_json.JsonDataclass):
 
     Attributes:
         model_name: name of the model the plan was made for.
-        mode: ``"exact"``, ``"layerwise"`` or ``"paper"``.
+        mode: ``"exact"``, ``"layerwise"`` or ``"paper"`` (what ``"auto"``
+            chose, with the reason in ``solver["auto_mode"]``).
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
         ignore: layer names whose channels were kept fixed.
         variables: per width variable: name, kind, original and new width,
@@ -151,7 +156,8 @@ class Plan(_json.JsonDataclass):
                 _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
-        print_fn(f'Plan ({self.mode}, residual={self.residual}): "{self.model_name}"')
+        auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
+        print_fn(f'Plan ({self.mode}{auto}, residual={self.residual}): "{self.model_name}"')
         for line in _costs._table(rows) + _costs._not_shown(hidden, "unchanged layer{s}",
                                                             show_all_hint):
             print_fn(line)
@@ -249,7 +255,7 @@ def _resolve_budget(kind, ratio, absolute, original, can_grow):
 
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
-         mode="exact", upper=1.0, round_to=1, min_channels=1, ignore=(),
+         mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
          residual="prefix", latency=None, latency_model=None, balance=None, calibrate=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
@@ -260,9 +266,11 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         max_params: absolute parameter budget (instead of ``params``).
         max_macs: absolute MAC budget (instead of ``flops``).
         mode: ``"exact"`` (width program, integer repair), ``"layerwise"``
-            (the paper's densities and sqrt rule, calibrated to the budgets)
-            or ``"paper"`` (the paper's rule as published, budgets not
-            enforced; the deviation is in ``plan.solver``).
+            (the paper's densities and sqrt rule, calibrated to the budgets),
+            ``"paper"`` (the paper's rule as published, budgets not
+            enforced; the deviation is in ``plan.solver``) or ``"auto"``:
+            the one :func:`auto_mode` picks for these budgets (``plan.mode``
+            says which, ``plan.solver["auto_mode"]`` why).
         upper: cap on each width ratio: 1.0 prunes only (PreCrop); ``None``
             lets widths grow (PreConfig).
         round_to: widths are multiples of this (e.g. 8 for accelerators).
@@ -276,7 +284,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             :func:`~keras_precrop.latency_model` options); None with
             ``latency`` set measures one now (about a minute). Given without
             ``latency``, the plan only reports the predicted time.
-        balance: exact mode only: a factor >= 1 by which the width ratios
+        balance: exact mode only (``"auto"`` picks it): a factor >= 1 by which the width ratios
             (new / original) of adjacent widths may differ at most: a
             kernel's input and output, a residual view and its stream. The
             SynExp objective alone can put a 3-channel layer between two
@@ -308,8 +316,9 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         TypeError: for a budget that is not a number.
         InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
-    if mode not in _MODES:
-        raise ValueError(f"{_spelled('mode', mode)} is unknown; use one of {sorted(_MODES)}.")
+    if mode not in _MODES and mode != "auto":
+        raise ValueError(f"{_spelled('mode', mode)} is unknown; use one of "
+                         f"{sorted(_MODES) + ['auto']}.")
     for name, value in (("round_to", round_to), ("min_channels", min_channels)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{_spelled(name, value)} must be a positive integer.")
@@ -321,7 +330,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                 or not math.isfinite(balance) or balance < 1:
             raise ValueError(f"{_spelled('balance', balance)} must be a factor >= 1 (e.g. 2) "
                              "or None.")
-        if mode != "exact":
+        if mode not in ("exact", "auto"):
             raise ValueError(f"{_spelled('balance', balance)} needs mode='exact' (the width "
                              f"program); {_spelled('mode', mode)} sets widths by its own rule.")
     can_grow = upper is None or upper > 1
@@ -343,6 +352,10 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     if np.all(np.isinf(budgets)) and latency_ratio is None:
         raise ValueError("Give at least one budget: params=, flops=, latency=, max_params= or "
                          "max_macs=.")
+    chosen = {}
+    if mode == "auto":
+        mode, why = auto_mode(flops_budget=not np.isinf(budgets[1]), upper=upper, balance=balance)
+        chosen = {"auto_mode": why}
     cm = prof.cost
     timed = {}
     if latency_ratio is not None or latency_model is not None:
@@ -374,7 +387,34 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         else:
             widths, info = solve(budgets)
     info["balance_max"] = float(np.exp(grid.imbalance(widths).max(initial=0.0)))
-    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
+    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore),
+                      {**info, **timed, **chosen})
+
+
+def auto_mode(flops_budget=False, upper=1.0, balance=None):
+    """The translation mode ``mode="auto"`` picks, and why.
+
+    Args:
+        flops_budget: whether a FLOPs budget is given (``flops=`` or ``max_macs=``).
+        upper: the cap on width ratios, as :func:`plan` takes it.
+        balance: the balance factor, as :func:`plan` takes it.
+
+    Returns:
+        ``(mode, reason)``: ``"exact"`` with ``balance`` (only the width
+        program can bound it); else ``"layerwise"`` where widths may grow
+        (exact PreConfig is scale-degenerate) or under a FLOPs budget
+        (where it trained best on CIFAR-10); else ``"exact"`` (parameter
+        and latency budgets; the former is where it trained best).
+    """
+    if balance is not None:
+        return "exact", "balance= bounds the width program of exact mode"
+    if upper is None or upper > 1:
+        return "layerwise", "widths may grow, and exact mode's proxy is scale-degenerate then"
+    if flops_budget:
+        return "layerwise", ("a FLOPs budget: on CIFAR-10 layerwise never trained worse than exact "
+                             "under one and better at two of three budgets")
+    return "exact", ("no FLOPs budget: on CIFAR-10 exact never trained worse than layerwise "
+                     "under a parameter budget and better at the smallest")
 
 
 class _Grid:
@@ -799,12 +839,11 @@ def reconfigure(model, params=None, flops=None, **options):
     """PreConfig: re-distribute widths (layers may widen) under the budgets.
 
     Same arguments as :func:`precrop`, with no cap on widths by default
-    (``upper=None``) and ``mode="layerwise"`` (see the module docstring for
-    why); e.g. ``reconfigure(model, params=0.8, flops=1.0)`` or
+    (``upper=None``), for which ``mode="auto"`` picks ``"layerwise"`` (see
+    the module docstring for why); e.g. ``reconfigure(model, params=0.8, flops=1.0)`` or
     ``reconfigure(model, params=0.8, latency=1.0)``. A latency model is
     fitted on narrower copies of the model, so widths beyond the original
     are extrapolated.
     """
     options.setdefault("upper", None)
-    options.setdefault("mode", "layerwise")
     return precrop(model, params, flops, **options)

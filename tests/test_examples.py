@@ -174,7 +174,8 @@ def common():
         (["--method=precrop_flops", "--flops=-1"], "--flops must be a positive ratio"),
         (["--method=precrop_flops"], "needs --flops"),
         (["--method=random", "--params=0.5", "--epochs=0"], "--epochs must be a positive integer"),
-        (["--method=preconfig", "--flops=1", "--balance=2"], "--balance needs --mode=exact"),
+        (["--method=preconfig", "--flops=1", "--balance=2", "--mode=layerwise"],
+         "--balance needs --mode=exact (or no --mode); got --mode=layerwise"),
         (["--method=synflow", "--params=0.1", "--balance=2"], "--balance apply to"),
     ],
 )
@@ -196,6 +197,7 @@ def test_consistent_flags_pass(common):
         ["--method=preconfig", "--flops=1.0"],
         ["--method=snip", "--params=0.05"],
         ["--method=precrop_params", "--params=0.1", "--balance=2"],
+        ["--method=preconfig", "--flops=1", "--balance=2"],  # mode auto: exact with a balance
     ):
         FLAGS.unparse_flags()
         FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])

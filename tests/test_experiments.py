@@ -678,48 +678,57 @@ def test_report_translation_modes(page):
     assert len(wins) == 4 and ties == 1  # balance 2 > exact > layerwise at 10 epochs, exact wins at 40
     assert f"Verdict: {'; '.join(wins)}; {ties} of {ties + len(wins)} compared pairs tie." in page
     assert "| 10 | params 0.0411 | " in page and "| 10 | flops 0.2734 | pending | - | pending |" in page
-    assert ("Where modes differ, balance 2 beats `exact` and never loses: the evidence favours it "
-            "over `precrop`'s default `exact`.") in page
+    # exact is in 4 of the pairs (2 at 10 epochs and 0.1103, 1 at the others) and loses one, to balance 2.
+    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which loses 1 of the 4 compared pairs '
+            "with it (to balance 2): the evidence is against that pick.") in page
+    assert 'Under a FLOPs budget, `mode="auto"` picks `layerwise`; no pair with it is compared yet.' in page
 
 
-def test_report_keeps_the_defaults_unless_a_mode_wins_and_never_loses():
-    """The page keeps the defaults while every compared pair ties, while exact never loses, or while
-    no mode wins everywhere; a mode that beats another and never loses is favoured."""
+def test_report_judges_auto_modes_pick_per_kind_of_budget():
+    """Points with a FLOPs budget are judged against layerwise, the others against exact: a pick
+    that loses a pair is called out, one that never loses is supported only once it wins one."""
     def entry(accuracies, epochs=10, **flags):
         method = flags.setdefault("method", "precrop_params")
         return {"flags": {**flags, "epochs": epochs},
                 "results": [_result(method, a, s) for s, a in enumerate(accuracies)]}
 
-    def page(balanced, exact=(0.72, 0.73), long_layerwise=None):
+    def page(balanced, exact=(0.72, 0.73), flops_layerwise=None):
         entries = [entry(exact, params=0.1103, mode="exact"),
                    entry([0.725, 0.73], params=0.1103, mode="layerwise"),
                    entry([0.75, 0.74], method="synflow", params=0.1),  # not a mode: no column
                    entry(balanced, params=0.1103, mode="exact", balance=2)]
-        if long_layerwise:  # the same budget on the longer schedule: a point of its own
-            entries += [entry([0.80, 0.801], 40, params=0.1103, mode="exact"),
-                        entry(long_layerwise, 40, params=0.1103, mode="layerwise")]
+        if flops_layerwise:  # a FLOPs budget (params too): the other kind
+            entries += [entry([0.80, 0.801], 40, params=0.05, flops=0.1, mode="exact"),
+                        entry(flops_layerwise, 40, params=0.05, flops=0.1, mode="layerwise")]
         return "\n".join(report._modes(entries))
 
-    kept = "the library's defaults stay"
+    params_head = 'Under a parameter budget, `mode="auto"` picks `exact`, which'
+    flops_head = 'Under a FLOPs budget, `mode="auto"` picks `layerwise`'
     tied = page([0.72, 0.735])
-    assert "3 of 3 compared pairs tie" in tied and "So far no mode trains measurably better" in tied
-    assert kept in tied and "| 10 | params 0.1103 |" in tied and "| 40 |" not in tied
-    favoured = page([0.76, 0.765])
-    assert "balance 2 beats exact" in favoured and kept not in favoured
-    assert "balance 2 beats `exact` and never loses: the evidence favours it" in favoured
-    # Exact beats layerwise at 10 epochs, layerwise beats exact at 40 (balance 2 has one seed).
-    mixed = page([0.76], exact=(0.75, 0.755), long_layerwise=[0.83, 0.831])
-    assert "at 10 epochs, params 0.1103: exact beats layerwise" in mixed
-    assert "at 40 epochs, params 0.1103: layerwise beats exact" in mixed
-    assert "no mode beats `exact` without losing elsewhere" in mixed and kept in mixed
-    exact_best = page([0.60, 0.605], exact=(0.72, 0.73))
-    assert "exact beats balance 2" in exact_best and "no mode beats `exact` without" in exact_best
-    # Balance 2 beats layerwise and ties exact: never beaten, but it did not beat the default.
-    only_layerwise = page([0.735, 0.74], exact=(0.72, 0.735))
-    assert "balance 2 beats layerwise" in only_layerwise and "balance 2 beats exact" not in only_layerwise
-    assert "no mode beats `exact` without losing elsewhere" in only_layerwise and kept in only_layerwise
+    assert "3 of 3 compared pairs tie" in tied and "| 40 |" not in tied
+    assert f"{params_head} loses none of the 2 compared pairs with it and wins 0: so far ties only." in tied
+    assert f"{flops_head}; no pair with it is compared yet." in tied
+    beaten = page([0.76, 0.765])
+    assert "balance 2 beats exact" in beaten and "balance 2 beats layerwise" in beaten
+    assert f"{params_head} loses 1 of the 2 compared pairs with it (to balance 2): the evidence" in beaten
+    # Exact beats layerwise under the parameter budget, layerwise beats exact under the FLOPs one.
+    split = page([0.76], exact=(0.75, 0.755), flops_layerwise=[0.83, 0.831])
+    assert "at 10 epochs, params 0.1103: exact beats layerwise" in split
+    assert "at 40 epochs, params 0.05, flops 0.1: layerwise beats exact" in split
+    supported = "loses none of the 1 compared pair with it and wins 1: the evidence supports"
+    assert f"{params_head} {supported}" in split and f"{flops_head}, which {supported}" in split
+    wrong = page([0.76], exact=(0.75, 0.755), flops_layerwise=[0.70, 0.701])
+    assert f"{flops_head}, which loses 1 of the 1 compared pair with it (to exact): the evidence" in wrong
     nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
-    assert "Verdict: pending" in nothing and kept not in nothing
+    assert "Verdict: pending" in nothing and "picks" not in nothing
+
+
+def test_report_auto_picks_are_the_librarys():
+    """The page judges the modes that plan(mode="auto") really picks under each kind of budget."""
+    from keras_precrop.planning import auto_mode
+
+    assert dict(report._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
+                                        "a FLOPs budget": auto_mode(flops_budget=True)[0]}
 
 
 def test_modes_are_compared_only_between_the_same_model():

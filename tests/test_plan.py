@@ -101,6 +101,33 @@ def test_reconfigure_same_flops_fewer_params(name):
     assert kp.profile(new).total_params == plan.params == new.count_params()
 
 
+def test_auto_mode_picks_by_budget_and_says_why(capsys):
+    """The default mode="auto" is layerwise under a FLOPs budget and where widths may grow, exact
+    otherwise and with a balance bound; its plan is the picked mode's, which it names with why."""
+    model = _model("resnet20")
+    macs = kp.profile(model).total_macs
+    cases = [
+        (dict(params=0.3), "exact", "no FLOPs budget"),
+        (dict(flops=0.5), "layerwise", "a FLOPs budget"),
+        (dict(params=0.5, max_macs=macs // 3), "layerwise", "a FLOPs budget"),
+        (dict(params=0.3, balance=2), "exact", "balance="),
+        (dict(params=0.8, flops=1.0, upper=None), "layerwise", "widths may grow"),
+        (dict(params=0.8, flops=1.0, upper=None, balance=2), "exact", "balance="),
+    ]
+    for kwargs, mode, why in cases:
+        auto = kp.plan(model, **kwargs)
+        assert (auto.mode, why in auto.solver["auto_mode"]) == (mode, True), kwargs
+        picked = kp.plan(model, mode=mode, **kwargs)
+        assert [v["new"] for v in auto.variables] == [v["new"] for v in picked.variables], kwargs
+        assert "auto_mode" not in picked.solver
+    auto.summary()
+    picked.summary()
+    out = capsys.readouterr().out
+    assert 'Plan (exact, picked by mode="auto", residual=prefix)' in out
+    assert "Plan (exact, residual=prefix)" in out
+    assert kp.precrop(model, flops=0.5).precrop_plan.mode == "layerwise"
+
+
 def test_precrop_full_budget_keeps_widths():
     model = _model("mobilenet_v2_cifar")
     plan = kp.plan(model, params=1.0)
