@@ -415,8 +415,9 @@ def _mode_cell(modes, mode):
     return "pending" if s is None else f"{_acc(s)} (n {s['n']})"
 
 
-# What plan(mode="auto") picks for PreCrop under each kind of budget (tests check it against
-# keras_precrop.planning.auto_mode): a point with a FLOPs budget is of the second kind.
+# What plan(mode="auto") picks for PreCrop under each kind of budget: a point with a FLOPs budget
+# is of the second kind (tests check both picks against the library's, and that every FLOPs budget
+# of the grids binds, which is what auto asks).
 _AUTO_PICKS = (("a parameter budget", "exact"), ("a FLOPs budget", "layerwise"))
 
 

@@ -352,10 +352,6 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     if np.all(np.isinf(budgets)) and latency_ratio is None:
         raise ValueError("Give at least one budget: params=, flops=, latency=, max_params= or "
                          "max_macs=.")
-    chosen = {}
-    if mode == "auto":
-        mode, why = auto_mode(flops_budget=not np.isinf(budgets[1]), upper=upper, balance=balance)
-        chosen = {"auto_mode": why}
     cm = prof.cost
     timed = {}
     if latency_ratio is not None or latency_model is not None:
@@ -366,6 +362,11 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         budgets = np.append(budgets, np.inf if latency_ratio is None
                             else latency_ratio * cm.totals(cm.widths)[2])
         timed = {"latency_model": lm.describe()}
+    chosen = {}
+    if mode == "auto":
+        mode, why = auto_mode(flops_budget=_flops_binds(prof, cm, budgets, upper), upper=upper,
+                              balance=balance)
+        chosen = {"auto_mode": why}
     grid = _Grid(cm, round_to, min_channels, upper, balance)
     if cm.fixed.all():
         if np.any(cm.totals(cm.widths) > budgets):
@@ -391,11 +392,30 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                       {**info, **timed, **chosen})
 
 
+def _flops_binds(prof, cm, budgets, upper):
+    """Whether the FLOPs budget (``budgets[1]``) binds the plan.
+
+    Alone it does; beside other budgets it does where the density program's
+    optimum prices MACs (a positive KKT multiplier): ``precrop(params=0.5,
+    flops=1.0)`` is a parameter budget in all but name.
+    """
+    if np.isinf(budgets[1]):
+        return False
+    if np.isinf(np.delete(budgets, 1)).all() or cm.fixed.all():
+        return True
+    try:
+        return bool(_LayerwiseRule(prof, cm, upper).densities(budgets).multipliers["flops"] > 0)
+    except _solver.InfeasibleBudgetError:
+        return True  # the mode's own solve says why, as without mode="auto"
+
+
 def auto_mode(flops_budget=False, upper=1.0, balance=None):
     """The translation mode ``mode="auto"`` picks, and why.
 
     Args:
-        flops_budget: whether a FLOPs budget is given (``flops=`` or ``max_macs=``).
+        flops_budget: whether a FLOPs budget binds: ``flops=`` or
+            ``max_macs=`` alone, or beside other budgets where the density
+            program's optimum prices MACs.
         upper: the cap on width ratios, as :func:`plan` takes it.
         balance: the balance factor, as :func:`plan` takes it.
 
@@ -411,9 +431,9 @@ def auto_mode(flops_budget=False, upper=1.0, balance=None):
     if upper is None or upper > 1:
         return "layerwise", "widths may grow, and exact mode's proxy is scale-degenerate then"
     if flops_budget:
-        return "layerwise", ("a FLOPs budget: on CIFAR-10 layerwise never trained worse than exact "
+        return "layerwise", ("a FLOPs budget binds: on CIFAR-10 layerwise never trained worse than exact "
                              "under one and better at two of three budgets")
-    return "exact", ("no FLOPs budget: on CIFAR-10 exact never trained worse than layerwise "
+    return "exact", ("no FLOPs budget binds: on CIFAR-10 exact never trained worse than layerwise "
                      "under a parameter budget and better at the smallest")
 
 

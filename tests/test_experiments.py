@@ -724,11 +724,22 @@ def test_report_judges_auto_modes_pick_per_kind_of_budget():
 
 
 def test_report_auto_picks_are_the_librarys():
-    """The page judges the modes that plan(mode="auto") really picks under each kind of budget."""
+    """The page judges the modes that plan(mode="auto") really picks under each kind of budget: the
+    pick without a binding FLOPs budget for points without one, the other for every grid's FLOPs
+    budget, each of which binds (auto's plan is layerwise)."""
+    import keras_precrop as kp
     from keras_precrop.planning import auto_mode
 
     assert dict(report._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
                                         "a FLOPs budget": auto_mode(flops_budget=True)[0]}
+    budgets = {(flags["model"], flags.get("params"), flags["flops"])
+               for grid in sorted((REPO / "experiments" / "grids").glob("*.json"))
+               for flags in run.load_grid(grid)
+               if flags["method"].startswith("precrop_") and flags.get("flops") is not None}
+    assert len(budgets) >= 7  # core's three, pareto's four
+    for model, params, flops in sorted(budgets, key=str):
+        plan = kp.plan(kp.models.get(model), params=params, flops=flops)
+        assert plan.mode == dict(report._AUTO_PICKS)["a FLOPs budget"], (params, flops)
 
 
 def test_modes_are_compared_only_between_the_same_model():

@@ -102,14 +102,15 @@ def test_reconfigure_same_flops_fewer_params(name):
 
 
 def test_auto_mode_picks_by_budget_and_says_why(capsys):
-    """The default mode="auto" is layerwise under a FLOPs budget and where widths may grow, exact
-    otherwise and with a balance bound; its plan is the picked mode's, which it names with why."""
+    """The default mode="auto" is layerwise under a binding FLOPs budget and where widths may grow,
+    exact otherwise and with a balance bound; its plan is the picked mode's, named with why."""
     model = _model("resnet20")
     macs = kp.profile(model).total_macs
     cases = [
         (dict(params=0.3), "exact", "no FLOPs budget"),
         (dict(flops=0.5), "layerwise", "a FLOPs budget"),
-        (dict(params=0.5, max_macs=macs // 3), "layerwise", "a FLOPs budget"),
+        (dict(params=0.5, max_macs=macs // 3), "layerwise", "a FLOPs budget binds"),
+        (dict(params=0.5, flops=1.0), "exact", "no FLOPs budget binds"),  # a params budget in effect
         (dict(params=0.3, balance=2), "exact", "balance="),
         (dict(params=0.8, flops=1.0, upper=None), "layerwise", "widths may grow"),
         (dict(params=0.8, flops=1.0, upper=None, balance=2), "exact", "balance="),
