@@ -38,7 +38,7 @@ are final test accuracies (mean ± std over seeds, n = number of finished seeds)
 those of the trained model (`count_params()`/`profile`; masked models: unpruned weights, MACs scaled
 by kernel density). *train %* is the last epoch's training accuracy (running mean, augmented
 images); *train min* the minutes of training over all epochs and restarts, on a CPU shared with
-other work (not a timing).
+other work and sometimes paused (SIGSTOP) while tests ran, which the minutes include (not a timing).
 
 Reproduce: `bash experiments/run_all.sh` (resumable; skips finished runs), then
 `python experiments/spar_comp.py`, `python experiments/imagenet_counts.py` and
