@@ -284,11 +284,11 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             :func:`~keras_precrop.latency_model` options); None with
             ``latency`` set measures one now (about a minute). Given without
             ``latency``, the plan only reports the predicted time.
-        balance: exact mode only (``"auto"`` picks it): a factor >= 1 by which the width ratios
-            (new / original) of adjacent widths may differ at most: a
-            kernel's input and output, a residual view and its stream. The
-            SynExp objective alone can put a 3-channel layer between two
-            50-channel ones; ``balance=2`` forbids such bottlenecks (integer
+        balance: exact mode only (``"auto"`` picks it): a factor >= 1 by
+            which the width ratios (new / original) of adjacent widths may
+            differ at most: a kernel's input and output, a residual view
+            and its stream. The SynExp objective alone can put a 3-channel
+            layer between two 50-channel ones; ``balance=2`` forbids such bottlenecks (integer
             rounding may exceed it slightly; ``plan.solver["balance_max"]``
             reports the largest factor of every plan).
         calibrate: rounds of measured feedback for a ``latency`` budget. A
