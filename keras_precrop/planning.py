@@ -288,9 +288,10 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             which the width ratios (new / original) of adjacent widths may
             differ at most: a kernel's input and output, a residual view
             and its stream. The SynExp objective alone can put a 3-channel
-            layer between two 50-channel ones; ``balance=2`` forbids such bottlenecks (integer
-            rounding may exceed it slightly; ``plan.solver["balance_max"]``
-            reports the largest factor of every plan).
+            layer between two 50-channel ones; ``balance=2`` forbids such
+            bottlenecks (integer rounding may exceed it slightly;
+            ``plan.solver["balance_max"]`` reports the largest factor of
+            every plan).
         calibrate: rounds of measured feedback for a ``latency`` budget. A
             latency model's prediction of its own plan can be off (its
             features cannot express every kernel's cost), so each round
