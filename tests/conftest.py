@@ -50,6 +50,22 @@ def run_python(args, env=None, **kwargs):
                           timeout=600, **kwargs)
 
 
+def git(repo, *argv):
+    """``git argv`` run in ``repo``; returns its standard output, stripped (raises on failure)."""
+    return subprocess.run(["git", "-C", str(repo), *argv], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def git_init(repo):
+    """A new git repository at ``repo`` that commits as a test author, whatever the machine's config."""
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "-q")
+    for key, value in {"user.name": "test", "user.email": "test@example.com",
+                       "commit.gpgsign": "false"}.items():
+        git(repo, "config", key, value)
+    return repo
+
+
 # -- the independent MAC reference: TensorFlow's traced graph ----------------
 
 _COUNTED_OPS = {

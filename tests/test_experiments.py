@@ -13,13 +13,12 @@ from fake results in a temporary directory, never over the real one.
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, git, git_init
 
 sys.path.insert(0, str(REPO / "experiments"))
 import report  # noqa: E402
@@ -304,24 +303,16 @@ def test_dry_run_lists_each_runs_state_and_trains_nothing(fake, tmp_path, capsys
 # ------------------------------------------------------------------ git: --commit and pinned code
 
 
-def _git(repo, *args):
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def repo(tmp_path, monkeypatch, fake):
     """A throwaway git repository standing in for this one, its first commit holding the fake
     train_cifar.py; ``run.REPO`` and ``run.RUNS`` point into it."""
-    repo = tmp_path / "repo"
-    (repo / "examples").mkdir(parents=True)
-    _git(repo, "init", "-q")
-    config = {"user.name": "test", "user.email": "test@example.com", "commit.gpgsign": "false"}
-    for key, value in config.items():
-        _git(repo, "config", key, value)
+    repo = git_init(tmp_path / "repo")
+    (repo / "examples").mkdir()
     (repo / "examples" / "train_cifar.py").write_text(_FAKE_TRAIN)
     (repo / ".gitignore").write_text("runs/\n")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "fake training")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "fake training")
     monkeypatch.setattr(run, "REPO", repo)
     monkeypatch.setattr(run, "RUNS", repo / "experiments" / "runs")
     return repo
@@ -329,7 +320,7 @@ def repo(tmp_path, monkeypatch, fake):
 
 def _committed(repo, ref="HEAD"):
     """The subject and files of commit ``ref``."""
-    subject, *files = _git(repo, "show", "--name-only", "--format=%s", ref).split("\n")
+    subject, *files = git(repo, "show", "--name-only", "--format=%s", ref).split("\n")
     return subject, sorted(f for f in files if f)
 
 
@@ -339,7 +330,7 @@ def test_commit_commits_the_runs_small_files_alone(repo, monkeypatch):
     for name in ("results.json", "history.csv", "train.log", "checkpoint.weights.h5"):
         (run_dir / name).write_text(name)
     (repo / "notes.txt").write_text("work in progress\n")
-    _git(repo, "add", "notes.txt")
+    git(repo, "add", "notes.txt")
     lock = repo / ".git" / "index.lock"  # another git command holds the index
     lock.write_text("")
     waits = []
@@ -355,13 +346,13 @@ def test_commit_commits_the_runs_small_files_alone(repo, monkeypatch):
     subject = "experiments: resnet20-synflow-params0.3-ep1-s0"
     prefix = "experiments/runs/resnet20-synflow-params0.3-ep1-s0/"
     assert _committed(repo) == (subject, [prefix + n for n in ("history.csv", "results.json", "train.log")])
-    assert _git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]
+    assert git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]
 
 
 def test_driver_trains_pinned_code_and_commits_finished_runs(repo, tmp_path, monkeypatch, capsys):
-    pinned = _git(repo, "rev-parse", "HEAD").strip()
+    pinned = git(repo, "rev-parse", "HEAD")
     (repo / "examples" / "train_cifar.py").write_text("import sys\nsys.exit(3)\n")  # the checkout moved on
-    _git(repo, "commit", "-q", "-am", "training breaks")
+    git(repo, "commit", "-q", "-am", "training breaks")
     grid = _write_grid(tmp_path, "g", [{"method": "synflow", "params": 0.3}, {"method": "baseline"}],
                        seeds=(0,), code=pinned[:7])
     monkeypatch.setenv("FAKE_TRAIN_FAILS", "baseline")

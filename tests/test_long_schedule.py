@@ -22,7 +22,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
-from tests.conftest import REPO
+from tests.conftest import REPO, git, git_init
 
 sys.path.insert(0, str(REPO / "experiments"))
 import long_schedule  # noqa: E402
@@ -156,12 +156,10 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
     assert results["export_command"] == record["command"] and "_one" in results["command"]
     assert [row["epoch"] for row in results["history"]] == [0, 1]
     assert 0 <= results["final_accuracy"] <= 1
-    hashed = subprocess.run(["git", "-C", str(REPO), "hash-object", "keras_precrop/train.py"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    hashed = git(REPO, "hash-object", "keras_precrop/train.py")
     assert results["train_code"]["keras_precrop/train.py"] == hashed
     paths = ["keras_precrop/*.py", "experiments/long_schedule.py", "experiments/run.py"]
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard",
-                             "--", *paths], capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = git(REPO, "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths).splitlines()
     assert sorted(results["train_code"]) == sorted(set(listed))
     trained = keras.saving.load_model(out / "final_model.keras", compile=False)
     for path, mask in masks.items():
@@ -265,36 +263,31 @@ def test_pack_and_unpack_put_finished_runs_in_place_and_keep_the_others_resumabl
 
 def test_unpack_names_the_commit_whose_code_trained_a_run(tmp_path, monkeypatch):
     """The device has no git: a run records its code's blob ids, and unpack finds their commit here."""
-    repo = tmp_path / "repo"
-
-    def git(*argv):
-        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *argv],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    repo = git_init(tmp_path / "repo")
 
     def write(path, text):
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
 
-    repo.mkdir()
-    git("init", "-q")
     for path in ("experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py"):
         write(path, f"# {path}\n")
     write("keras_precrop/notes.txt", "tracked, but not Python: not recorded on either side\n")
     write("keras_precrop/sub dir/x.py", "# a path with a space\n")
     write("README.md", "not training code\n")
-    git("add", ".")
-    git("commit", "-qm", "first")
-    first, code = git("rev-parse", "HEAD"), long_schedule._train_code(repo)
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "first")
+    first, code = git(repo, "rev-parse", "HEAD"), long_schedule._train_code(repo)
     for path, blob in code.items():
-        assert blob == git("hash-object", "--no-filters", path), path
+        assert blob == git(repo, "hash-object", "--no-filters", path), path
     write("keras_precrop/train.py", "# changed\n")
-    git("commit", "-qam", "second")
+    git(repo, "commit", "-qam", "second")
     write("README.md", "changed, but not training code\n")
-    git("commit", "-qam", "third")
+    git(repo, "commit", "-qam", "third")
     assert set(code) == {"experiments/long_schedule.py", "experiments/run.py", "keras_precrop/train.py",
                          "keras_precrop/sub dir/x.py"}
     assert long_schedule._train_commit(code, repo) == first
-    assert long_schedule._train_commit(long_schedule._train_code(repo), repo) == git("rev-parse", "HEAD")
+    head = git(repo, "rev-parse", "HEAD")
+    assert long_schedule._train_commit(long_schedule._train_code(repo), repo) == head
     write("keras_precrop/new.py", "# not committed\n")
     assert long_schedule._train_commit(long_schedule._train_code(repo), repo) is None
 
@@ -313,9 +306,8 @@ def test_export_says_which_device_call_would_carry_too_much(tmp_path, monkeypatc
     """Each call's carry plus the working tree (tracked and untracked-not-ignored files, not ignored
     ones) against the limit of a call, here scaled down to 11 MiB."""
     mib = 2**20
-    repo, work = tmp_path / "repo", tmp_path / "repo" / ".gpu"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    repo = git_init(tmp_path / "repo")
+    work = repo / ".gpu"
     (repo / ".gitignore").write_text(".gpu/\n.whl/\nbig.bin\n")
     sizes = {"tracked.py": mib, "untracked.txt": mib, "big.bin": 50 * mib, ".whl/k.whl": 2 * mib,
              ".gpu/data_a/t.webp": 3 * mib, ".gpu/init/m/init_model.keras": 9 * mib,
@@ -323,7 +315,7 @@ def test_export_says_which_device_call_would_carry_too_much(tmp_path, monkeypatc
     for name, size in sizes.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_bytes(b"x" * size)
-    subprocess.run(["git", "-C", str(repo), "add", "tracked.py", ".gitignore"], check=True)
+    git(repo, "add", "tracked.py", ".gitignore")
     monkeypatch.setattr(long_schedule, "REPO", repo)
     monkeypatch.setattr(long_schedule, "_CALL_LIMIT", 11 * mib)
     long_schedule._check_call_sizes(work)
