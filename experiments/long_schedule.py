@@ -5,16 +5,16 @@ a GPU machine for a few minutes (JAX and PyTorch, no TensorFlow, no network,
 64 MiB of files per call), this script trains a grid's runs there for as many
 epochs of the same recipe as fit the time, on the JAX backend:
 
-1. ``export`` (here, with TensorFlow): builds every run's compressed,
-   untrained model with ``examples/train_cifar.py --export_init`` of the
+1. ``export`` (here, with TensorFlow): builds the compressed, untrained
+   model of every pending run (the first ``--max_runs``) with ``examples/train_cifar.py --export_init`` of the
    grid's pinned ``code`` (the code path of the CPU runs: same planning,
    masks and initialization) into
    ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
    tiles of 1,000 images in three parts of about 29 MiB (``<work>/data_a``,
    ``data_b``, ``data_c``), so that each part travels in one call beside a
-   repository that grows with every committed run. It also removes the
-   exported models of runs that have finished, which would only take room,
-   and prints what each call of the recipe below carries with the tree,
+   repository that grows with every committed run. It also removes every
+   other exported model (finished runs', later runs'), which would only take
+   room, and prints what each call of the recipe below carries with the tree,
    against the 64 MiB a call takes.
 2. ``calibrate`` (there): trains the grid's pending runs (no ``results.json``
    in ``experiments/runs/``; the first ``--max_runs``, both seeds of an entry
@@ -51,7 +51,8 @@ paths it carries, so each call copies what it brings to ``/tmp/gpu``, which
 outlives calls on the same warm machine; each call must follow the last
 within 30 s::
 
-    python experiments/long_schedule.py export --grid experiments/grids/long.json   # here
+    # here; init gets the next 10 runs' models, which leaves room in call 2 (see its output):
+    python experiments/long_schedule.py export --grid experiments/grids/long.json --max_runs 10
     # call 1, carry .whl .gpu/data_a (the working tree travels too: at most 64 MiB in all):
     mkdir -p /tmp/gpu && cp -r .gpu/data_a /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -174,9 +175,15 @@ def _export_data(data_dir, work):
 
 
 def export(args):
-    """Exports the untrained model of every run not trained yet, and the data; skips what exists."""
+    """Exports the untrained models of the next pending runs, and the data; skips what exists.
+
+    ``<work>/init`` ends up holding exactly the models of the first
+    ``--max_runs`` pending runs (all of them by default): the call that
+    carries it has room for a limited number, and a finished run's model
+    would only take room.
+    """
     work = args.work.resolve()
-    pending = _pending(args.grid)
+    pending = _pending(args.grid, args.max_runs)
     for flags in pending:
         out = work / "init" / _init_name(flags)
         if (out / "init.json").exists():
@@ -185,10 +192,10 @@ def export(args):
         command = [*_run.train_command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
         subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
-    finished = {_init_name(flags) for flags in _run.load_grid(args.grid)}
-    finished -= {_init_name(flags) for flags in pending}
-    for name in finished & {folder.name for folder in (work / "init").glob("*")}:
-        shutil.rmtree(work / "init" / name)  # trained already: it would only take room in a call
+    keep = {_init_name(flags) for flags in pending}
+    for folder in (work / "init").glob("*"):
+        if folder.name not in keep:  # trained already, or not among the next runs
+            shutil.rmtree(folder)
     if not (work / _TEST_PART / "labels.npz").exists():
         print("[long_schedule] writing CIFAR-10 as WebP tiles", flush=True)
         _export_data(args.data_dir, work)
@@ -625,6 +632,8 @@ def main(argv=None):
     p.add_argument("--grid", type=Path, required=True)
     p.add_argument("--work", type=Path, default=REPO / ".gpu")
     p.add_argument("--data_dir", default=str(REPO.parent / "shared" / "tfds"))
+    p.add_argument("--max_runs", type=int, default=None,
+                   help="export only the first N pending runs (what one session trains)")
     p.set_defaults(fn=export)
     p = sub.add_parser("calibrate", help="time every run at once; write the epochs that fit")
     p.add_argument("--grid", type=Path, required=True)

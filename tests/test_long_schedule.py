@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -214,6 +215,39 @@ def test_pending_runs_put_every_entrys_first_two_seeds_before_a_third(tmp_path, 
         "resnet20-synflow-params0.1-ep40-s1",
         "resnet20-precrop_params-params0.11-ep40-s0", "resnet20-precrop_params-params0.11-ep40-s1",
         "resnet20-synflow-params0.1-ep40-s2"]
+
+
+def test_export_keeps_exactly_the_models_of_the_next_runs(tmp_path, monkeypatch):
+    """--max_runs N: the first N pending runs are exported (once), and every other model in init
+    (a finished run's, a later run's) is removed, since the call that carries init has room for few."""
+    grid = _grid(tmp_path, monkeypatch, done=["resnet20-synflow-params0.1-ep40-s0"])
+    work = tmp_path / "work"
+    (work / "data_c").mkdir(parents=True)
+    (work / "data_c" / "labels.npz").write_text("data exported already")
+    exported = []
+
+    def fake_export(command, **kwargs):  # stands in for train_cifar.py --export_init
+        out = pathlib.Path(next(arg for arg in command if arg.startswith("--model_dir=")).split("=", 1)[1])
+        out.mkdir(parents=True)
+        (out / "init.json").write_text("{}")
+        exported.append(out.name)
+
+    monkeypatch.setattr(long_schedule.subprocess, "run", fake_export)
+    monkeypatch.setattr(long_schedule._run, "code_dir_of", lambda code, repo: tmp_path)
+    monkeypatch.setattr(long_schedule, "_check_call_sizes", lambda work: None)
+    names = [long_schedule._init_name(flags) for flags in long_schedule._pending(grid)]
+    for stale in ("resnet20-synflow-params0.1-s0", names[2]):  # finished; beyond --max_runs
+        (work / "init" / stale).mkdir(parents=True)
+    (work / "init" / names[0]).mkdir()
+    (work / "init" / names[0] / "init.json").write_text("{}")  # exported by an earlier call
+
+    def export(max_runs):
+        args = argparse.Namespace(grid=grid, work=work, data_dir="unused", max_runs=max_runs)
+        long_schedule.export(args)
+        return sorted(folder.name for folder in (work / "init").iterdir())
+
+    assert export(2) == sorted(names[:2]) and exported == [names[1]]
+    assert export(None) == sorted(names) and exported == [names[1], names[2]]
 
 
 def test_epochs_default_to_the_grids_and_are_refused_when_they_do_not_fit(tmp_path, monkeypatch):
