@@ -31,8 +31,9 @@ epochs of the same recipe as fit the time, on the JAX backend:
    ``final_model.keras`` into ``<out>/runs.tgz``; a run the deadline stopped
    packs its ``backup/`` too, and goes on from its last finished epoch (same
    batches as uninterrupted) when a later call finds it in ``<work>/resume/``.
-4. ``unpack`` (here): puts finished runs into ``experiments/runs/`` and the
-   stopped ones into ``<work>/resume/``. A run's ``results.json`` says which
+4. ``unpack`` (here): puts finished runs into ``experiments/runs/`` (a
+   saved model slimmed as ``run.py`` commits it) and the stopped ones into
+   ``<work>/resume/``. A run's ``results.json`` says which
    code built its model (``git_commit``, the grid's pinned ``code``) and which
    trained it: the device's copy of the tree has no git history, so a run
    records the git blob ids of its training code (``train_code``), and
@@ -621,6 +622,8 @@ def unpack(args):
             if finished:
                 shutil.rmtree(work / "resume" / run_dir.name, ignore_errors=True)
                 _stamp_train_commit(target / "results.json")
+                if (target / "final_model.keras").exists():
+                    _run.slim_model(target / "final_model.keras")
             state = "finished" if finished else f"{len(_epoch_times(target))} epochs done, to resume"
             print(f"[long_schedule] {run_dir.name}: {state} -> {target}")
 

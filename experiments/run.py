@@ -28,7 +28,8 @@ made of its flags alone, so grids that share a run (figure 3 reuses figure
 * trains seed-major: every run's first seed before any run's second, so a
   partial grid already answers every question once,
 * with ``--commit``, commits each finished run's small files (results,
-  history, log and, where the grid asks, the final model) to git.
+  history, log and, where the grid asks, the final model, slimmed by
+  :func:`slim_model`) to git.
 
 Stop it at any time (Ctrl-C, ``kill``); run the same command to go on. To
 take a timing on a quiet machine, pause the training instead:
@@ -41,12 +42,14 @@ Example:
 """
 
 import argparse
+import io
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,8 +171,42 @@ def train_command(flags, model_dir, data_dir, code_dir):
     return command
 
 
+def slim_model(path):
+    """Rewrites the saved ``.keras`` model at ``path`` as small as an accuracy check allows.
+
+    Drops the optimizer's state and the compile config (the model loads
+    uncompiled, with the same layers, masks and weights) and deflates the
+    archive: a masked ResNet-20 goes from 2.5 MB to 0.2 MB. Committed models
+    stay in the working tree, which every call to a lent accelerator copies
+    within a 64 MiB limit. Slimming a slim model changes nothing.
+    """
+    import h5py  # only here: the report imports this module without it
+
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(members["config.json"])
+    config.pop("compile_config", None)
+    members["config.json"] = json.dumps(config).encode()
+    weights = io.BytesIO()
+    with h5py.File(io.BytesIO(members["model.weights.h5"]), "r") as old, h5py.File(weights, "w") as new:
+        for key, value in old.attrs.items():
+            new.attrs[key] = value
+        for key in old:
+            if key != "optimizer":
+                old.copy(old[key], new, name=key)
+    members["model.weights.h5"] = weights.getvalue()
+    slim = path.with_name(path.name + ".slim")
+    with zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    os.replace(slim, path)
+
+
 def _commit(run_dir):
-    """Commits the run's small files alone (other staged work is left as it is)."""
+    """Commits the run's small files alone (other staged work is left as it is); a saved model
+    is slimmed first (:func:`slim_model`)."""
+    if (run_dir / "final_model.keras").exists():
+        slim_model(run_dir / "final_model.keras")
     paths = [str(run_dir / name) for name in _COMMITTED if (run_dir / name).exists()]
     for attempt in range(5):  # another git command may hold the index lock for a moment
         added = subprocess.run(["git", "add", "-f", *paths], cwd=REPO, capture_output=True, text=True)

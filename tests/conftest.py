@@ -412,6 +412,17 @@ def small_classifier(seed=0):
     return keras.Model(inputs, L.Dense(3, name="fc")(x))
 
 
+def saved_trained_model(path, seed=0):
+    """``small_classifier`` trained one step with SGD momentum and saved to ``path`` (.keras, optimizer
+    state included, as ``model.fit`` leaves it); returns the model."""
+    model = small_classifier(seed)
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy")
+    rng = np.random.default_rng(seed)
+    model.fit(rng.normal(size=(4, 8, 8, 3)), rng.integers(0, 3, 4), epochs=1, verbose=0)
+    model.save(path)
+    return model
+
+
 def grouped_cnn():
     """Grouped convolutions (ResNeXt/ConvNeXt style): depthwise-style, then 4 in / 6 out per group."""
     x = inputs = keras.Input((8, 8, 3))

@@ -10,15 +10,17 @@ comparisons, its statistics against numpy, and one whole page is generated
 from fake results in a temporary directory, never over the real one.
 """
 
+import io
 import json
 import os
 import re
 import sys
+import zipfile
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, git, git_init
+from tests.conftest import REPO, git, git_init, saved_trained_model
 
 sys.path.insert(0, str(REPO / "experiments"))
 import report  # noqa: E402
@@ -316,6 +318,43 @@ def repo(tmp_path, monkeypatch, fake):
     monkeypatch.setattr(run, "REPO", repo)
     monkeypatch.setattr(run, "RUNS", repo / "experiments" / "runs")
     return repo
+
+
+def test_slim_model_keeps_what_an_accuracy_check_needs_at_a_fraction_of_the_size(tmp_path):
+    """No optimizer state and no compile config, deflated: the same layers and predictions, and
+    slimming again changes nothing."""
+    import h5py
+    import keras
+
+    path = tmp_path / "final_model.keras"
+    model = saved_trained_model(path)
+    size = path.stat().st_size
+    run.slim_model(path)
+    assert path.stat().st_size < size / 2 and not (tmp_path / "final_model.keras.slim").exists()
+    with zipfile.ZipFile(path) as archive:
+        assert {i.compress_type for i in archive.infolist()} == {zipfile.ZIP_DEFLATED}
+        assert "compile_config" not in json.loads(archive.read("config.json"))
+        with h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights:
+            assert "optimizer" not in weights and "layers" in weights
+        members = {name: archive.read(name) for name in archive.namelist()}
+    slim = keras.saving.load_model(path)
+    assert not slim.compiled and [lay.name for lay in slim.layers] == [lay.name for lay in model.layers]
+    x = np.random.default_rng(1).normal(size=(2, 8, 8, 3)).astype("float32")
+    np.testing.assert_array_equal(slim.predict(x, verbose=0), model.predict(x, verbose=0))
+    run.slim_model(path)
+    with zipfile.ZipFile(path) as archive:
+        assert {name: archive.read(name) for name in archive.namelist()} == members
+
+
+def test_commit_slims_the_saved_model(repo):
+    run_dir = repo / "experiments" / "runs" / "resnet20-synflow-params0.1-ep1-s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text("{}")
+    saved_trained_model(run_dir / "final_model.keras")
+    size = (run_dir / "final_model.keras").stat().st_size
+    assert run._commit(run_dir)
+    committed = git(repo, "cat-file", "-s", f"HEAD:{(run_dir / 'final_model.keras').relative_to(repo)}")
+    assert int(committed) == (run_dir / "final_model.keras").stat().st_size < size / 2
 
 
 def _committed(repo, ref="HEAD"):

@@ -23,7 +23,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
-from tests.conftest import REPO, git, git_init
+from tests.conftest import REPO, git, git_init, saved_trained_model
 
 sys.path.insert(0, str(REPO / "experiments"))
 import long_schedule  # noqa: E402
@@ -282,12 +282,15 @@ def test_pack_and_unpack_put_finished_runs_in_place_and_keep_the_others_resumabl
             (device / name / path).parent.mkdir(parents=True, exist_ok=True)
             text = {"history.csv": "epoch,epoch_time\n0,1.0\n1,1.0\n", "results.json": "{}"}.get(path, name)
             (device / name / path).write_text(text)
+    model = saved_trained_model(device / "done" / "final_model.keras")
     long_schedule._pack({name: device / name for name in files}, tmp_path / "runs.tgz")
     work = tmp_path / "work"
     (work / "resume" / "done" / "backup").mkdir(parents=True)  # from an earlier call that was cut short
     long_schedule.unpack(argparse.Namespace(tgz=tmp_path / "runs.tgz", work=work))
     assert sorted(p.name for p in (tmp_path / "runs" / "done").iterdir()) == sorted(
         ["results.json", "history.csv", "train.log", "final_model.keras"])  # no backup: it is finished
+    unpacked = keras.saving.load_model(tmp_path / "runs" / "done" / "final_model.keras")  # slimmed
+    assert not unpacked.compiled and unpacked.get_weights()[0].tolist() == model.get_weights()[0].tolist()
     assert not (work / "resume" / "done").exists()
     cut = work / "resume" / "cut"
     assert sorted(str(p.relative_to(cut)) for p in cut.rglob("*") if p.is_file()) == sorted(files["cut"])
