@@ -52,8 +52,8 @@ paths it carries, so each call copies what it brings to ``/tmp/gpu``, which
 outlives calls on the same warm machine; each call must follow the last
 within 30 s::
 
-    # here; init gets the next 10 runs' models, which leaves room in call 2 (see its output):
-    python experiments/long_schedule.py export --grid experiments/grids/long.json --max_runs 10
+    # here; init gets the next 16 runs' models (two calls of 8), which leaves room in call 2:
+    python experiments/long_schedule.py export --grid experiments/grids/long.json --max_runs 16
     # call 1, carry .whl .gpu/data_a (the working tree travels too: at most 64 MiB in all):
     mkdir -p /tmp/gpu && cp -r .gpu/data_a /tmp/gpu/
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
