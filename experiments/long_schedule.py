@@ -6,10 +6,10 @@ a GPU machine for a few minutes (JAX and PyTorch, no TensorFlow, no network,
 epochs of the same recipe as fit the time, on the JAX backend:
 
 1. ``export`` (here, with TensorFlow): builds the compressed, untrained
-   model of every pending run (the first ``--max_runs``) with ``examples/train_cifar.py --export_init`` of the
-   grid's pinned ``code`` (the code path of the CPU runs: same planning,
-   masks and initialization) into
-   ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
+   model of every pending run (the first ``--max_runs``) with
+   ``examples/train_cifar.py --export_init`` of the grid's pinned ``code``
+   (the code path of the CPU runs: same planning, masks and initialization)
+   into ``<work>/init/<run id>/``, and writes CIFAR-10 from TFDS as lossless WebP
    tiles of 1,000 images in three parts of about 29 MiB (``<work>/data_a``,
    ``data_b``, ``data_c``), so that each part travels in one call beside a
    repository that grows with every committed run. It also removes every

@@ -446,7 +446,7 @@ def _modes(entries):
         lines.append(
             f"| {epochs} | {budget} | " + " | ".join(_mode_cell(modes, m) for m in _MODE_COLUMNS) + " |"
         )
-        kind = _AUTO_PICKS["flops" in budget][0]
+        kind = _AUTO_PICKS[1 if "flops" in budget else 0][0]
         for name, other in _MODE_PAIRS:
             row = _compare(modes.get(name), modes.get(other))
             if row is None or min(row[2], row[3]) < 2:
