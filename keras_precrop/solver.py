@@ -32,6 +32,9 @@ DEFAULT_LOWER = 1e-12
 _ACTIVE_RTOL = 1e-6  # a budget is "active" when the cost is within this of it
 _FEASIBLE_RTOL = 1e-12  # roundoff allowed when comparing a cost with a budget
 _KKT_TOL = 1e-5  # solve_widths succeeds when its KKT residual is at most this
+# A log ratio this close to a bound, or a leq gap this small, counts as active in the KKT check
+# (the final budget fill can leave an entry that SLSQP put on a bound a few 1e-9 inside it).
+_AT_BOUND = 1e-7
 _BUDGET_NAMES = ("params", "flops")
 _UNITS = {"params": "params", "flops": "MACs"}  # what a row's cost counts, for messages
 _MAX_LOG_GROWTH = 64.0  # search limit for uncapped log ratios (e^64 ~ 6e27)
@@ -851,8 +854,8 @@ def _width_kkt_residual(problem, x, nu, lam, least, greatest, budgets, given):
     grad = -weights + pull - push
     size = weights + pull + np.bincount(leq.ravel(), np.repeat(lam, 2), minlength=x.size)
     rel = grad / np.where(size > 0, size, 1.0)
-    at_upper = x >= greatest - 1e-9
-    at_lower = x <= least + 1e-9
+    at_upper = x >= greatest - _AT_BOUND
+    at_lower = x <= least + _AT_BOUND
     stationarity = np.where(at_upper & at_lower, 0.0, np.where(
         at_upper, np.maximum(rel, 0.0), np.where(at_lower, np.maximum(-rel, 0.0), np.abs(rel))))
     usage = np.array(problem.cost(x))[given] / budgets

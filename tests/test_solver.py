@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from keras_precrop.solver import (
@@ -440,6 +440,9 @@ def test_leq_offset_bounds_the_ratio_of_two_widths():
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), v=st.integers(2, 12), f_params=st.floats(0.05, 0.9),
        factor=st.floats(1.0, 4.0), preconfig=st.booleans())
+# Found by a fresh clone's CI: the budget fill left entries 5e-9 below their upper bound, which the KKT
+# check then took for free variables (SLSQP's point and multipliers were right).
+@example(seed=270, v=10, f_params=0.3359375, factor=2.0, preconfig=False)
 def test_random_balance_bounds_hold_at_a_kkt_point(seed, v, f_params, factor, preconfig):
     prob = _random_network_problem(seed, v, 2 * v)
     rng = np.random.default_rng(seed)
