@@ -861,8 +861,8 @@ def reconfigure(model, params=None, flops=None, **options):
 
     Same arguments as :func:`precrop`, with no cap on widths by default
     (``upper=None``), for which ``mode="auto"`` picks ``"layerwise"`` (see
-    the module docstring for why); e.g. ``reconfigure(model, params=0.8, flops=1.0)`` or
-    ``reconfigure(model, params=0.8, latency=1.0)``. A latency model is
+    the module docstring for why); e.g. ``reconfigure(model, params=0.8,
+    flops=1.0)`` or ``reconfigure(model, params=0.8, latency=1.0)``. A latency model is
     fitted on narrower copies of the model, so widths beyond the original
     are extrapolated.
     """

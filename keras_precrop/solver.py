@@ -32,8 +32,8 @@ DEFAULT_LOWER = 1e-12
 _ACTIVE_RTOL = 1e-6  # a budget is "active" when the cost is within this of it
 _FEASIBLE_RTOL = 1e-12  # roundoff allowed when comparing a cost with a budget
 _KKT_TOL = 1e-5  # solve_widths succeeds when its KKT residual is at most this
-# A log ratio this close to a bound, or a leq gap this small, counts as active in the KKT check
-# (the final budget fill can leave an entry that SLSQP put on a bound a few 1e-9 inside it).
+# A log ratio this close to a bound counts as at it in the KKT check (the final budget fill can
+# leave an entry that SLSQP put on a bound a few 1e-9 inside it).
 _AT_BOUND = 1e-7
 _BUDGET_NAMES = ("params", "flops")
 _UNITS = {"params": "params", "flops": "MACs"}  # what a row's cost counts, for messages

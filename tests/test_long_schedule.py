@@ -222,8 +222,8 @@ def test_export_keeps_exactly_the_models_of_the_next_runs(tmp_path, monkeypatch)
     (a finished run's, a later run's) is removed, since the call that carries init has room for few."""
     grid = _grid(tmp_path, monkeypatch, done=["resnet20-synflow-params0.1-ep40-s0"])
     work = tmp_path / "work"
-    (work / "data_c").mkdir(parents=True)
-    (work / "data_c" / "labels.npz").write_text("data exported already")
+    (work / long_schedule._TEST_PART).mkdir(parents=True)
+    (work / long_schedule._TEST_PART / "labels.npz").write_text("data exported already")
     exported = []
 
     def fake_export(command, **kwargs):  # stands in for train_cifar.py --export_init
