@@ -668,6 +668,62 @@ def _across_schedules(short, long):
     return ["PreCrop minus SynFlow where both schedules have 2+ seeds: " + "; ".join(said) + "."]
 
 
+def _granularity(entries):
+    """``(spread, tol, done, n_ways)`` of figure 4's ways to realize one set of layer densities.
+
+    The ways are the entries that prune randomly at a ``granularity`` and
+    PreCrop's ``paper`` rule (a grid's SynFlow reference is not one); there are
+    ``n_ways``. ``done`` lists ``(label, summary)`` of those with 2+ seeds;
+    ``spread`` is the range of their means and ``tol`` twice their largest std
+    (both None when fewer than two have 2+ seeds).
+    """
+    ways = [e for e in entries if "granularity" in e["flags"] or e["flags"].get("mode") == "paper"]
+    done = [(e["label"], s) for e in ways if (s := _summary(e)) is not None and s["n"] >= 2]
+    if len(done) < 2:
+        return None, None, done, len(ways)
+    means = [s["acc"] for _, s in done]
+    return max(means) - min(means), 2 * max(s["std"] for _, s in done), done, len(ways)
+
+
+def _granularity_claim(entries):
+    """The claim line of figure 4: the spread of the four ways' mean accuracies against a tolerance.
+
+    The verdict waits for 2 seeds on every way; before that, the line gives
+    the spread so far of those that have them.
+    """
+    spread, tol, done, n_ways = _granularity(entries)
+    if n_ways and len(done) == n_ways:
+        verdict = "reproduced; " if spread <= tol else "not reproduced; "
+    else:
+        verdict = "pending (fewer than 2 seeds on some point)"
+        verdict += f"; so far, over the {len(done)} of {n_ways} with 2+ seeds, " if spread is not None else ""
+    return (
+        "- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): "
+        + verdict
+        + ("" if spread is None else f"spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp")
+        + ". "
+        + "; ".join(f"{label}: {_acc(s)}" for label, s in done)
+    )
+
+
+def _granularity_across(short, long):
+    """The spread of figure 4's means on both schedules, over the ways both have with 2+ seeds."""
+    before = dict(_granularity(short)[2])
+    after = [(label, s) for label, s in _granularity(long)[2] if label in before]
+    if len(after) < 2:
+        return []
+
+    def spread(summaries):
+        return max(s["acc"] for s in summaries) - min(s["acc"] for s in summaries)
+
+    labels = [label for label, _ in after]
+    return [
+        f"Spread of figure 4's means over {', '.join(labels)}: "
+        f"{spread([before[label] for label in labels]):.2f} pp at {before[labels[0]]['epochs']} epochs, "
+        f"{spread([s for _, s in after]):.2f} pp at {after[0][1]['epochs']}."
+    ]
+
+
 def _claims(core, thm, preconfig):
     """One line per paper claim: verdict and the numbers behind it."""
     lines = [
@@ -680,25 +736,7 @@ def _claims(core, thm, preconfig):
         "",
     ]
     lines += _precrop_claims(core)
-    granular = [(e["label"], _summary(e)) for e in thm if e["flags"]["method"] != "synflow"]
-    done = [(label, s) for label, s in granular if s is not None and s["n"] >= 2]
-    if len(done) == len(granular) and done:
-        spread = max(s["acc"] for _, s in done) - min(s["acc"] for _, s in done)
-        tol = max(s["std"] for _, s in done) * 2
-        verdict = "reproduced" if spread <= tol else "not reproduced"
-    else:
-        spread, verdict = None, "pending (fewer than 2 seeds on some point)"
-    lines.append(
-        "- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): "
-        + verdict
-        + (
-            ""
-            if spread is None
-            else f"; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp"
-        )
-        + ". "
-        + "; ".join(f"{label}: {_acc(s)}" for label, s in done)
-    )
+    lines.append(_granularity_claim(thm))
     row = _compare(_one(preconfig, method="preconfig"), _one(preconfig, method="baseline"))
     lines.append(
         f"- **PreConfig gives equal or better accuracy at equal cost**: {_verdict([row], 'match')}. "
@@ -730,9 +768,10 @@ def _underfit(core):
     ]
 
 
-def _long(entries, core):
-    """The core claims again on the longer schedule of the grid ``long`` (a lent GPU), and how
-    PreCrop's differences from SynFlow move from the CPU grid ``core``'s schedule to it."""
+def _long(entries, core, thm):
+    """The core claims (and figure 4's, where the grid ``long`` trains it) again on the longer
+    schedule of a lent GPU, and how PreCrop's differences from SynFlow and figure 4's spread
+    move from the CPU grids ``core`` and ``thm_comp``'s schedule to it."""
     results = [r for e in entries for r in e["results"]]
     if not results:
         return []
@@ -741,6 +780,7 @@ def _long(entries, core):
         f"{results[0]['device']}; section \"Longer schedule\" below):",
         "",
         *_precrop_claims(entries),
+        *([_granularity_claim(entries)] if _granularity(entries)[3] else []),
     ]
     gaps = [_train_minus_test(r) for r in results]
     return lines + [
@@ -748,6 +788,7 @@ def _long(entries, core):
         f"There the last epoch's training accuracy is {min(gaps):+.2f} to {max(gaps):+.2f} pp from the "
         "final test accuracy.",
         *_across_schedules(core, entries),
+        *_granularity_across(thm, entries),
         "",
     ]
 
@@ -786,7 +827,7 @@ def main():
     lines[0:0] = (
         [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
         + _claims(core, entries["thm_comp"], entries["preconfig"])
-        + _long(long_entries, core)
+        + _long(long_entries, core, entries["thm_comp"])
         + _modes(core + pareto + entries["balance"] + long_entries)
         + _sanity()
     )

@@ -543,6 +543,11 @@ _LONG_ACCURACIES = {
     "resnet20-synflow-params0.1-ep40": [0.80, 0.801],
     "resnet20-precrop_params-params0.1103-modeexact-ep40": [0.795, 0.805],
     "resnet20-precrop_params-params0.1103-modelayerwise-ep40": [0.77, 0.772],
+    # figure 4 on this schedule: PreCrop's paper rule not finished; weight leads beyond tol
+    "resnet20-random-params0.1-granularityweight-densitiessynexp-ep40": [0.81, 0.815],
+    "resnet20-random-params0.1-granularityfilter-densitiessynexp-ep40": [0.79, 0.792],
+    "resnet20-random-params0.1-granularitychannel-densitiessynexp-ep40": [0.785, 0.795],
+    "resnet20-precrop_params-params0.1-modepaper-ep40": [0.80],
 }
 
 
@@ -786,7 +791,7 @@ def test_modes_are_compared_only_between_the_same_model():
 
 def test_report_longer_schedule(report_dir, page):
     """The claims again from the grid "long", over its points alone, with its own epochs, backend and
-    device; its runs at params 0.03 and its FLOPs runs have not finished."""
+    device; its runs at params 0.03, its FLOPs runs and one seed of figure 4's have not finished."""
     assert '**Longer schedule** (40 epochs, jax backend on gpu: H100; section "Longer schedule"' in page
     verdicts = {"exact": "pending (fewer than 2 seeds on some point; 1 of 3 points counted, none fails)",
                 "layerwise": "not reproduced (fails at 1 of 3 points so far)"}
@@ -807,6 +812,19 @@ def test_report_longer_schedule(report_dir, page):
         f"PreCrop-Params ({mode}) at SynFlow 0.1: {minus_synflow(_ACCURACIES, stem, 10):+.2f} pp at 10 "
         f"epochs, {minus_synflow(_LONG_ACCURACIES, stem, 40):+.2f} pp at 40" for mode, stem in stems.items())
             + ".\n") in page  # the points only one schedule has (0.3, 0.03 at 10 epochs) are left out
+    # Figure 4: the three with 2 seeds give a spread so far; PreCrop's paper rule (1 seed) keeps it pending.
+    ways = {f"random ({g}, synexp)": f"resnet20-random-params0.1-granularity{g}-densitiessynexp-ep{{}}"
+            for g in ("weight", "filter", "channel")}
+    means, stds = zip(*(_stats(_LONG_ACCURACIES[s.format(40)]) for s in ways.values()))
+    assert max(means) - min(means) > 2 * max(stds)
+    assert ("- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): "
+            "pending (fewer than 2 seeds on some point); so far, over the 3 of 4 with 2+ seeds, spread of "
+            f"means {max(means) - min(means):.2f} pp vs tol (2 x largest std) {2 * max(stds):.2f} pp. "
+            + "; ".join(f"{label}: {_cell(s.format(40), _LONG_ACCURACIES)}" for label, s in ways.items())
+            + "\n") in page
+    short = [_stats(_ACCURACIES[s.format(10)])[0] for s in ways.values()]
+    assert (f"Spread of figure 4's means over {', '.join(ways)}: {max(short) - min(short):.2f} pp at 10 "
+            f"epochs, {max(means) - min(means):.2f} pp at 40.\n") in page
     section = page.split("## Longer schedule on a lent GPU")[1].split("\n## ")[0]
     mean, std = _stats(_LONG_ACCURACIES["resnet20-baseline-ep40"])
     assert (f"| baseline | - | 30,005 | {30005 / 274042:.4f} | 0.2550 | {mean:.2f} ± {std:.2f}"
@@ -814,3 +832,26 @@ def test_report_longer_schedule(report_dir, page):
     assert "| 40 |" in section and "ep10" not in section
     assert "![long_curves](figures/long_curves.png)" in section
     assert (report_dir / "figures" / "long_curves.png").stat().st_size > 0
+
+
+def test_granularity_claim_fails_once_every_way_has_two_seeds_and_the_spread_exceeds_tol():
+    """The ways are the entries with a granularity or the paper rule; SynFlow's reference is not one."""
+    def entry(accuracies, **flags):
+        results = [_result(flags["method"], a, seed) for seed, a in enumerate(accuracies)]
+        return {"label": str(flags), "flags": flags, "results": results}
+
+    ways = [entry([0.80, 0.81], method="random", granularity="weight"),
+            entry([0.78, 0.782], method="random", granularity="filter"),
+            entry([0.781, 0.79], method="precrop_params", mode="paper")]
+    synflow = entry([0.50, 0.51], method="synflow")
+    (mean_hi, std_hi), (mean_lo, _), (_, std_paper) = (
+        _stats(a) for a in ([0.80, 0.81], [0.78, 0.782], [0.781, 0.79]))
+    spread, tol = mean_hi - mean_lo, 2 * max(std_hi, std_paper)
+    assert spread > tol
+    line = report._granularity_claim([*ways, synflow])
+    assert f": not reproduced; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp. " in (
+        line)
+    assert "synflow" not in line
+    assert "pending (fewer than 2 seeds on some point); so far, over the 2 of 3 with 2+ seeds, " in (
+        report._granularity_claim(
+            [*ways[:2], entry([0.8], method="random", granularity="channel")]))
