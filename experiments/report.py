@@ -558,6 +558,37 @@ def _sanity_masks(runs):
     ]
 
 
+def _sanity_densities(runs):
+    """Table and conclusion of figure 4's premise: the realized layer densities vs SynExp's."""
+    rows = [row for row in runs if row.get("densities")]
+    if not rows:
+        return []
+    lines = [
+        "**Figure 4's layer densities**: the kept share of each Conv/Dense kernel of the run's "
+        "`final_model.keras` (nonzero weights of a masked kernel; a narrower rebuilt kernel's size) out of "
+        "the original kernel's, vs the density program's solution (`plan(mode=\"paper\")`) at the run's "
+        "budget.",
+        "",
+        "| run | layers | mean absolute difference | worst layer: SynExp -> realized |",
+        "|---|---:|---:|---|",
+    ]
+    for row in rows:
+        d = row["densities"]
+        lines.append(
+            f"| {row['run']} | {d['layers']} | {d['mean_abs_diff']:.4f} | {d['worst_layer']}: "
+            f"{d['worst_target']:.4f} -> {d['worst_target'] + d['worst_diff']:.4f} |"
+        )
+    worst = {}
+    for row in rows:
+        worst[row["method"]] = max(worst.get(row["method"], 0.0), abs(row["densities"]["worst_diff"]))
+    return lines + [
+        "",
+        "Layer densities: the largest difference from SynExp's in a layer is "
+        + "; ".join(f"{d:.4f} for {method}" for method, d in worst.items())
+        + f" ({len(rows)} models).",
+    ]
+
+
 def _sanity_eval(runs):
     """Table and conclusion of the re-evaluation, one row per saved model."""
     lines = [
@@ -596,7 +627,9 @@ def _sanity():
         return lines + ["Not computed yet: run `python experiments/sanity.py`.", ""]
     data = json.loads(path.read_text())
     lines += ["From `python experiments/sanity.py` (rerun it when runs finish).", ""]
+    densities = _sanity_densities(data["runs"])
     lines += _sanity_init(data["init"]) + [""] + _sanity_masks(data["runs"]) + [""]
+    lines += [*densities, ""] if densities else []
     lines += _sanity_eval(data["runs"])
     skipped = [f"{s['run']} ({s['why']})" for s in data["skipped"]]
     if skipped:

@@ -1,6 +1,6 @@
 """Checks that rule out a bug behind the CIFAR-10 results; writes ``experiments/results/sanity.json``.
 
-Three checks, each as independent of the training code as it can be:
+Four checks, each as independent of the training code as it can be:
 
 1. **init**: every PreCrop/PreConfig plan the grids train (seed 0) is built
    the way ``examples/train_cifar.py`` builds it, by the commit the grid pins
@@ -30,6 +30,14 @@ Three checks, each as independent of the training code as it can be:
    ``final_accuracy``, params (``count_params()`` less exact zeros) and MACs
    (``profile``, each layer's MACs scaled by its kernel's nonzero share) with
    ``params`` and ``macs``.
+
+4. **layer densities** (figure 4's premise): every finished run that
+   realizes SynExp's layer densities (random masks with ``--densities
+   synexp``, PreCrop's ``paper`` rule) and has a ``final_model.keras``: the
+   kept share of each Conv/Dense kernel (nonzero weights of a masked kernel,
+   the whole of a narrower rebuilt one, out of the original kernel's size)
+   is compared with the density program's solution (``plan(mode="paper")``
+   at the run's ``--params``, solved by this checkout).
 
 Unfinished runs (no ``results.json``) are skipped; rerunning the script
 rewrites the JSON. It takes a few minutes on a CPU.
@@ -312,8 +320,49 @@ def recount(model):
     return model.count_params() - zeros, int(round(macs))
 
 
+def layer_densities(model, reference):
+    """``{layer: kept share}`` of ``model``'s Conv/Dense kernels out of ``reference``'s (the original).
+
+    A masked kernel keeps its nonzero weights (trained weights are never
+    exactly zero); a rebuilt, narrower kernel keeps its whole size.
+    """
+    original = {name: math.prod(layer.kernel.shape) for name, layer in _kernel_layers(reference).items()}
+    return {
+        name: np.count_nonzero(layer.kernel.numpy()) / original[name]
+        for name, layer in _kernel_layers(model).items()
+    }
+
+
+def check_densities(model, results):
+    """A figure-4 run's realized layer densities against SynExp's (None for the other runs).
+
+    Returns:
+        A dict: ``layers`` compared, ``mean_abs_diff`` and the ``worst_layer``
+        with its ``worst_target`` density and signed ``worst_diff``.
+    """
+    if results.get("densities") != "synexp" and results.get("plan_options", {}).get("mode") != "paper":
+        return None
+    import keras_precrop as kp
+
+    reference = kp.models.get(results["model"])
+    targets = kp.plan(reference, params=results["params_budget"], mode="paper").solver[
+        "layer_densities_solved"
+    ]
+    realized = layer_densities(model, reference)
+    diffs = {name: realized[name] - target for name, target in targets.items()}
+    worst = max(diffs, key=lambda name: abs(diffs[name]))
+    return {
+        "layers": len(diffs),
+        "mean_abs_diff": float(np.mean(np.abs(list(diffs.values())))),
+        "worst_layer": worst,
+        "worst_target": targets[worst],
+        "worst_diff": diffs[worst],
+    }
+
+
 def check_run(run_dir, images, labels):
-    """The masks (masked runs) and eval checks of one finished run with a ``final_model.keras``."""
+    """The masks (masked runs), densities (figure 4's runs) and eval checks of one finished run
+    with a ``final_model.keras``."""
     import keras
 
     import keras_precrop  # noqa: F401  (registers PrefixAdd, ChannelSlice and MaskConstraint)
@@ -328,6 +377,7 @@ def check_run(run_dir, images, labels):
         "run": run_dir.name,
         "method": results["method"],
         "masks": check_masks(model, path, results) if results["method"] in MASKED else None,
+        "densities": check_densities(model, results),
         "starts": sum(line.startswith("$ ") for line in log.read_text().splitlines())
         if log.exists()
         else None,

@@ -855,3 +855,19 @@ def test_granularity_claim_fails_once_every_way_has_two_seeds_and_the_spread_exc
     assert "pending (fewer than 2 seeds on some point); so far, over the 2 of 3 with 2+ seeds, " in (
         report._granularity_claim(
             [*ways[:2], entry([0.8], method="random", granularity="channel")]))
+
+
+def test_sanity_densities_rows_and_worst_difference_per_method():
+    def row(run, method, worst_diff, target=0.5):
+        densities = {"layers": 22, "mean_abs_diff": abs(worst_diff) / 4, "worst_layer": "conv",
+                     "worst_target": target, "worst_diff": worst_diff}
+        return {"run": run, "method": method, "densities": densities}
+
+    rows = [row("a", "random", 0.001), row("b", "random", -0.003), row("c", "precrop_params", -0.05),
+            {"run": "d", "method": "synflow", "densities": None}, {"run": "e", "method": "baseline"}]
+    lines = report._sanity_densities(rows)
+    assert "| b | 22 | 0.0008 | conv: 0.5000 -> 0.4970 |" in lines
+    assert not any(line.startswith(("| d ", "| e ")) for line in lines)
+    assert lines[-1] == ("Layer densities: the largest difference from SynExp's in a layer is 0.0030 for "
+                         "random; 0.0500 for precrop_params (3 models).")
+    assert report._sanity_densities(rows[3:]) == []

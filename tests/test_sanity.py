@@ -135,3 +135,31 @@ def test_accuracy_counts_argmax_hits():
     images = np.random.default_rng(1).normal(size=(50, 3)).astype("float32")
     labels = np.random.default_rng(2).integers(0, 3, size=50)
     assert sanity.accuracy(model, images, labels, batch_size=7) == np.mean(np.argmax(images, 1) == labels)
+
+
+def test_check_densities_compares_figure_4s_models_with_synexp(resnet20):
+    """Random masks at SynExp's densities pass within a filter's share; masks at one global
+    density (another density program) and PreCrop's paper rule show their differences."""
+    flags = {"model": "resnet20", "params_budget": 0.1, "densities": "synexp"}
+    targets = kp.plan(resnet20, params=0.1, mode="paper").solver["layer_densities_solved"]
+    assert sanity.check_densities(resnet20, {**flags, "densities": None}) is None  # not a figure-4 run
+
+    def masked(densities):
+        model = keras.models.clone_model(resnet20)
+        model.set_weights(resnet20.get_weights())
+        return pai.apply_masks(model, pai.random_masks(resnet20, densities, "filter", seed=0))
+
+    row = sanity.check_densities(masked({f"{n}/kernel": d for n, d in targets.items()}), flags)
+    assert row["layers"] == len(targets) == 22
+    # A kernel keeps whole 3x3 filters: within half a filter of its target, 1 / (2 * 16 * 16) at most.
+    assert abs(row["worst_diff"]) <= 1 / 512 and row["mean_abs_diff"] < 1e-3
+    uniform = sanity.check_densities(masked(0.1), flags)  # stem and shortcuts keep 10%, not SynExp's 100%
+    assert targets[uniform["worst_layer"]] == uniform["worst_target"] == 1.0
+    assert uniform["worst_diff"] == pytest.approx(-0.9, abs=1 / 96)
+
+    cropped = kp.precrop(resnet20, params=0.1, mode="paper")
+    row = sanity.check_densities(cropped, {**flags, "densities": None, "plan_options": {"mode": "paper"}})
+    kernels = {layer.name: layer.kernel.shape for layer in cropped.layers if hasattr(layer, "kernel")}
+    name = row["worst_layer"]
+    realized = np.prod(kernels[name]) / np.prod(resnet20.get_layer(name).kernel.shape)
+    assert row["worst_diff"] == pytest.approx(realized - targets[name])
