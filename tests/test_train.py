@@ -173,15 +173,24 @@ def test_l2_leaves_bn_and_bias_alone_under_zero_gradients():
 
 
 def test_sgd_with_l2_round_trips_through_keras_file(tmp_path):
+    """Its arguments, schedule and momentum buffers, after a step (an unbuilt optimizer has none)."""
     model = train.compile_model(
         _conv_bn_dense, train.RECIPES["imagenet_mobilenet"], steps_per_epoch=5, global_batch_size=64
     )
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, 6, 6, 2)), rng.integers(0, 2, size=8), epochs=1, verbose=0)
     path = str(tmp_path / "m.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded.optimizer, train.SGDWithL2)
     assert loaded.optimizer.l2 == pytest.approx(4e-5)
-    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.025 * 64 / 256)
+    schedule = keras.optimizers.schedules.deserialize(loaded.optimizer.get_config()["learning_rate"])
+    assert float(schedule(0)) == pytest.approx(0.025 * 64 / 256)
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(float(model.optimizer.learning_rate))
+    saved = {v.path: v.numpy() for v in model.optimizer.variables}
+    assert int(loaded.optimizer.iterations) == 1 and len(saved) == len(loaded.optimizer.variables) > 1
+    for v in loaded.optimizer.variables:
+        np.testing.assert_array_equal(v.numpy(), saved[v.path], err_msg=v.path)
 
 
 @pytest.mark.parametrize("bad", [{"l2": -1.0}, {"l2": float("nan")}, {"l2": 1e-4, "weight_decay": 1e-4}])
