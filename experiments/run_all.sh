@@ -5,9 +5,9 @@
 # PreCrop exact / layerwise / balanced at params 0.1 (both seeds), SynFlow at 0.1, then the three
 # modes at the pareto point (15,000 params); then the rest of figures 2-3 and the baseline (grid
 # core, both seeds), the issue's first priority; then the two paper claims still open, granularity
-# (thm_comp) and PreConfig (preconfig), both seeds each; then every grid, seed-major, so that a third
-# seed (an entry's own "seeds", where a claim is close) comes after every run's first two. Extra
-# arguments go to run.py (e.g. --commit).
+# (thm_comp, both seeds) and PreConfig (preconfig, all three seeds the issue asks for); then core's
+# third seeds (an entry's own "seeds", where a claim is close), so that every claim is settled before
+# figure 5; then every grid, seed-major. Extra arguments go to run.py (e.g. --commit).
 cd "$(dirname "$0")/.."
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
@@ -18,5 +18,6 @@ python experiments/run.py "${GRIDS[@]}" --match='precrop_params-params0\.1103-.*
   python experiments/run.py "${GRIDS[@]}" --match='precrop_params-params0\.054736-mode.*-s[01]$' "$@" &&
   python experiments/run.py --grid experiments/grids/core.json --match='-s[01]$' "$@" &&
   python experiments/run.py --grid experiments/grids/thm_comp.json --match='-s[01]$' "$@" &&
-  python experiments/run.py --grid experiments/grids/preconfig.json --match='-s[01]$' "$@" &&
+  python experiments/run.py --grid experiments/grids/preconfig.json "$@" &&
+  python experiments/run.py --grid experiments/grids/core.json "$@" &&
   exec python experiments/run.py "${GRIDS[@]}" "$@"
