@@ -490,7 +490,7 @@ def _auto_verdict(kind, pick, outcomes):
 
 
 def _sanity_init(init):
-    """Table and conclusion of the init-scale check, one row per plan."""
+    """``(table lines, conclusion or None)`` of the init-scale check, one row per plan."""
     lines = [
         "**Init scale of rebuilt layers**: every PreCrop/PreConfig plan of the grids (seed 0), built by "
         "the grid's pinned commit as `train_cifar.py` builds it. ratio = a kernel's RMS / the std its "
@@ -518,21 +518,20 @@ def _sanity_init(init):
         )
     layers = [layer for row in init for layer in row.get("layers", ())]
     if not layers:
-        return lines
+        return lines, None
     worst = max(layers, key=lambda r: abs(r["z"]))
     same = [row["params"] == row["trained_params"] for row in init if row.get("trained_params") is not None]
-    return lines + [
-        "",
+    return lines, (
         f"Init: {sum(row['ok'] for row in init)} of {len(init)} plans pass; the worst of {len(layers)} "
         f"kernels is {worst['name']} at ratio {worst['ratio']:.3f} (z {worst['z']:+.1f}), while the "
         f"original scale would have failed {sum(row.get('detectable_if_kept', 0) for row in init)} of them "
         f"(ratios down to {min(layer['ratio_if_kept'] for layer in layers):.3f}). The plan built here "
-        f"has the trained model's params in {sum(same)} of the {len(same)} finished runs.",
-    ]
+        f"has the trained model's params in {sum(same)} of the {len(same)} finished runs."
+    )
 
 
 def _sanity_masks(runs):
-    """Table and conclusion of the mask check, one row per masked run."""
+    """``(table lines, conclusion or None)`` of the mask check, one row per masked run."""
     masked = [row for row in runs if row["masks"]]
     lines = [
         "**Masks held through training**: exact zeros in the trained kernels of each masked run's "
@@ -551,18 +550,20 @@ def _sanity_masks(runs):
             f"{m['pruned_per_results']:,} | {m['masked']:,} | {m['nonzero_under_mask']} | "
             f"{m['zeros_outside_mask']} | {row['starts']} | {'yes' if m['ok'] else '**NO**'} |"
         )
-    return lines + [
-        "",
+    if not masked:
+        return lines, None
+    return lines, (
         f"Masks: {sum(row['masks']['ok'] for row in masked)} of {len(masked)} masked runs keep exactly their "
-        "masks' zeros.",
-    ]
+        "masks' zeros."
+    )
 
 
 def _sanity_densities(runs):
-    """Table and conclusion of figure 4's premise: the realized layer densities vs SynExp's."""
+    """``(table lines, conclusion)`` of figure 4's premise, the realized layer densities vs SynExp's
+    (``([], None)`` when no run has them)."""
     rows = [row for row in runs if row.get("densities")]
     if not rows:
-        return []
+        return [], None
     lines = [
         "**Figure 4's layer densities**: the kept share of each Conv/Dense kernel of the run's "
         "`final_model.keras` (nonzero weights of a masked kernel; a narrower rebuilt kernel's size) out of "
@@ -581,16 +582,15 @@ def _sanity_densities(runs):
     worst = {}
     for row in rows:
         worst[row["method"]] = max(worst.get(row["method"], 0.0), abs(row["densities"]["worst_diff"]))
-    return lines + [
-        "",
+    return lines, (
         "Layer densities: the largest difference from SynExp's in a layer is "
         + "; ".join(f"{d:.4f} for {method}" for method, d in worst.items())
-        + f" ({len(rows)} models).",
-    ]
+        + f" ({len(rows)} models)."
+    )
 
 
 def _sanity_eval(runs):
-    """Table and conclusion of the re-evaluation, one row per saved model."""
+    """``(table lines, conclusion or None)`` of the re-evaluation, one row per saved model."""
     lines = [
         "**Independent re-evaluation**: each finished run's `final_model.keras`, loaded with "
         "`keras.saving.load_model` and evaluated on the CIFAR-10 test split normalized by the script itself; "
@@ -608,14 +608,33 @@ def _sanity_eval(runs):
             f"{e['macs']:,} / {e['macs_recount']:,} |"
         )
     if not runs:
-        return lines
+        return lines, None
     evals = [row["eval"] for row in runs]
     same = sum(e["params"] == e["params_recount"] and e["macs"] == e["macs_recount"] for e in evals)
     gap = max(abs(e["difference_pp"]) for e in evals)
-    return lines + [
-        "",
+    return lines, (
         f"Re-evaluation: the largest accuracy difference is {gap:.3f} pp "
-        f"over {len(runs)} saved models; params and MACs agree for {same} of them.",
+        f"over {len(runs)} saved models; params and MACs agree for {same} of them."
+    )
+
+
+def _sanity_parts(data):
+    """``(table lines, conclusion or None)`` of each check in ``sanity.json``'s ``data``, in page order."""
+    parts = (_sanity_init(data["init"]), _sanity_masks(data["runs"]), _sanity_densities(data["runs"]),
+             _sanity_eval(data["runs"]))
+    return [(lines, conclusion) for lines, conclusion in parts if lines]
+
+
+def _checked():
+    """Under the claims: each check's conclusion, what rules out a bug behind a claim that fails."""
+    path = RESULTS / "sanity.json"
+    if not path.exists():
+        return []
+    conclusions = [c for _, c in _sanity_parts(json.loads(path.read_text())) if c]
+    return [
+        '**Checked to rule out a bug** (section "What was checked to rule out a bug" below): '
+        + " ".join(conclusions),
+        "",
     ]
 
 
@@ -627,14 +646,12 @@ def _sanity():
         return lines + ["Not computed yet: run `python experiments/sanity.py`.", ""]
     data = json.loads(path.read_text())
     lines += ["From `python experiments/sanity.py` (rerun it when runs finish).", ""]
-    densities = _sanity_densities(data["runs"])
-    lines += _sanity_init(data["init"]) + [""] + _sanity_masks(data["runs"]) + [""]
-    lines += [*densities, ""] if densities else []
-    lines += _sanity_eval(data["runs"])
+    for part, conclusion in _sanity_parts(data):
+        lines += [*part, *(["", conclusion] if conclusion else []), ""]
     skipped = [f"{s['run']} ({s['why']})" for s in data["skipped"]]
     if skipped:
-        lines += ["", "Not checked: " + "; ".join(skipped) + "."]
-    return lines + [""]
+        lines += ["Not checked: " + "; ".join(skipped) + ".", ""]
+    return lines
 
 
 # (PreCrop budget, SynFlow density) of the points of figures 2 (params) and 3 (FLOPs): SynFlow's
@@ -860,6 +877,7 @@ def main():
     lines[0:0] = (
         [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
         + _claims(core, entries["thm_comp"], entries["preconfig"])
+        + _checked()
         + _long(long_entries, core, entries["thm_comp"])
         + _modes(core + pareto + entries["balance"] + long_entries)
         + _sanity()

@@ -865,9 +865,35 @@ def test_sanity_densities_rows_and_worst_difference_per_method():
 
     rows = [row("a", "random", 0.001), row("b", "random", -0.003), row("c", "precrop_params", -0.05),
             {"run": "d", "method": "synflow", "densities": None}, {"run": "e", "method": "baseline"}]
-    lines = report._sanity_densities(rows)
+    lines, conclusion = report._sanity_densities(rows)
     assert "| b | 22 | 0.0008 | conv: 0.5000 -> 0.4970 |" in lines
     assert not any(line.startswith(("| d ", "| e ")) for line in lines)
-    assert lines[-1] == ("Layer densities: the largest difference from SynExp's in a layer is 0.0030 for "
-                         "random; 0.0500 for precrop_params (3 models).")
-    assert report._sanity_densities(rows[3:]) == []
+    assert conclusion == ("Layer densities: the largest difference from SynExp's in a layer is 0.0030 for "
+                          "random; 0.0500 for precrop_params (3 models).")
+    assert report._sanity_densities(rows[3:]) == ([], None)
+
+
+def test_checked_line_gathers_each_checks_conclusion(tmp_path, monkeypatch):
+    """Under the claims, the conclusions of the checks that have data (none for init here), the
+    same sentences the section "What was checked" ends each table with."""
+    masks = {"kernel_weights": 100, "kernel_zeros": 90, "pruned_per_results": 90, "masked": 90,
+             "nonzero_under_mask": 0, "zeros_outside_mask": 0, "ok": True}
+    evaluation = {"final_accuracy": 0.7, "accuracy": 0.7002, "difference_pp": 0.02, "params": 10,
+                  "params_recount": 10, "macs": 50, "macs_recount": 50}
+    densities = {"layers": 3, "mean_abs_diff": 0.001, "worst_layer": "conv", "worst_target": 0.5,
+                 "worst_diff": 0.002}
+    run = {"run": "r-s0", "method": "random", "masks": masks, "densities": densities, "starts": 1,
+           "eval": evaluation}
+    (tmp_path / "sanity.json").write_text(json.dumps({"init": [], "runs": [run], "skipped": []}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    conclusions = ["Masks: 1 of 1 masked runs keep exactly their masks' zeros.",
+                   "Layer densities: the largest difference from SynExp's in a layer is 0.0020 for random "
+                   "(1 models).",
+                   "Re-evaluation: the largest accuracy difference is 0.020 pp over 1 saved models; params "
+                   "and MACs agree for 1 of them."]
+    assert report._checked() == ['**Checked to rule out a bug** (section "What was checked to rule out a '
+                                 'bug" below): ' + " ".join(conclusions), ""]
+    section = report._sanity()
+    assert all(section.count(c) == 1 for c in conclusions) and not any(s.startswith("Init:") for s in section)
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "absent")
+    assert report._checked() == []
