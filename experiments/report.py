@@ -41,7 +41,8 @@ images); *train min* the minutes of training over all epochs and restarts, on a 
 other work and sometimes paused (SIGSTOP) while tests ran, which the minutes include (not a timing).
 
 Reproduce: `bash experiments/run_all.sh` (resumable; skips finished runs), then
-`python experiments/spar_comp.py`, `python experiments/imagenet_counts.py` and
+`python experiments/spar_comp.py`, `python experiments/thm_score.py`,
+`python experiments/imagenet_counts.py`, `python experiments/sanity.py` and
 `python experiments/report.py`. The grid `long` trains on an accelerator with JAX:
 `experiments/long_schedule.py` (its docstring has the steps).
 """
@@ -272,6 +273,40 @@ def _spar_comp():
     _save(fig, FIGURES / "spar_comp.png", dpi=110)
     lines += ["", "![spar_comp](figures/spar_comp.png)"]
     return lines
+
+
+def _thm_score():
+    """Figure 4's proxy (``thm_score.py``): SynFlow's score of each way, over fresh initializations."""
+    path = RESULTS / "thm_score.json"
+    if not path.exists():
+        return ["Not computed yet: run `python experiments/thm_score.py`."]
+    data = json.loads(path.read_text())
+    logs = {way: [math.log10(v) for v in values] for way, values in data["scores"].items()}
+    weight, _ = _mean_std(logs["weight"])
+    lines = [
+        f"{data['model']} at the SynExp densities of params {data['params']}, {data['seeds']} fresh "
+        "initializations (the masks' seed is the model's): S = sum |w dR/dw| of SynFlow's linearized "
+        "network (`pai.synflow_scores`, float64). *expected* = the mean S over random masks of the same "
+        "realized densities, in closed form (each path keeps each of its weights with its layer's density, "
+        "independently across layers): the theorem's premise.",
+        "",
+        "| way | log10 S (mean ± std) | vs weight masks (decades) | S / expected (mean ± std) |",
+        "|---|---:|---:|---:|",
+    ]
+    for way, log in logs.items():
+        mean, std = _mean_std(log)
+        ratio = "-"
+        if way in data["expected"]:
+            r_mean, r_std = _mean_std([a / b for a, b in zip(data["scores"][way], data["expected"][way])])
+            ratio = f"{r_mean:.3f} ± {r_std:.3f}"
+        lines.append(f"| {way} | {mean:.2f} ± {std:.2f} | {mean - weight:+.2f} | {ratio} |")
+    return lines + [
+        "",
+        "The closed form covers weight and filter masks only: a channel mask keeps or drops whole paths "
+        "together (a kept channel's weights in consecutive layers survive together), and PreCrop's rebuilt "
+        "layers are initialized at their smaller fan-in, so neither has the weight masks' expected score at "
+        "equal layer densities. Figure 4 trains the same four ways.",
+    ]
 
 
 def _imagenet():
@@ -883,6 +918,7 @@ def main():
         + _sanity()
     )
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
+    lines += ["## Figure 4's proxy: SynFlow's score of each way (no training)", "", *_thm_score(), ""]
     lines += ["## Figure 7: ImageNet tables by counts (no training)", "", *_imagenet(), ""]
     claims = HERE / "CLAIMS.md"
     if claims.exists():

@@ -624,7 +624,7 @@ def test_report_page_layout(report_dir, page):
         assert f"![{name}](figures/{name}.png)" in page
         assert (report_dir / "figures" / f"{name}.png").stat().st_size > 0
     assert not (report_dir / "figures" / "core.png").exists()
-    for script in ("spar_comp", "imagenet_counts", "sanity"):
+    for script in ("spar_comp", "thm_score", "imagenet_counts", "sanity"):
         assert f"Not computed yet: run `python experiments/{script}.py`." in page
 
 
@@ -897,3 +897,18 @@ def test_checked_line_gathers_each_checks_conclusion(tmp_path, monkeypatch):
     assert all(section.count(c) == 1 for c in conclusions) and not any(s.startswith("Init:") for s in section)
     monkeypatch.setattr(report, "RESULTS", tmp_path / "absent")
     assert report._checked() == []
+
+
+def test_thm_score_table(tmp_path, monkeypatch):
+    """log10 of each way's scores, its distance from weight masks', and each sample's ratio to its
+    expectation where one is computed."""
+    data = {"model": "resnet20", "params": 0.1, "seeds": 2,
+            "scores": {"dense": [1e26, 1e27], "weight": [1e12, 1e13], "channel": [1e17, 1e18]},
+            "expected": {"weight": [2e12, 1e13]}}
+    (tmp_path / "thm_score.json").write_text(json.dumps(data))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    lines = report._thm_score()
+    ratio_std = np.std([0.5, 1.0], ddof=1)
+    assert "| weight | 12.50 ± 0.71 | +0.00 | 0.750 ± " + f"{ratio_std:.3f} |" in lines
+    assert "| channel | 17.50 ± 0.71 | +5.00 | - |" in lines
+    assert "| dense | 26.50 ± 0.71 | +14.00 | - |" in lines
