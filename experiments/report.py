@@ -753,6 +753,11 @@ def _across_schedules(short, long):
     return ["PreCrop minus SynFlow where both schedules have 2+ seeds: " + "; ".join(said) + "."]
 
 
+def _spread(summaries):
+    """The range of the summaries' mean accuracies, in pp."""
+    return max(s["acc"] for s in summaries) - min(s["acc"] for s in summaries)
+
+
 def _granularity(entries):
     """``(spread, tol, done, n_ways)`` of figure 4's ways to realize one set of layer densities.
 
@@ -766,29 +771,31 @@ def _granularity(entries):
     done = [(e["label"], s) for e in ways if (s := _summary(e)) is not None and s["n"] >= 2]
     if len(done) < 2:
         return None, None, done, len(ways)
-    means = [s["acc"] for _, s in done]
-    return max(means) - min(means), 2 * max(s["std"] for _, s in done), done, len(ways)
+    return _spread([s for _, s in done]), 2 * max(s["std"] for _, s in done), done, len(ways)
 
 
 def _granularity_claim(entries):
-    """The claim line of figure 4: the spread of the four ways' mean accuracies against a tolerance.
+    """The claim line of figure 4 (a list of it; none when ``entries`` train none of its ways): the
+    spread of the ways' mean accuracies against a tolerance.
 
     The verdict waits for 2 seeds on every way; before that, the line gives
     the spread so far of those that have them.
     """
     spread, tol, done, n_ways = _granularity(entries)
-    if n_ways and len(done) == n_ways:
+    if not n_ways:
+        return []
+    if len(done) == n_ways:
         verdict = "reproduced; " if spread <= tol else "not reproduced; "
     else:
         verdict = "pending (fewer than 2 seeds on some point)"
         verdict += f"; so far, over the {len(done)} of {n_ways} with 2+ seeds, " if spread is not None else ""
-    return (
+    return [
         "- **Granularity does not matter at equal layer densities** (weight, filter, channel, PreCrop): "
         + verdict
         + ("" if spread is None else f"spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp")
         + ". "
         + "; ".join(f"{label}: {_acc(s)}" for label, s in done)
-    )
+    ]
 
 
 def _granularity_across(short, long):
@@ -797,15 +804,11 @@ def _granularity_across(short, long):
     after = [(label, s) for label, s in _granularity(long)[2] if label in before]
     if len(after) < 2:
         return []
-
-    def spread(summaries):
-        return max(s["acc"] for s in summaries) - min(s["acc"] for s in summaries)
-
     labels = [label for label, _ in after]
     return [
         f"Spread of figure 4's means over {', '.join(labels)}: "
-        f"{spread([before[label] for label in labels]):.2f} pp at {before[labels[0]]['epochs']} epochs, "
-        f"{spread([s for _, s in after]):.2f} pp at {after[0][1]['epochs']}."
+        f"{_spread([before[label] for label in labels]):.2f} pp at {before[labels[0]]['epochs']} epochs, "
+        f"{_spread([s for _, s in after]):.2f} pp at {after[0][1]['epochs']}."
     ]
 
 
@@ -821,7 +824,7 @@ def _claims(core, thm, preconfig):
         "",
     ]
     lines += _precrop_claims(core)
-    lines.append(_granularity_claim(thm))
+    lines += _granularity_claim(thm)
     row = _compare(_one(preconfig, method="preconfig"), _one(preconfig, method="baseline"))
     lines.append(
         f"- **PreConfig gives equal or better accuracy at equal cost**: {_verdict([row], 'match')}. "
@@ -865,7 +868,7 @@ def _long(entries, core, thm):
         f"{results[0]['device']}; section \"Longer schedule\" below):",
         "",
         *_precrop_claims(entries),
-        *([_granularity_claim(entries)] if _granularity(entries)[3] else []),
+        *_granularity_claim(entries),
     ]
     gaps = [_train_minus_test(r) for r in results]
     return lines + [

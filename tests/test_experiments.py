@@ -848,13 +848,13 @@ def test_granularity_claim_fails_once_every_way_has_two_seeds_and_the_spread_exc
         _stats(a) for a in ([0.80, 0.81], [0.78, 0.782], [0.781, 0.79]))
     spread, tol = mean_hi - mean_lo, 2 * max(std_hi, std_paper)
     assert spread > tol
-    line = report._granularity_claim([*ways, synflow])
+    assert report._granularity_claim([synflow]) == []  # no way of figure 4 trained: no claim line
+    line, = report._granularity_claim([*ways, synflow])
     assert f": not reproduced; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp. " in (
         line)
     assert "synflow" not in line
     assert "pending (fewer than 2 seeds on some point); so far, over the 2 of 3 with 2+ seeds, " in (
-        report._granularity_claim(
-            [*ways[:2], entry([0.8], method="random", granularity="channel")]))
+        report._granularity_claim([*ways[:2], entry([0.8], method="random", granularity="channel")])[0])
 
 
 def test_sanity_densities_rows_and_worst_difference_per_method():
