@@ -54,6 +54,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "experiments" / "runs"
+# The methods of examples/train_cifar.py (its _common.STRUCTURED and UNSTRUCTURED): those that
+# rebuild the model narrower, and those that train the original model under a mask.
+STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
+MASKED = ("synflow", "snip", "grasp", "magnitude", "random")
 
 # Flags a grid entry may set, in the order they appear in a run id.
 _ID_FLAGS = (

@@ -67,8 +67,6 @@ import run as _run  # experiments/run.py: grids, run ids and the training comman
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
-STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
-MASKED = ("synflow", "snip", "grasp", "magnitude", "random")
 # CIFAR-10 normalization of training (keras_precrop.data, the Synaptic-Flow codebase's values).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -376,7 +374,7 @@ def check_run(run_dir, images, labels):
     row = {
         "run": run_dir.name,
         "method": results["method"],
-        "masks": check_masks(model, path, results) if results["method"] in MASKED else None,
+        "masks": check_masks(model, path, results) if results["method"] in _run.MASKED else None,
         "densities": check_densities(model, results),
         "starts": sum(line.startswith("$ ") for line in log.read_text().splitlines())
         if log.exists()
@@ -401,7 +399,7 @@ def _plans(grids, match):
     for path in grids:
         for flags in _run.load_grid(path):
             name = _run.run_id(flags)
-            if flags["method"] not in STRUCTURED or flags["seed"] != 0 or name in seen:
+            if flags["method"] not in _run.STRUCTURED or flags["seed"] != 0 or name in seen:
                 continue
             if match and not re.search(match, name):
                 continue

@@ -204,6 +204,16 @@ def test_consistent_flags_pass(common):
         common._check_flags()
 
 
+def test_the_experiments_know_the_scripts_methods(common):
+    """experiments/run.py's method lists (the report and sanity checks read them) are the script's."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import run
+    finally:
+        sys.path.pop(0)
+    assert (run.MASKED, run.STRUCTURED) == (common.UNSTRUCTURED, common.STRUCTURED)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [(["--method=precrop_params"], "needs --params"), (["--method=magic"], "magic")],

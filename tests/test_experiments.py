@@ -642,7 +642,8 @@ def test_report_tables(page):
 
 def test_report_claims(page):
     """Exact PreCrop-Params is within tol of SynFlow at all three points; layerwise fails at
-    0.1103 with its other points not run; nothing of the FLOPs claims is run; PreConfig has one seed."""
+    0.1103 with its other points not run; nothing of the FLOPs claims is run; figure 5 waits for
+    its masked methods; PreConfig has one seed."""
     points = [(f"SynFlow {q}", _EXACT.format(p), f"resnet20-synflow-params{q}-ep10")
               for p, q in (("0.308", "0.3"), ("0.1103", "0.1"), ("0.0411", "0.03"))]
     assert all(d >= -tol for d, tol, *_ in (_cmp(a, b) for _, a, b in points))
@@ -657,6 +658,10 @@ def test_report_claims(page):
     for mode in ("exact", "layerwise"):
         assert (f"PreCrop-FLOPs ({mode}) beats SynFlow at equal FLOPs**: pending (fewer than 2 seeds on some "
                 "point). MACs of SynFlow 0.3: pending;") in page
+    for mode in ("exact", "layerwise"):  # figure 5: PreCrop's sweep has a run, no masked method has one
+        assert (f"PreCrop ({mode}) at 1.5e4 parameters beats every other method at no more MACs**: pending "
+                "(fewer than 2 seeds on some point). synflow: pending; snip: pending; grasp: pending; "
+                "magnitude: pending; random: pending") in page
     assert ("PreConfig gives equal or better accuracy at equal cost**: pending (fewer than 2 seeds on some "
             "point). " + _point("PreConfig - baseline", "resnet20-preconfig-params0.8-flops1-ep10",
                                 "resnet20-baseline-ep10")) in page
@@ -855,6 +860,54 @@ def test_granularity_claim_fails_once_every_way_has_two_seeds_and_the_spread_exc
     assert "synflow" not in line
     assert "pending (fewer than 2 seeds on some point); so far, over the 2 of 3 with 2+ seeds, " in (
         report._granularity_claim([*ways[:2], entry([0.8], method="random", granularity="channel")])[0])
+
+
+def _entry(accuracies, macs, **flags):
+    """A grid entry of figure 5 with finished seeds of these accuracies, all at ``macs`` ratio."""
+    results = [{**_result(flags["method"], a, seed), "macs_ratio": macs} for seed, a in enumerate(accuracies)]
+    return {"label": str(flags), "flags": flags, "results": results}
+
+
+def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_above_its_macs():
+    sweep = [_entry([0.70, 0.71], 0.14, method="precrop_params", mode="exact"),
+             _entry([0.69, 0.70], 0.10, method="precrop_params", mode="exact", flops=0.1),
+             _entry([0.66, 0.67], 0.04, method="precrop_params", mode="exact", flops=0.04)]
+    synflow = _entry([0.65, 0.66], 0.12, method="synflow")  # judged by flops 0.1 (MACs 0.10 <= 0.12)
+    snip = _entry([0.68, 0.685], 0.05, method="snip")  # judged by flops 0.04, which is 1.75 pp behind
+    line, = report._pareto_claim([*sweep, synflow, snip])
+    d_synflow, tol_synflow, *_ = _cmp("p", "s", {"p": [0.69, 0.70], "s": [0.65, 0.66]})
+    d_snip, tol_snip, *_ = _cmp("p", "s", {"p": [0.66, 0.67], "s": [0.68, 0.685]})
+    assert d_synflow > tol_synflow and d_snip < 0
+    assert line == (
+        "- **PreCrop (exact) at 1.5e4 parameters beats every other method at no more MACs**: not reproduced "
+        "(fails at 1 of 2 points so far). "
+        f"synflow (MACs 0.1200) vs flops 0.1 (MACs 0.1000): {d_synflow:+.2f} pp (tol {tol_synflow:.2f}, "
+        "n 2/2); "
+        f"snip (MACs 0.0500) vs flops 0.04 (MACs 0.0400): {d_snip:+.2f} pp (tol {tol_snip:.2f}, n 2/2)")
+    # A method cheaper than every point of the sweep cannot be dominated by it.
+    cheap = _entry([0.5, 0.51], 0.03, method="random")
+    assert ": not reproduced (1 of 2 methods cost less than every PreCrop point). " in (
+        report._pareto_claim([*sweep, synflow, cheap])[0])
+    assert "random (MACs 0.0300): no PreCrop point at or below its MACs" in (
+        report._pareto_claim([*sweep, synflow, cheap])[0])
+    # Until every point of the sweep has a run, the pick is unknown: the rows wait.
+    unfinished = _entry([], 0.0, method="precrop_params", mode="exact", flops=0.02)
+    line, = report._pareto_claim([*sweep, unfinished, synflow, snip])
+    assert line.endswith("pending (fewer than 2 seeds on some point). synflow: pending; snip: pending")
+    # Both modes get a line; none when the grid trains no PreCrop.
+    layerwise = _entry([0.7, 0.72], 0.09, method="precrop_params", mode="layerwise")
+    lines = report._pareto_claim([*sweep, layerwise, synflow])
+    assert [line.split("**")[1] for line in lines] == [
+        f"PreCrop ({mode}) at 1.5e4 parameters beats every other method at no more MACs"
+        for mode in ("exact", "layerwise")]
+    assert "reproduced. synflow (MACs 0.1200) vs no FLOPs budget (MACs 0.0900)" in lines[1]
+    assert report._pareto_claim([synflow]) == []
+
+
+def test_skipped_runs_are_grouped_by_reason_most_common_first():
+    skipped = [{"run": "a", "why": "not finished"}, {"run": "b", "why": "no model"},
+               {"run": "c", "why": "no model"}]
+    assert report._skipped(skipped) == "no model (2 runs: b, c); not finished (1 run: a)"
 
 
 def test_sanity_densities_rows_and_worst_difference_per_method():
