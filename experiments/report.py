@@ -660,12 +660,18 @@ def _sanity_parts(data):
     return [(lines, conclusion) for lines, conclusion in parts if lines]
 
 
-def _checked():
-    """Under the claims: each check's conclusion, what rules out a bug behind a claim that fails."""
+def _load_sanity():
+    """``results/sanity.json`` (``experiments/sanity.py``'s checks), or None before it ran."""
     path = RESULTS / "sanity.json"
-    if not path.exists():
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _checked(data):
+    """Under the claims: each check's conclusion (of ``_load_sanity()``'s ``data``), what rules out
+    a bug behind a claim that fails."""
+    if data is None:
         return []
-    conclusions = [c for _, c in _sanity_parts(json.loads(path.read_text())) if c]
+    conclusions = [c for _, c in _sanity_parts(data) if c]
     return [
         '**Checked to rule out a bug** (section "What was checked to rule out a bug" below): '
         + " ".join(conclusions),
@@ -673,13 +679,11 @@ def _checked():
     ]
 
 
-def _sanity():
-    """The section that renders ``results/sanity.json`` (``experiments/sanity.py``)."""
-    path = RESULTS / "sanity.json"
+def _sanity(data):
+    """The section that renders ``_load_sanity()``'s ``data``."""
     lines = ["## What was checked to rule out a bug", ""]
-    if not path.exists():
+    if data is None:
         return lines + ["Not computed yet: run `python experiments/sanity.py`.", ""]
-    data = json.loads(path.read_text())
     lines += ["From `python experiments/sanity.py` (rerun it when runs finish).", ""]
     for part, conclusion in _sanity_parts(data):
         lines += [*part, *(["", conclusion] if conclusion else []), ""]
@@ -976,13 +980,14 @@ def main():
         lines += ["![long_curves](figures/long_curves.png)", ""]
     epochs = sorted({r["epochs"] for grid in entries.values() for e in grid for r in e["results"]}) or [10]
     core, pareto = entries["core"], entries["pareto"]
+    sanity = _load_sanity()
     lines[0:0] = (
         [_HEADER.format(epochs="/".join(map(str, epochs))), f"Finished runs: {len(runs)}.", ""]
         + _claims(core, entries["thm_comp"], pareto, entries["preconfig"])
-        + _checked()
+        + _checked(sanity)
         + _long(long_entries, core, entries["thm_comp"])
         + _modes(core + pareto + entries["balance"] + long_entries)
-        + _sanity()
+        + _sanity(sanity)
     )
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 4's proxy: SynFlow's score of each way (no training)", "", *_thm_score(), ""]

@@ -944,12 +944,13 @@ def test_checked_line_gathers_each_checks_conclusion(tmp_path, monkeypatch):
                    "(1 models).",
                    "Re-evaluation: the largest accuracy difference is 0.020 pp over 1 saved models; params "
                    "and MACs agree for 1 of them."]
-    assert report._checked() == ['**Checked to rule out a bug** (section "What was checked to rule out a '
+    data = report._load_sanity()
+    assert report._checked(data) == ['**Checked to rule out a bug** (section "What was checked to rule out a '
                                  'bug" below): ' + " ".join(conclusions), ""]
-    section = report._sanity()
+    section = report._sanity(data)
     assert all(section.count(c) == 1 for c in conclusions) and not any(s.startswith("Init:") for s in section)
     monkeypatch.setattr(report, "RESULTS", tmp_path / "absent")
-    assert report._checked() == []
+    assert report._load_sanity() is None and report._checked(None) == []
 
 
 def test_thm_score_table(tmp_path, monkeypatch):
