@@ -49,7 +49,8 @@ def define_flags(default_model):
         "the weight density for synflow, snip, grasp and random.",
     )
     flags.DEFINE_float(
-        "flops", None, "FLOP budget as a ratio of the original model (precrop_flops, preconfig)."
+        "flops", None, "FLOP budget as a ratio of the original model (precrop_*, preconfig, and "
+        "--method=random with --densities=synexp)."
     )
     flags.DEFINE_integer("epochs", None, "Training epochs; default: the paper's recipe.")
     flags.DEFINE_integer(
@@ -144,6 +145,10 @@ def _check_flags():
         raise app.UsageError(
             f"--params is the weight density for --method={method}; it must be <= 1, got {FLAGS.params}."
         )
+    if method in UNSTRUCTURED and FLAGS.flops is not None and FLAGS.densities != "synexp":
+        raise app.UsageError(
+            f"--method={method} keeps --params of the weights whatever their FLOPs; drop --flops "
+            "(only --method=random with --densities=synexp takes it, for SynExp's densities under both).")
     if method == "precrop_flops" and FLAGS.flops is None:
         raise app.UsageError("--method=precrop_flops needs --flops.")
     if method == "preconfig" and FLAGS.params is None and FLAGS.flops is None:
@@ -187,14 +192,17 @@ def _random_densities(reference):
     """Per-weight densities for ``--method=random``: a number, or ``{kernel path: density}``.
 
     ``synexp`` takes the solved layer densities of the paper's density program
-    (``plan(mode="paper")`` at ``--params``); ``synflow`` those of SynFlow's
-    masks at ``--params``, so granularity is the only difference to SynFlow.
+    (``plan(mode="paper")`` at ``--params`` and ``--flops``, if given: the
+    paper's figure 5 sweeps a FLOPs budget at one parameter count);
+    ``synflow`` those of SynFlow's masks at ``--params``, so granularity is the
+    only difference to SynFlow.
     """
     if FLAGS.densities is None:
         return FLAGS.params
     if FLAGS.densities == "synflow":
         return pai.layer_densities(pai.synflow(reference, FLAGS.params, verbose=0))
-    solved = kp.plan(reference, params=FLAGS.params, mode="paper").solver["layer_densities_solved"]
+    solved = kp.plan(reference, params=FLAGS.params, flops=FLAGS.flops, mode="paper").solver[
+        "layer_densities_solved"]
     return {f"{name}/kernel": density for name, density in solved.items()}
 
 

@@ -37,7 +37,7 @@ Four checks, each as independent of the training code as it can be:
    kept share of each Conv/Dense kernel (nonzero weights of a masked kernel,
    the whole of a narrower rebuilt one, out of the original kernel's size)
    is compared with the density program's solution (``plan(mode="paper")``
-   at the run's ``--params``, solved by this checkout).
+   at the run's ``--params`` and ``--flops``, solved by this checkout).
 
 Unfinished runs (no ``results.json``) are skipped; rerunning the script
 rewrites the JSON. It takes a few minutes on a CPU.
@@ -343,7 +343,8 @@ def check_densities(model, results):
     import keras_precrop as kp
 
     reference = kp.models.get(results["model"])
-    targets = kp.plan(reference, params=results["params_budget"], mode="paper").solver[
+    targets = kp.plan(reference, params=results["params_budget"], flops=results.get("flops_budget"),
+                      mode="paper").solver[
         "layer_densities_solved"
     ]
     realized = layer_densities(model, reference)

@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 # Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
-from keras_precrop import constraints, models  # noqa: E402
+from keras_precrop import constraints, models, profile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TFDS_DIR = REPO.parent / "shared" / "tfds"
@@ -177,6 +177,10 @@ def common():
         (["--method=preconfig", "--flops=1", "--balance=2", "--mode=layerwise"],
          "--balance needs --mode=exact (or no --mode); got --mode=layerwise"),
         (["--method=synflow", "--params=0.1", "--balance=2"], "--balance apply to"),
+        (["--method=synflow", "--params=0.1", "--flops=0.5"],
+         "--method=synflow keeps --params of the weights whatever their FLOPs; drop --flops"),
+        (["--method=random", "--params=0.1", "--flops=0.5", "--granularity=filter"],
+         "only --method=random with --densities=synexp takes it"),
     ],
 )
 def test_inconsistent_flags_are_refused(common, flags, message):
@@ -198,10 +202,32 @@ def test_consistent_flags_pass(common):
         ["--method=snip", "--params=0.05"],
         ["--method=precrop_params", "--params=0.1", "--balance=2"],
         ["--method=preconfig", "--flops=1", "--balance=2"],  # mode auto: exact with a balance
+        ["--method=random", "--params=0.05", "--flops=0.06", "--densities=synexp"],  # paper's figure 5
     ):
         FLAGS.unparse_flags()
         FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])
         common._check_flags()
+
+
+def test_synexp_densities_take_the_flops_budget_too(common):
+    """--densities=synexp with --flops: the density program's layer densities under both budgets,
+    whose masked MACs (each layer's MACs times its density, by the library's profile) meet --flops."""
+    from absl.flags import FLAGS
+
+    reference = models.get("resnet20")
+    prof = profile(reference)
+
+    def densities(*flops):
+        FLAGS.unparse_flags()
+        FLAGS(["train_cifar.py", "--model_dir=/unused", "--method=random", "--params=0.05",
+               "--densities=synexp", *flops])
+        common._check_flags()
+        solved = common._random_densities(reference)
+        return solved, sum(layer.macs * solved.get(f"{layer.name}/kernel", 1.0) for layer in prof.layers)
+
+    (_, free_macs), (_, macs) = densities(), densities("--flops=0.06")
+    assert free_macs > 0.1 * prof.total_macs  # the FLOPs budget binds ...
+    assert macs <= 0.06 * prof.total_macs * (1 + 1e-6)  # ... and the densities meet it
 
 
 def test_the_experiments_know_the_scripts_methods(common):
