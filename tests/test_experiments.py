@@ -886,10 +886,9 @@ def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_abov
         f"snip (MACs 0.0500) vs flops 0.04 (MACs 0.0400): {d_snip:+.2f} pp (tol {tol_snip:.2f}, n 2/2)")
     # A method cheaper than every point of the sweep cannot be dominated by it.
     cheap = _entry([0.5, 0.51], 0.03, method="random")
-    assert ": not reproduced (1 of 2 methods cost less than every PreCrop point). " in (
-        report._pareto_claim([*sweep, synflow, cheap])[0])
-    assert "random (MACs 0.0300): no PreCrop point at or below its MACs" in (
-        report._pareto_claim([*sweep, synflow, cheap])[0])
+    line, = report._pareto_claim([*sweep, synflow, cheap])
+    assert ": not reproduced (1 of 2 methods cost less than every point). " in line
+    assert "random (MACs 0.0300): no point of the sweep at or below its MACs" in line
     # Until every point of the sweep has a run, the pick is unknown: the rows wait.
     unfinished = _entry([], 0.0, method="precrop_params", mode="exact", flops=0.02)
     line, = report._pareto_claim([*sweep, unfinished, synflow, snip])
@@ -902,6 +901,14 @@ def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_abov
         for mode in ("exact", "layerwise")]
     assert "reproduced. synflow (MACs 0.1200) vs no FLOPs budget (MACs 0.0900)" in lines[1]
     assert report._pareto_claim([synflow]) == []
+    # The paper's own sweep (grid pareto_paper: random weights at SynExp's densities) is judged
+    # against grid pareto's masked methods, the same way.
+    paper = [_entry([0.64, 0.65], 0.11, method="random", densities="synexp"),
+             _entry([0.60, 0.62], 0.05, method="random", densities="synexp", flops=0.05)]
+    line, = report._pareto_claim([synflow, snip], paper)
+    d, tol, *_ = _cmp("p", "s", {"p": [0.60, 0.62], "s": [0.68, 0.685]})
+    assert line.startswith("- **Random weights at SynExp's densities (the paper's way) at 1.5e4 parameters")
+    assert f"snip (MACs 0.0500) vs flops 0.05 (MACs 0.0500): {d:+.2f} pp (tol {tol:.2f}, n 2/2)" in line
 
 
 def test_skipped_runs_are_grouped_by_reason_most_common_first():
