@@ -827,28 +827,31 @@ def _granularity_across(short, long):
 
 
 def _pareto_sweeps(pareto, paper):
-    """``(name, entries)`` of each FLOPs sweep of figure 5 that a grid trains: PreCrop per mode
-    (grid ``pareto``) and random weights at SynExp's densities (grid ``pareto_paper``, the
-    paper's own way)."""
-    sweeps = [(f"PreCrop ({mode})", [e for e, _ in _find(pareto, method="precrop_params", mode=mode)])
+    """``(name, points)`` of each FLOPs sweep of figure 5 that a grid trains, its points as
+    ``_find`` gives them: PreCrop per mode (grid ``pareto``) and random weights at SynExp's
+    densities (grid ``pareto_paper``, the paper's own way)."""
+    sweeps = [(f"PreCrop ({mode})", _find(pareto, method="precrop_params", mode=mode))
               for mode in ("exact", "layerwise")]
-    sweeps.append(("Random weights at SynExp's densities (the paper's way)", paper))
-    return [(name, sweep) for name, sweep in sweeps if sweep]
+    sweeps.append(("Random weights at SynExp's densities (the paper's way)", _find(paper)))
+    return [(name, points) for name, points in sweeps if points]
 
 
-def _pareto_rows(sweep, masked):
-    """Each masked method of figure 5 against the point of ``sweep`` that judges it.
+def _pareto_rows(points, masked):
+    """Each masked method of figure 5 against the point of a sweep that judges it.
 
     That point is the one with the most MACs not above the method's: picked
     by cost, never by accuracy, so no best-of-several noisy points flatters
     the sweep. The pick needs every point's MACs, so a row waits (None) until
     the method and every point of the sweep have a run.
 
+    Args:
+        points: ``(entry, summary)`` of the sweep's points.
+        masked: ``(entry, summary)`` of the masked methods.
+
     Returns:
         ``{row label: _compare row, None, or the string that says no point
         costs as little}``.
     """
-    points = [(e, _summary(e)) for e in sweep]
     rows = {}
     for entry, s in masked:
         method = entry["flags"]["method"]
@@ -871,10 +874,10 @@ def _pareto_claim(pareto, paper=()):
     """The claim lines of figure 5, one per FLOPs sweep: it beats every masked method of grid
     ``pareto`` at no more MACs (the paper: "dominates all other methods in terms of both accuracy
     and FLOPs reduction")."""
-    masked = [(e, _summary(e)) for e in pareto if e["flags"]["method"] in _run.MASKED]
+    masked = [(e, s) for e, s in _find(pareto) if e["flags"]["method"] in _run.MASKED]
     lines = []
-    for name, sweep in _pareto_sweeps(pareto, paper):
-        rows = _pareto_rows(sweep, masked)
+    for name, points in _pareto_sweeps(pareto, paper):
+        rows = _pareto_rows(points, masked)
         beyond = [label for label, row in rows.items() if isinstance(row, str)]
         compared = [row for row in rows.values() if not isinstance(row, str)]
         verdict = (f"not reproduced ({len(beyond)} of {len(rows)} methods cost less than every point)"

@@ -343,7 +343,7 @@ def check_densities(model, results):
     import keras_precrop as kp
 
     reference = kp.models.get(results["model"])
-    targets = kp.plan(reference, params=results["params_budget"], flops=results.get("flops_budget"),
+    targets = kp.plan(reference, params=results["params_budget"], flops=results["flops_budget"],
                       mode="paper").solver[
         "layer_densities_solved"
     ]

@@ -140,7 +140,7 @@ def test_accuracy_counts_argmax_hits():
 def test_check_densities_compares_figure_4s_models_with_synexp(resnet20):
     """Random masks at SynExp's densities pass within a filter's share; masks at one global
     density (another density program) and PreCrop's paper rule show their differences."""
-    flags = {"model": "resnet20", "params_budget": 0.1, "densities": "synexp"}
+    flags = {"model": "resnet20", "params_budget": 0.1, "flops_budget": None, "densities": "synexp"}
     targets = kp.plan(resnet20, params=0.1, mode="paper").solver["layer_densities_solved"]
     assert sanity.check_densities(resnet20, {**flags, "densities": None}) is None  # not a figure-4 run
 
