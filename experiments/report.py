@@ -506,9 +506,11 @@ def _modes(entries):
 
 
 def _auto_verdict(kind, pick, outcomes):
-    """One sentence: does ``pick`` (``mode="auto"``'s mode under ``kind``) lose a compared pair?
+    """One sentence: does ``pick`` (``mode="auto"``'s mode under ``kind``) win or lose compared pairs?
 
-    ``outcomes`` has the winner (None for a tie) of every compared pair that ``pick`` is in.
+    ``outcomes`` has the winner (None for a tie) of every compared pair that ``pick`` is in. A pick
+    that loses a pair is supported no longer; one that wins more pairs than it loses is still the
+    better of the modes compared, which the sentence says, so a single loss is not read as a rout.
     """
     beaten_by = sorted({w for w in outcomes if w not in (None, pick)})
     lost = sum(w not in (None, pick) for w in outcomes)
@@ -518,8 +520,10 @@ def _auto_verdict(kind, pick, outcomes):
         return f"{head}; no pair with it is compared yet."
     pairs = f"{len(outcomes)} compared pair{'s' * (len(outcomes) != 1)} with it"
     if lost:
-        return (f"{head}, which loses {lost} of the {pairs} (to {', '.join(beaten_by)}): the evidence "
-                "is against that pick.")
+        judged = ("mixed evidence, more wins than losses" if won > lost
+                  else "the evidence is against that pick")
+        return (f"{head}, which wins {won} and loses {lost} of the {pairs} (to {', '.join(beaten_by)}): "
+                f"{judged}.")
     return (f"{head}, which loses none of the {pairs} and wins {won}"
             + (": the evidence supports that pick." if won else ": so far ties only."))
 

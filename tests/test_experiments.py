@@ -718,9 +718,10 @@ def test_report_translation_modes(page):
     assert len(wins) == 4 and ties == 1  # balance 2 > exact > layerwise at 10 epochs, exact wins at 40
     assert f"Verdict: {'; '.join(wins)}; {ties} of {ties + len(wins)} compared pairs tie." in page
     assert "| 10 | params 0.0411 | " in page and "| 10 | flops 0.2734 | pending | - | pending |" in page
-    # exact is in 4 of the pairs (2 at 10 epochs and 0.1103, 1 at the others) and loses one, to balance 2.
-    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which loses 1 of the 4 compared pairs '
-            "with it (to balance 2): the evidence is against that pick.") in page
+    # exact is in 4 of the pairs (2 at 10 epochs and 0.1103, 1 at the others): it loses one, to balance 2,
+    # and wins two, over layerwise at 0.1103 on both schedules.
+    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 2 and loses 1 of the 4 '
+            "compared pairs with it (to balance 2): mixed evidence, more wins than losses.") in page
     assert 'Under a FLOPs budget, `mode="auto"` picks `layerwise`; no pair with it is compared yet.' in page
 
 
@@ -750,7 +751,8 @@ def test_report_judges_auto_modes_pick_per_kind_of_budget():
     assert f"{flops_head}; no pair with it is compared yet." in tied
     beaten = page([0.76, 0.765])
     assert "balance 2 beats exact" in beaten and "balance 2 beats layerwise" in beaten
-    assert f"{params_head} loses 1 of the 2 compared pairs with it (to balance 2): the evidence" in beaten
+    assert (f"{params_head} wins 0 and loses 1 of the 2 compared pairs with it (to balance 2): "
+            "the evidence is against") in beaten
     # Exact beats layerwise under the parameter budget, layerwise beats exact under the FLOPs one.
     split = page([0.76], exact=(0.75, 0.755), flops_layerwise=[0.83, 0.831])
     assert "at 10 epochs, params 0.1103: exact beats layerwise" in split
@@ -758,7 +760,11 @@ def test_report_judges_auto_modes_pick_per_kind_of_budget():
     supported = "loses none of the 1 compared pair with it and wins 1: the evidence supports"
     assert f"{params_head} {supported}" in split and f"{flops_head}, which {supported}" in split
     wrong = page([0.76], exact=(0.75, 0.755), flops_layerwise=[0.70, 0.701])
-    assert f"{flops_head}, which loses 1 of the 1 compared pair with it (to exact): the evidence" in wrong
+    assert (f"{flops_head}, which wins 0 and loses 1 of the 1 compared pair with it (to exact): "
+            "the evidence is against") in wrong
+    mixed = report._auto_verdict("a FLOPs budget", "layerwise", ["layerwise", None, "exact", "layerwise"])
+    assert mixed == (f"{flops_head}, which wins 2 and loses 1 of the 4 compared pairs with it (to exact): "
+                     "mixed evidence, more wins than losses.")
     nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
     assert "Verdict: pending" in nothing and "picks" not in nothing
 
