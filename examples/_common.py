@@ -81,7 +81,7 @@ def define_flags(default_model):
     flags.DEFINE_enum(
         "mode",
         None,
-        ["auto", "exact", "layerwise", "paper"],
+        ["auto", "exact", "layerwise", "paper", "uniform"],
         "Width translation of precrop_*/preconfig; default: the library's (auto: layerwise for "
         "preconfig and under --flops, exact otherwise).",
     )

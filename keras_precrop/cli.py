@@ -100,7 +100,7 @@ def _parser(defaults=True):
         p.add_argument("--calibrate", type=int,
                        help="rounds of timing the plan and re-planning until it measures <= "
                        "--latency (default: 2 when the latency model is measured now, else 0)")
-        p.add_argument("--mode", choices=("auto", "exact", "layerwise", "paper"), default=default("auto"),
+        p.add_argument("--mode", choices=("auto", "exact", "layerwise", "paper", "uniform"), default=default("auto"),
                        help="width translation (default auto: layerwise for reconfigure and for "
                        "a FLOPs budget, exact otherwise)")
         p.add_argument("--balance", type=float,

@@ -20,6 +20,10 @@ Three translation modes:
 * ``mode="layerwise"`` is the paper's rule calibrated to the budgets (one
   scale factor on the density program's budgets, then the same integer
   repair as exact mode).
+* ``mode="uniform"`` is the width multiplier every user already has: one
+  factor ``r`` for every free width (``plan.solver["uniform_ratio"]``), the
+  largest whose widths, rounded down onto the grid, meet every budget; then
+  each width takes one more grid step where that still fits.
 
 The default, ``mode="auto"``, picks one of the first two by the budgets
 (:func:`auto_mode`). Exact mode is the optimum of the SynExp proxy over widths,
@@ -70,7 +74,7 @@ class Plan(_json.JsonDataclass):
 
     Attributes:
         model_name: name of the model the plan was made for.
-        mode: ``"exact"``, ``"layerwise"`` or ``"paper"`` (what ``"auto"``
+        mode: ``"exact"``, ``"layerwise"``, ``"paper"`` or ``"uniform"`` (what ``"auto"``
             chose, with the reason in ``solver["auto_mode"]``).
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
         ignore: layer names whose channels were kept fixed.
@@ -268,7 +272,9 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         mode: ``"exact"`` (width program, integer repair), ``"layerwise"``
             (the paper's densities and sqrt rule, calibrated to the budgets),
             ``"paper"`` (the paper's rule as published, budgets not
-            enforced; the deviation is in ``plan.solver``) or ``"auto"``:
+            enforced; the deviation is in ``plan.solver``), ``"uniform"``
+            (one width factor for every layer, ``plan.solver["uniform_ratio"]``:
+            the width-multiplier baseline) or ``"auto"``:
             the one :func:`auto_mode` picks for these budgets (``plan.mode``
             says which, ``plan.solver["auto_mode"]`` why).
         upper: cap on each width ratio: 1.0 prunes only (PreCrop); ``None``
@@ -753,7 +759,56 @@ def _directions(budgets):
     return out
 
 
-_MODES = {"exact": _exact, "layerwise": _layerwise, "paper": _paper}
+def _uniform(prof, grid, budgets, upper):
+    """One width factor ``r`` for every free width: the baseline a user already has.
+
+    Each free width is ``r * C`` rounded down onto the grid (a width
+    multiplier, as MobileNet's ``alpha``), with ``r`` the largest factor
+    (bisection) whose widths meet every budget. Then every width that may
+    still take one grid step up, without leaving one step of ``r * C`` or
+    exceeding a budget, takes it (lowest ``w / C`` first): no width within one
+    step of ``r * C`` can grow without exceeding a budget.
+    """
+    cm = grid.cm
+    step = np.where(grid.step > 0, grid.step, 1)
+
+    def widths(r):
+        w = np.where(cm.fixed, cm.widths, np.floor(r * cm.widths / step + 1e-9) * step)
+        return grid.enforce(np.clip(w, grid.lo, grid.hi))
+
+    def fits(w):
+        return bool(np.all(cm.totals(w) <= budgets * (1 + 1e-12)))
+
+    if not fits(widths(0.0)):
+        cost = cm.totals(widths(0.0))
+        raise _solver.InfeasibleBudgetError(
+            "Budget cannot be met with integer widths at the minimum widths "
+            f"(params {cost[0]:,.0f}, MACs {cost[1]:,.0f}); raise the budget or lower "
+            "min_channels/round_to.")
+    lo, hi = 0.0, 1.0 if upper is None or upper <= 1 else float(upper)
+    if upper is None:
+        while fits(widths(hi)) and hi < 2.0 ** 20:
+            lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if fits(widths(mid)) else (lo, mid)
+    if fits(widths(hi)):
+        lo = hi
+    w = widths(lo)
+    band = np.minimum(np.ceil(lo * cm.widths / step - 1e-9) * step, grid.hi)
+    steps = 0
+    for v in np.argsort(w / cm.widths, kind="stable"):
+        if cm.fixed[v] or w[v] + step[v] > band[v]:
+            continue
+        cand = w.copy()
+        cand[v] += step[v]
+        cand = grid.enforce(cand)
+        if cand[v] > w[v] and fits(cand):
+            w, steps = cand, steps + 1
+    return w, {"uniform_ratio": float(lo), "repair_steps": int(steps)}
+
+
+_MODES = {"exact": _exact, "layerwise": _layerwise, "paper": _paper, "uniform": _uniform}
 
 
 def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
