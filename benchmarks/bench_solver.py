@@ -37,7 +37,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import scipy  # noqa: E402
 
-from keras_precrop.solver import WidthProblem, solve_densities, solve_widths  # noqa: E402
+from keras_precrop.budget import WidthProblem, solve_densities, solve_widths  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SIZES = (10, 30, 100, 200, 300, 1000, 3000, 10000)
@@ -208,7 +208,7 @@ def _plot(rows, path):
     ax.axhline(1.0, color="gray", ls="--", lw=1)
     ax.set_xlabel("layers")
     ax.set_ylabel("median time (s)")
-    ax.set_title("keras_precrop.solver")
+    ax.set_title("keras_precrop.budget")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -31,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 import keras_precrop as kp  # noqa: E402
 from keras_precrop import data, pai, train  # noqa: E402
 
-STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
+STRUCTURED = ("precrop_params", "precrop_flops", "preconfig", "precrop_plan")
 UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
 METHODS = ("baseline", *UNSTRUCTURED, *STRUCTURED)
 
@@ -51,6 +51,10 @@ def define_flags(default_model):
     flags.DEFINE_float(
         "flops", None, "FLOP budget as a ratio of the original model (precrop_*, preconfig, and "
         "--method=random with --densities=synexp)."
+    )
+    flags.DEFINE_string(
+        "plan_file", None, "--method=precrop_plan: train the model this plan JSON describes "
+        "(e.g. a latency plan timed on the machine it was made for)."
     )
     flags.DEFINE_integer("epochs", None, "Training epochs; default: the paper's recipe.")
     flags.DEFINE_integer(
@@ -153,6 +157,11 @@ def _check_flags():
         raise app.UsageError("--method=precrop_flops needs --flops.")
     if method == "preconfig" and FLAGS.params is None and FLAGS.flops is None:
         raise app.UsageError("--method=preconfig needs --params and/or --flops.")
+    if (method == "precrop_plan") != (FLAGS.plan_file is not None):
+        raise app.UsageError("--method=precrop_plan and --plan_file go together.")
+    if method == "precrop_plan" and (FLAGS.params is not None or FLAGS.flops is not None
+                                     or _plan_options()):
+        raise app.UsageError("--plan_file fixes the widths; drop the budget and plan flags.")
     if method == "baseline" and (FLAGS.params is not None or FLAGS.flops is not None):
         raise app.UsageError("--method=baseline trains the full model; drop --params/--flops.")
     structural = [f"--{name}" for name in _plan_options()]
@@ -181,6 +190,8 @@ def _plan(reference):
     require; given both ``--params`` and ``--flops``, either meets both.
     """
     options = _plan_options()
+    if FLAGS.method == "precrop_plan":
+        return kp.Plan.from_json(FLAGS.plan_file)
     if FLAGS.method in ("precrop_params", "precrop_flops"):
         compressed = kp.precrop(reference, params=FLAGS.params, flops=FLAGS.flops, **options)
     else:
@@ -370,6 +381,7 @@ def run(dataset):
         "params_budget": FLAGS.params,
         "flops_budget": FLAGS.flops,
         "plan_options": _plan_options(),
+        "plan_file": FLAGS.plan_file,
         "granularity": FLAGS.granularity if FLAGS.method == "random" else None,
         "densities": FLAGS.densities,
         "recipe": recipe.name,

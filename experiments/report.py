@@ -2,9 +2,11 @@
 
 Reads only committed files: every ``experiments/runs/*/results.json`` that a
 grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``,
-``experiments/results/imagenet_counts.json`` and ``experiments/results/sanity.json``
-(``experiments/sanity.py``). Runs of a grid that have not finished yet are
-listed as pending, so the page is valid at any point of the reproduction.
+``experiments/results/imagenet_counts.json``, ``experiments/results/sanity.json``
+(``experiments/sanity.py``) and ``benchmarks/results/trained_speed.json``
+(``benchmarks/bench_trained_speed.py``: the trained models' measured speedups).
+Runs of a grid that have not finished yet are listed as pending, and models
+not timed yet are named, so the page is valid at any point of the reproduction.
 
 Usage::
 
@@ -27,6 +29,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 GRIDS = HERE / "grids"
 RESULTS = HERE / "results"
 FIGURES = HERE / "figures"
+# Measured speedups of the trained structured models (benchmarks/bench_trained_speed.py).
+SPEED = HERE.parent / "benchmarks" / "results" / "trained_speed.json"
 
 _HEADER = """# Reproducing the paper's CIFAR-10 evidence at CPU scale
 
@@ -42,9 +46,10 @@ other work and sometimes paused (SIGSTOP) while tests ran, which the minutes inc
 
 Reproduce: `bash experiments/run_all.sh` (resumable; skips finished runs), then
 `python experiments/spar_comp.py`, `python experiments/thm_score.py`,
-`python experiments/imagenet_counts.py`, `python experiments/sanity.py` and
-`python experiments/report.py`. The grid `long` trains on an accelerator with JAX:
-`experiments/long_schedule.py` (its docstring has the steps).
+`python experiments/imagenet_counts.py`, `python experiments/sanity.py`,
+`python benchmarks/bench_trained_speed.py` (on a quiet machine) and `python experiments/report.py`.
+The grid `long` trains on an accelerator with JAX: `experiments/long_schedule.py` (its docstring has
+the steps).
 """
 
 
@@ -411,10 +416,26 @@ def _fmt_rows(rows, labels):
     return "; ".join(f"{label}: {_fmt_row(r)}" for label, r in zip(labels, rows))
 
 
-_MODE_COLUMNS = ("exact", "balance 2", "layerwise")
+_MODE_COLUMNS = ("exact", "balance 2", "layerwise", "uniform")
 # Flags that do not make another model to compare modes of (the modes themselves, the bookkeeping).
 _NOT_THE_MODELS_FLAGS = ("mode", "balance", "seed", "grid", "entry", "code", "save_model")
-_MODE_PAIRS = (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"))
+# (challenger, incumbent): a difference is the first's mean less the second's.
+_MODE_PAIRS = (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"),
+               ("uniform", "exact"), ("uniform", "layerwise"), ("uniform", "balance 2"))
+
+
+def _outcome(row, name, other):
+    """The claims' rule on one pair: ``row`` is ``_compare`` of ``name``'s and ``other``'s summaries.
+
+    Returns:
+        The name of the one that leads by more than the tolerance, ``"tie"``
+        within it, or None while either side has fewer than 2 seeds.
+    """
+    if row is None or min(row[2], row[3]) < 2:
+        return None
+    if abs(row[0]) <= row[1]:
+        return "tie"
+    return name if row[0] > 0 else other
 
 
 def _mode_points(entries):
@@ -426,12 +447,13 @@ def _mode_points(entries):
     Returns:
         ``[(epochs, budget), {mode: summary, or None while unfinished}]``
         pairs in the order of ``entries``; a mode is ``exact``,
-        ``layerwise`` or ``balance 2`` (exact mode with ``plan(balance=2)``).
+        ``layerwise``, ``uniform`` or ``balance 2`` (exact mode with
+        ``plan(balance=2)``).
     """
     points = {}
     for e in entries:
         flags = e["flags"]
-        if not flags["method"].startswith("precrop_") or flags.get("mode") not in ("exact", "layerwise"):
+        if not flags["method"].startswith("precrop_") or flags.get("mode") not in _MODE_COLUMNS:
             continue
         mode = flags["mode"]
         if flags.get("balance") is not None:
@@ -469,12 +491,14 @@ def _modes(entries):
         "",
         "The SynExp objective cannot see bottlenecks; exact mode's optimum has some (e.g. "
         "`stage3_block2_conv1` 64 -> 3 -> 50 at params 0.11). Layerwise mode is the paper's sqrt(p) rule; "
-        "`balance 2` is exact mode with adjacent width ratios at most 2x apart (`plan(balance=2)`). "
+        "`balance 2` is exact mode with adjacent width ratios at most 2x apart (`plan(balance=2)`); "
+        "`uniform` scales every width by one factor (`plan(mode=\"uniform\")`, the width-multiplier "
+        "baseline: a candidate, never `auto`'s pick; section \"Against uniform width scaling\"). "
         "Every PreCrop budget trained in two or more modes, on either schedule; each pair of modes is "
         "compared with the rule above (2+ seeds each, a difference beyond the sum of the stds).",
         "",
-        "| epochs | budget | exact | exact, balance 2 | layerwise |",
-        "|---:|---|---|---|---|",
+        "| epochs | budget | exact | exact, balance 2 | layerwise | uniform |",
+        "|---:|---|---|---|---|---|",
     ]
     pairs = []  # (kind, the two modes, the winner or None for a tie, what the verdict says)
     for (epochs, budget), modes in _mode_points(entries):
@@ -484,16 +508,16 @@ def _modes(entries):
         kind = _AUTO_PICKS[1 if "flops" in budget else 0][0]
         for name, other in _MODE_PAIRS:
             row = _compare(modes.get(name), modes.get(other))
-            if row is None or min(row[2], row[3]) < 2:
+            winner = _outcome(row, name, other)
+            if winner is None:
                 continue
-            d, tol = row[0], row[1]
-            if abs(d) <= tol:
+            if winner == "tie":
                 pairs.append((kind, (name, other), None, ""))
                 continue
-            winner, loser = (name, other) if d > 0 else (other, name)
+            loser = other if winner == name else name
             pairs.append((kind, (name, other), winner,
-                          f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(d):.2f} pp "
-                          f"(tol {tol:.2f})"))
+                          f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(row[0]):.2f} pp "
+                          f"(tol {row[1]:.2f})"))
     if not pairs:
         return lines + ["", "Verdict: pending (fewer than 2 seeds).", ""]
     ties = sum(winner is None for _, _, winner, _ in pairs)
@@ -526,6 +550,177 @@ def _auto_verdict(kind, pick, outcomes):
                 f"{judged}.")
     return (f"{head}, which loses none of the {pairs} and wins {won}"
             + (": the evidence supports that pick." if won else ": so far ties only."))
+
+
+_AGAINST_UNIFORM = ("exact", "layerwise")  # core's modes that grid uniform's budgets are judged against
+
+
+def _cost_cell(modes, mode):
+    """A mode's accuracy cell (``_mode_cell``) with the trained model's MACs ratio."""
+    s = modes.get(mode)
+    return _mode_cell(modes, mode) + ("" if s is None else f", MACs {s['macs_ratio']:.3f}")
+
+
+def _against_cell(modes, name):
+    """``(cell, outcome)`` of ``name`` against uniform at one budget: ``_outcome``'s word, the numbers."""
+    row = _compare(modes.get(name), modes.get("uniform"))
+    if row is None:
+        return "pending", None
+    winner = _outcome(row, name, "uniform")
+    said = "pending" if winner is None else "tie" if winner == "tie" else f"{winner} leads"
+    return f"{said}: {_fmt_row(row)}", winner
+
+
+def _against_tally(name, outcomes):
+    """One mode's line of the verdict: leads, losses and ties against uniform over the budgets."""
+    compared = [w for w in outcomes if w is not None]
+    pending = len(outcomes) - len(compared)
+    if not compared:
+        return f"{name} vs uniform: pending at every budget (fewer than 2 seeds on a side)"
+    return (f"{name} vs uniform: {name} leads at {compared.count(name)}, uniform at "
+            f"{compared.count('uniform')}, {compared.count('tie')} tie of {len(compared)} compared "
+            f"budget{'s' * (len(compared) != 1)}" + (f" ({pending} pending)" if pending else ""))
+
+
+def _against_uniform(uniform, core):
+    """Each budget of grid ``uniform`` against grid ``core``'s exact and layerwise PreCrop there.
+
+    The same model but for the mode (``_mode_points``) is the same budget;
+    each pair is judged by the claims' rule (``_outcome``). A side with
+    fewer than 2 seeds is shown with its numbers and judged pending.
+    """
+    lines = [
+        "**Against PreCrop's widths.** Each budget above against grid core's exact and layerwise PreCrop "
+        "at the same budget: test accuracy mean ± std (n seeds) and the trained model's MACs ratio; "
+        "*d* is exact's or layerwise's mean less uniform's, judged with the claims' rule (a lead beyond "
+        "tol, the sum of the two stds, with 2+ seeds a side; fewer: pending). Under a parameter budget a "
+        "width factor shrinks every layer alike, so its MACs ratio stays near its params ratio, while "
+        "PreCrop keeps the early layers wider (few parameters, many MACs at full resolution): uniform "
+        "keeps far fewer MACs at equal parameters, and about as many parameters at equal MACs.",
+        "",
+        "| budget | uniform | exact | layerwise | exact vs uniform: d | layerwise vs uniform: d |",
+        "|---|---|---|---|---|---|",
+    ]
+    points = [(label, modes) for label, modes in _mode_points(uniform + core) if "uniform" in modes]
+    outcomes = {name: [] for name in _AGAINST_UNIFORM}
+    for (_, budget), modes in points:
+        cells = [_cost_cell(modes, mode) for mode in ("uniform", *_AGAINST_UNIFORM)]
+        for name in _AGAINST_UNIFORM:
+            cell, winner = _against_cell(modes, name)
+            cells.append(cell)
+            outcomes[name].append(winner)
+        lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+    if not points:
+        return lines + ["", "Verdict: pending (grid core trains none of these budgets yet).", ""]
+    tallies = [_against_tally(name, found) for name, found in outcomes.items()]
+    return lines + ["", f"Verdict: {'; '.join(tallies)}.", ""]
+
+
+def _load_speed():
+    """``SPEED`` (``benchmarks/bench_trained_speed.py``'s measurements), or None before it ran."""
+    return json.loads(SPEED.read_text()) if SPEED.exists() else None
+
+
+_SPEED_EPOCHS = 10  # the schedule whose trained models bench_trained_speed.py times
+# The models that run the original's dense kernels (a mask keeps the zeros in them), at 1.0x.
+_FULL_COST = {"baseline": "dense baseline", "synflow": "SynFlow masks (dense kernels)"}
+
+
+def _trained_models(runs, epochs):
+    """``{run id less its seed: (flags, [run ids])}`` of every grid's finished runs at ``epochs``.
+
+    A grid entry's seeds train one set of widths; a run that several grids
+    share counts once.
+    """
+    found = {}
+    for path in sorted(GRIDS.glob("*.json")):
+        for flags in _run.load_grid(path):
+            name = _run.run_id(flags)
+            if flags["epochs"] != epochs or name not in runs:
+                continue
+            ids = found.setdefault(name.rsplit("-s", 1)[0], (flags, []))[1]
+            if name not in ids:
+                ids.append(name)
+    return found
+
+
+def _speed_label(flags):
+    """The speed figure's series of a model: PreCrop per mode, PreConfig, or a full-cost one."""
+    if flags["method"] in _FULL_COST:
+        return _FULL_COST[flags["method"]]
+    return _label({**flags, "method": "PreCrop" if flags["method"].startswith("precrop_") else "PreConfig"})
+
+
+def _speed_points(runs, speed):
+    """The trained models at ``_SPEED_EPOCHS`` epochs with their measured speedups, per network.
+
+    A structured model (``_run.STRUCTURED``) is timed when ``speed`` has
+    any of its seeds (they share their widths); SynFlow's masks and the dense
+    baseline are at 1.0x; other masked methods are left out.
+
+    Returns:
+        ``(points, untimed)``: ``{network: {series: [(speedup, summary)]}}``
+        and ``(run id less its seed, why)`` of the structured models without
+        a speedup (why: the benchmark's reason to skip it, or "not timed yet").
+    """
+    timed, skipped = (speed or {}).get("runs", {}), (speed or {}).get("skipped", {})
+    points, untimed = {}, []
+    for stem, (flags, ids) in _trained_models(runs, _SPEED_EPOCHS).items():
+        if flags["method"] in _FULL_COST:
+            speedup = 1.0
+        elif flags["method"] in _run.STRUCTURED:
+            found = [timed[i]["speedup"] for i in ids if i in timed]
+            if not found:
+                untimed.append((stem, next((skipped[i] for i in ids if i in skipped), "not timed yet")))
+                continue
+            speedup = statistics.median(found)
+        else:
+            continue
+        series = points.setdefault(flags["model"], {}).setdefault(_speed_label(flags), [])
+        series.append((speedup, _summary({"results": [runs[i] for i in ids]})))
+    return points, untimed
+
+
+def _plot_speed(series, path, title, xlabel):
+    """Accuracy (mean ± std) against measured speedup: uniform width scaling as a line through its
+    points, every other series as markers alone."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (label, points) in enumerate(sorted(series.items())):
+        points = sorted(points, key=lambda point: (point[0], point[1]["acc"]))
+        ax.errorbar([x for x, _ in points], [s["acc"] for _, s in points], yerr=[s["std"] for _, s in points],
+                    marker="osD^v<>ph*"[i % 10], capsize=3, label=label,
+                    linestyle="-" if "uniform" in label else "none")
+    _finish(fig, ax, xlabel, title, path)
+
+
+def _speed(runs, speed):
+    """Accuracy against measured speedup of every trained structured model, a figure per network, and
+    which models are not timed (``speed``: ``_load_speed()``)."""
+    lines = [f"**Accuracy against measured speedup** ({_SPEED_EPOCHS} epochs, every grid): each structured "
+             "model's test accuracy (mean ± std over seeds) against its speedup measured by "
+             "`python benchmarks/bench_trained_speed.py` (`benchmarks/results/trained_speed.json`: "
+             "each model re-planned from its flags and timed interleaved with the original); the dense "
+             "baseline and SynFlow's masks run the original's dense kernels, at 1.0x."]
+    if speed is None:
+        return lines + ["", "Not timed yet: run `python benchmarks/bench_trained_speed.py` on a quiet "
+                        "machine.", ""]
+    settings, machine = speed["settings"], speed["machine"]
+    lines[0] += (f" Timed: TensorFlow inference at batch {settings['batch_size']}, {settings['rounds']} "
+                 f"rounds, on {machine['cpu']} ({machine['usable_cpus']} CPUs); speedup = the original's "
+                 "time / the model's in the same round, median over rounds.")
+    points, untimed = _speed_points(runs, speed)
+    for network, series in sorted(points.items()):
+        if set(series) <= set(_FULL_COST.values()):
+            continue  # none of its structured models is timed
+        name = f"speed_{network}"
+        _plot_speed(series, FIGURES / f"{name}.png", f"{network}: accuracy vs measured speedup "
+                    f"({_SPEED_EPOCHS} epochs)", f"measured speedup (batch {settings['batch_size']} "
+                    "inference, original = 1)")
+        lines += ["", f"![{name}](figures/{name}.png)"]
+    if untimed:
+        by_reason = _skipped([{"run": stem, "why": why} for stem, why in untimed])
+        lines += ["", f"Not timed (run ids less the seed), by reason: {by_reason}."]
+    return lines + [""]
 
 
 def _sanity_init(init):
@@ -979,6 +1174,7 @@ _SECTIONS = (
          "macs_ratio", None),
     )),
     ("Balanced exact mode (not in the paper)", "balance", ()),
+    ("Against uniform width scaling", "uniform", ()),
     ("Figure 6: PreConfig on CIFAR-10", "preconfig", ()),
 )
 _LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
@@ -991,6 +1187,8 @@ def main():
     for title, grid, figures in _SECTIONS:
         body, entries[grid] = _section(title, grid, runs, figures)
         lines += body
+        if grid == "uniform":  # after core, whose PreCrop it is compared with
+            lines += _against_uniform(entries["uniform"], entries["core"]) + _speed(runs, _load_speed())
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
     if _plot_curves(long_entries, FIGURES / "long_curves.png", "Longer schedule: test accuracy per epoch"):
@@ -1003,7 +1201,7 @@ def main():
         + _claims(core, entries["thm_comp"], pareto, entries["pareto_paper"], entries["preconfig"])
         + _checked(sanity)
         + _long(long_entries, core, entries["thm_comp"])
-        + _modes(core + pareto + entries["balance"] + long_entries)
+        + _modes(core + pareto + entries["balance"] + entries["uniform"] + long_entries)
         + _sanity(sanity)
     )
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]

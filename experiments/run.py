@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "experiments" / "runs"
 # The methods of examples/train_cifar.py (its _common.STRUCTURED and UNSTRUCTURED): those that
 # rebuild the model narrower, and those that train the original model under a mask.
-STRUCTURED = ("precrop_params", "precrop_flops", "preconfig")
+STRUCTURED = ("precrop_params", "precrop_flops", "preconfig", "precrop_plan")
 MASKED = ("synflow", "snip", "grasp", "magnitude", "random")
 
 # Flags a grid entry may set, in the order they appear in a run id.
@@ -72,6 +72,7 @@ _ID_FLAGS = (
     "densities",
     "batch_size",
     "steps_per_epoch",
+    "plan_file",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
 _COMMITTED = ("results.json", "history.csv", "train.log", "final_model.keras")
@@ -81,10 +82,15 @@ def _fmt(value):
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+def _id_part(key, value):
+    """A run id's part for one flag: ``params0.3``; a plan file by its name (``planresnet20_lat0.5``)."""
+    return f"plan{Path(value).stem}" if key == "plan_file" else f"{key}{_fmt(value)}"
+
+
 def run_id(flags):
     """A directory name made of the run's flags: ``resnet20-synflow-params0.3-ep10-s0``."""
     parts = [flags["model"], flags["method"]]
-    parts += [f"{key}{_fmt(flags[key])}" for key in _ID_FLAGS[1:] if flags.get(key) is not None]
+    parts += [_id_part(key, flags[key]) for key in _ID_FLAGS[1:] if flags.get(key) is not None]
     parts += [f"ep{flags['epochs']}", f"s{flags['seed']}"]
     return "-".join(parts)
 
@@ -170,6 +176,8 @@ def train_command(flags, model_dir, data_dir, code_dir):
             continue
         if isinstance(value, bool):
             command.append(f"--{key}" if value else f"--no{key}")
+        elif key == "plan_file":  # committed beside the grids, read from this checkout
+            command.append(f"--plan_file={REPO / value}")
         else:
             command.append(f"--{key}={_fmt(value)}")
     return command

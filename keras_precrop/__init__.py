@@ -6,9 +6,16 @@ Public API (everything else is private):
 * ``solve_densities`` / ``solve_widths``: the SynExp convex programs.
 * ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig.
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
+* ``compare``: the modes side by side, uniform width scaling included.
 * ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
 * Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
-  ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies).
+  ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies,
+  from the ``training`` wing).
+* Errors with the user's arguments as fields (``ArgumentError`` and its kin).
+
+The wings below this API: ``graph`` (channels, handlers, walk, rebuild),
+``budget`` (costs, SynExp solvers, modes), ``latency`` (timing and fitted
+latency models), ``pai`` and ``training``; ``planning`` orchestrates them.
 
 The core needs only Keras, NumPy and SciPy: ``pai``, ``data`` and ``train`` are
 imported on first use (``kp.pai``, ``from keras_precrop import data``).
@@ -24,38 +31,41 @@ from keras_precrop import _startup
 
 _startup.quiet_command()  # before Keras is imported (see _startup.py)
 
-from keras_precrop import constraints, models, optimizers  # noqa: F401 (registers serializables)
-from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
-from keras_precrop.costs import ModelProfile, profile
-from keras_precrop.handlers import Handler, WeightSpec, register_handler
-from keras_precrop.latency import LatencyModel, LatencyModelMismatchError, latency_model
-from keras_precrop.layers import ChannelSlice, PrefixAdd
-from keras_precrop.planning import (
-    Plan,
-    PlanMismatchError,
-    RebuildMismatchError,
-    apply_plan,
-    plan,
-    precrop,
-    reconfigure,
-)
-from keras_precrop.solver import (
-    InfeasibleBudgetError,
+from keras_precrop import models  # noqa: F401
+from keras_precrop.budget import (
+    ModelProfile,
     SolveResult,
     WidthProblem,
+    profile,
     solve_densities,
     solve_widths,
 )
+from keras_precrop.comparison import Comparison, compare
+from keras_precrop.errors import (
+    ArgumentError,
+    InfeasibleBudgetError,
+    LatencyModelMismatchError,
+    PlanMismatchError,
+    RebuildMismatchError,
+    UnsupportedLayerError,
+    UnsupportedModelError,
+)
+from keras_precrop.graph import ChannelSlice, Handler, PrefixAdd, WeightSpec, register_handler
+from keras_precrop.latency import LatencyModel, latency_model
+from keras_precrop.planning import Plan, apply_plan, plan, precrop, reconfigure
+from keras_precrop.training import constraints, optimizers  # noqa: F401 (registers serializables)
 
 __version__ = "0.1.0"
 
-_LAZY_SUBPACKAGES = ("data", "pai", "train")
+# Imported on first use: they need TensorFlow (data, train) or are large (pai).
+_LAZY_SUBPACKAGES = {"data": "keras_precrop.training.data", "pai": "keras_precrop.pai",
+                     "train": "keras_precrop.training.train"}
 
 
 def __getattr__(name):
     """Import the ``data``, ``pai`` and ``train`` subpackages on first use."""
     if name in _LAZY_SUBPACKAGES:
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(_LAZY_SUBPACKAGES[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -64,7 +74,9 @@ def __dir__():
 
 
 __all__ = [
+    "ArgumentError",
     "ChannelSlice",
+    "Comparison",
     "Handler",
     "InfeasibleBudgetError",
     "LatencyModel",
@@ -80,6 +92,7 @@ __all__ = [
     "WeightSpec",
     "WidthProblem",
     "apply_plan",
+    "compare",
     "data",
     "latency_model",
     "models",

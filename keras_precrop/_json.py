@@ -32,8 +32,16 @@ class JsonDataclass:
     @classmethod
     def from_json(cls, text_or_path):
         """Load the record from JSON text or from a ``.json`` file path."""
-        text = str(text_or_path)
+        text, source = str(text_or_path), "the JSON text"
         if not text.lstrip().startswith("{"):
+            source = f"file {text!r}"
             with open(text, encoding="utf-8") as f:
                 text = f.read()
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source} is not a {cls.__name__} JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{source} is not a {cls.__name__} JSON: it holds a "
+                             f"{type(data).__name__}, not an object")
+        return cls.from_dict(data)

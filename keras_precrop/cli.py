@@ -17,14 +17,16 @@ where nothing is timed) is such an error rather than silently ignored.
 from __future__ import annotations
 
 import argparse
-import ast
 import os
-import re
 import sys
 
 import keras
 
 import keras_precrop as kp
+from keras_precrop.budget.modes import MODES
+from keras_precrop.comparison import DEFAULT_MODES
+from keras_precrop.errors import NAME_ONLY, spelled
+from keras_precrop.latency.timing import RUNTIMES
 
 
 def _parser(defaults=True):
@@ -40,78 +42,98 @@ def _parser(defaults=True):
         "reconfiguration (PreConfig) of Keras CNNs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def default(value):
-        return value if defaults else argparse.SUPPRESS
+    default = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
 
     def add_parser(name, text):
         return sub.add_parser(name, help=text,
                               argument_default=None if defaults else argparse.SUPPRESS)
 
-    def all_arg(p, which):
-        p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
-                       help=f"show every layer in the table, {which} too")
-
-    def model_args(p):
-        p.add_argument("model", nargs="?",
-                       help="a zoo model name (see `keras-precrop list`) or a .keras file")
-        p.add_argument("--model", dest="model_flag", metavar="MODEL",
-                       help="the same, as a flag")
-        p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
-        p.add_argument("--num_classes", type=int, help="classes for zoo models")
-        p.add_argument("--ignore", default=default(""),
-                       help="comma-separated layers whose channels stay fixed")
-        p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
-                       help="residual-stream semantics (default: prefix)")
-
-    def timing_args(p):
-        p.add_argument("--batch_size", type=int, default=default(32),
-                       help="examples per timed call (default 32)")
-        p.add_argument("--runtime", choices=("tf", "tflite"), default=default("tf"),
-                       help="time TensorFlow (default) or the TFLite interpreter")
-        p.add_argument("--training", action="store_true",
-                       help="time a training step instead of inference")
-        p.add_argument("--variants", type=int, default=default(20),
-                       help="models timed (default 20)")
-        p.add_argument("--rounds", type=int, default=default(5),
-                       help="interleaved rounds (default 5)")
-
     add_parser("list", "list the zoo's model names")
     p = add_parser("latency", "time width variants of a model and fit a latency model")
-    model_args(p)
-    timing_args(p)
+    _model_args(p, default)
+    _timing_args(p, default)
     p.add_argument("--json", help="write the latency model as JSON here")
     p = add_parser("profile", "print per-layer params, MACs and channel groups")
-    model_args(p)
+    _model_args(p, default)
     p.add_argument("--json", help="also write the profile as JSON to this file")
-    all_arg(p, "those without params or MACs")
+    _all_arg(p, "those without params or MACs")
     for name, text in _PLANNERS.items():
         p = add_parser(name, text)
-        model_args(p)
-        p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
-        p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
-        p.add_argument("--max_params", type=float, help="absolute parameter budget")
-        p.add_argument("--max_macs", type=float, help="absolute MAC budget")
-        p.add_argument("--latency", type=float,
-                       help="time budget, ratio of the original's predicted time")
-        p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
-                       "without it one is measured now with the timing flags below")
-        timing_args(p)
-        p.add_argument("--calibrate", type=int,
-                       help="rounds of timing the plan and re-planning until it measures <= "
-                       "--latency (default: 2 when the latency model is measured now, else 0)")
-        p.add_argument("--mode", choices=("auto", "exact", "layerwise", "paper", "uniform"), default=default("auto"),
-                       help="width translation (default auto: layerwise for reconfigure and for "
-                       "a FLOPs budget, exact otherwise)")
-        p.add_argument("--balance", type=float,
-                       help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
-        p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
-        p.add_argument("--min_channels", type=int, default=default(1))
-        p.add_argument("--out", help="save the rebuilt model here (.keras)")
-        p.add_argument("--plan", help="write the plan as JSON here")
-        p.add_argument("--apply", help="apply this plan JSON instead of solving")
-        all_arg(p, "unchanged ones")
+        _model_args(p, default)
+        _planner_args(p, default)
+    p = add_parser("compare", "plan the same budgets in several modes, uniform width scaling "
+                   "included, side by side")
+    _model_args(p, default)
+    _budget_args(p, default)
+    p.add_argument("--modes", default=default(",".join(DEFAULT_MODES)),
+                   help="comma-separated modes to compare (default exact,layerwise,uniform)")
+    p.add_argument("--measure", action="store_true",
+                   help="also time every plan's model here, interleaved, and show speedups")
+    p.add_argument("--json", help="also write the comparison as JSON to this file")
     return parser
+
+
+def _all_arg(p, which):
+    p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
+                   help=f"show every layer in the table, {which} too")
+
+
+def _model_args(p, default):
+    """The model and how to walk it: every command but ``list`` takes them."""
+    p.add_argument("model", nargs="?",
+                   help="a zoo model name (see `keras-precrop list`) or a .keras file")
+    p.add_argument("--model", dest="model_flag", metavar="MODEL", help="the same, as a flag")
+    p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
+    p.add_argument("--num_classes", type=int, help="classes for zoo models")
+    p.add_argument("--ignore", default=default(""),
+                   help="comma-separated layers whose channels stay fixed")
+    p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
+                   help="residual-stream semantics (default: prefix)")
+
+
+def _timing_args(p, default):
+    """How a latency model times variants (``kp.latency_model``'s options)."""
+    p.add_argument("--batch_size", type=int, default=default(32),
+                   help="examples per timed call (default 32)")
+    p.add_argument("--runtime", choices=RUNTIMES, default=default("tf"),
+                   help="time TensorFlow (default) or the TFLite interpreter")
+    p.add_argument("--training", action="store_true",
+                   help="time a training step instead of inference")
+    p.add_argument("--variants", type=int, default=default(20), help="models timed (default 20)")
+    p.add_argument("--rounds", type=int, default=default(5),
+                   help="interleaved rounds (default 5)")
+
+
+def _budget_args(p, default):
+    """Budgets, their latency model and the width grid: what a plan is solved under."""
+    p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
+    p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
+    p.add_argument("--max_params", type=float, help="absolute parameter budget")
+    p.add_argument("--max_macs", type=float, help="absolute MAC budget")
+    p.add_argument("--latency", type=float,
+                   help="time budget, ratio of the original's predicted time")
+    p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
+                   "without it one is measured now with the timing flags below")
+    _timing_args(p, default)
+    p.add_argument("--calibrate", type=int,
+                   help="rounds of timing the plan and re-planning until it measures <= "
+                   "--latency (default: 2 when the latency model is measured now, else 0)")
+    p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
+    p.add_argument("--min_channels", type=int, default=default(1))
+
+
+def _planner_args(p, default):
+    """Budgets, the mode and the outputs of ``precrop``/``reconfigure``."""
+    _budget_args(p, default)
+    p.add_argument("--mode", choices=("auto", *sorted(MODES)), default=default("auto"),
+                   help="width translation (default auto: layerwise for reconfigure and for "
+                   "a FLOPs budget, exact otherwise; uniform: one width factor for all layers)")
+    p.add_argument("--balance", type=float,
+                   help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
+    p.add_argument("--out", help="save the rebuilt model here (.keras)")
+    p.add_argument("--plan", help="write the plan as JSON here")
+    p.add_argument("--apply", help="apply this plan JSON instead of solving")
+    _all_arg(p, "unchanged ones")
 
 
 def _model_name(args):
@@ -157,6 +179,10 @@ def _no_effect(args):
     if _is_file(args.model):
         rules.append((("input_shape", "num_classes"),
                       "on a saved model: its file fixes the input shape and classes"))
+    if args.command == "compare" and not args.measure and args.latency_model:
+        rules.append((_TIMING, "with --latency_model and without --measure: nothing is timed"))
+    elif args.command == "compare" and not args.measure and args.latency is None:
+        rules.append((_TIMING, "without --latency or --measure: nothing is timed"))
     if args.command in _PLANNERS:
         if args.apply:
             rules.append((_SOLVING, "with --apply: the plan fixes the widths"))
@@ -227,38 +253,60 @@ def _run(args):
     args.model = _model_name(args)
     _refuse_unused(args)
     model = _load_model(args)
-    if args.command == "latency":
-        fitted = kp.latency_model(model, **_timing(args), ignore=_ignore(args),
-                                  residual=args.residual)
-        fitted.summary()
-        if args.json:
-            fitted.to_json(args.json)
-            print(f"Latency model written to {args.json}")
-        return
-    if args.command == "profile":
-        prof = kp.profile(model, ignore=_ignore(args), residual=args.residual)
-        prof.summary(only_costly=not args.all_layers, show_all_hint="--all")
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(prof.to_json(indent=1))
-        return
+    {"latency": _run_latency, "profile": _run_profile, "compare": _run_compare}.get(
+        args.command, _run_planner)(args, model)
+
+
+def _run_latency(args, model):
+    fitted = kp.latency_model(model, **_timing(args), ignore=_ignore(args), residual=args.residual)
+    fitted.summary()
+    if args.json:
+        fitted.to_json(args.json)
+        print(f"Latency model written to {args.json}")
+
+
+def _run_profile(args, model):
+    prof = kp.profile(model, ignore=_ignore(args), residual=args.residual)
+    prof.summary(only_costly=not args.all_layers, show_all_hint="--all")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(prof.to_json(indent=1))
+
+
+def _latency_model(args):
+    """What ``--latency_model`` or the timing flags give ``latency_model=``, or None."""
+    if args.latency_model:
+        _read(kp.LatencyModel, "latency_model", args)  # a flag-named error if it is no model
+        return args.latency_model  # as a path, so that a mismatch names the file
+    return _timing(args) if args.latency is not None else None
+
+
+def _solve_options(args):
+    """``kp.plan``'s keyword arguments from the budget flags (``precrop``, ``reconfigure``, ``compare``)."""
+    return dict(max_params=args.max_params, max_macs=args.max_macs, round_to=args.round_to,
+                min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
+                upper=None if args.command == "reconfigure" else 1.0, latency=args.latency,
+                latency_model=_latency_model(args), calibrate=args.calibrate)
+
+
+def _run_compare(args, model):
+    modes = [m for m in args.modes.split(",") if m]
+    comparison = kp.compare(model, args.params, args.flops, modes=modes, measure=args.measure,
+                            batch_size=args.batch_size, runtime=args.runtime,
+                            rounds=args.rounds, **_solve_options(args))
+    comparison.summary()
+    if args.json:
+        comparison.to_json(args.json)
+        print(f"Comparison written to {args.json}")
+
+
+def _run_planner(args, model):
     if args.apply:
         the_plan = _read(kp.Plan, "apply", args)
         _check_against_plan(args, the_plan)
     else:
-        if args.latency_model:
-            _read(kp.LatencyModel, "latency_model", args)  # a flag-named error if it is no model
-            latency_model = args.latency_model  # as a path, so that a mismatch names the file
-        else:
-            latency_model = _timing(args) if args.latency is not None else None
-        the_plan = kp.plan(
-            model, args.params, args.flops, max_params=args.max_params,
-            max_macs=args.max_macs, round_to=args.round_to,
-            mode=args.mode,
-            min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
-            upper=1.0 if args.command == "precrop" else None, latency=args.latency,
-            latency_model=latency_model, balance=args.balance, calibrate=args.calibrate,
-        )
+        the_plan = kp.plan(model, args.params, args.flops, mode=args.mode, balance=args.balance,
+                           **_solve_options(args))
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
         the_plan.to_json(args.plan)
@@ -275,10 +323,9 @@ _PLANNERS = {"precrop": "prune channels to meet budgets (PreCrop)",
 # The options of ``kp.latency_model`` that the timing flags of the same names give.
 _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # The library's keyword arguments that the command line passes on under the
-# flag of the same name. Library errors name an argument as the keyword and its
-# Python value (``flops=0``, ``ignore=['lstm']``) or as the subject of the
-# message (``variants must be an integer >= 6, got 3``); the command line shows
-# them as the flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
+# flag of the same name. Library errors keep the arguments they are about as
+# fields (``kp.ArgumentError.arguments``); the command line shows these as the
+# flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "round_to",
           "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
@@ -290,12 +337,6 @@ _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 _READS = {"apply": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
           "latency_model": ("latency model", f"{_FIT_LATENCY} writes one, or leave "
                             "--latency_model out to measure one with the timing flags")}
-_KEYWORD_VALUE = re.compile(
-    r"(?<![\w.-])(" + "|".join(_FLAGS) + r")="
-    r"(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)|True|False|None|)")
-_SUBJECT = re.compile(r"(" + "|".join(_FLAGS) + r") (.*?)(?:, got (.*))?", re.S)
-
-
 def _flag(keyword, value):
     """``--keyword value`` as typed on the command line, from a Python value.
 
@@ -307,45 +348,26 @@ def _flag(keyword, value):
     elif isinstance(value, float) and value.is_integer():
         text = str(int(value))
     else:
-        text = "" if value is True or value is None else str(value)
+        text = "" if value is True or value is None or value is NAME_ONLY else str(value)
     return f"--{keyword} {text}".rstrip()
-
-
-def _literal(text):
-    """The Python value of a literal in a library message (``nan``, ``inf`` as they are)."""
-    if not text:
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _in_flags(message):
-    """Rewrite a library message's arguments as the flags the user typed.
-
-    ``keyword=value`` becomes ``--keyword value``; a message whose subject is
-    an argument (``variants must be an integer >= 6, got 3``) starts with its
-    flag and the value (``--variants 3 must be an integer >= 6``); advice to
-    call ``kp.latency_model`` names the command that does it.
-    """
-    subject = _SUBJECT.fullmatch(message)
-    if subject:
-        message = f"{_flag(subject[1], _literal(subject[3]))} {subject[2]}"
-    message = message.replace("kp.latency_model(model)", _FIT_LATENCY)
-    return _KEYWORD_VALUE.sub(lambda match: _flag(match[1], _literal(match[2])), message)
 
 
 def _error_line(err, args):
     """The error as the one line the command prints, naming what the user typed.
 
-    A file that cannot be read or written is named by the option that gave it.
+    An :class:`~keras_precrop.ArgumentError` names its arguments in fields:
+    those that are flags of this command show as typed (``--flops 0``), others
+    as keywords. A file that cannot be read or written is named by the option
+    that gave it.
     """
     if isinstance(err, OSError) and err.filename is not None:
         for keyword, value in args.typed.items():
             if value == err.filename:
                 return f"{_flag(keyword, value)}: {err.strerror}"
-    return _in_flags(str(err))
+    if isinstance(err, kp.ArgumentError):  # its arguments that are flags here show as typed
+        return err.format(lambda name, value: _flag(name, value) if name in vars(args)
+                          else spelled(name, value), front="cli")
+    return str(err)
 
 
 def _typed(argv):

@@ -10,14 +10,15 @@ the first layer that differs, instead of handing back a wrong model.
 
 from __future__ import annotations
 
-from keras_precrop import costs as _costs
-from keras_precrop import graph as _graph
-from keras_precrop.channels import UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.budget import costs as _costs
+from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.graph import walker as _graph
+from keras_precrop.graph.channels import channels_width
 
 
 def _planned_width(graph, widths, rec):
     """Output channels of ``rec``'s first output under the planned widths."""
-    return sum(int(widths[graph.group_variable(p.segment)]) * p.mult for p in rec.outputs[0][0])
+    return channels_width(rec.outputs[0][0], lambda s: widths[graph.group_variable(s)])
 
 
 def first_mismatch(new_model, graph, widths, plan):

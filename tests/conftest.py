@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from keras_precrop import models, pai, profile  # noqa: E402
-from keras_precrop.planning import _Grid  # noqa: E402  (the plan's width grid)
+from keras_precrop.budget.grid import WidthGrid as _Grid  # noqa: E402  (the plan's width grid)
 
 L = keras.layers
 REPO = pathlib.Path(__file__).resolve().parents[1]

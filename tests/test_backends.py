@@ -7,6 +7,9 @@ so "works without TensorFlow installed" is what is tested:
 * the backend-neutral core test files pass under JAX and PyTorch (ResNet-20
   and the custom layers by default; with ``-m slow`` MobileNetV2, EfficientNetB0
   and the fast tests of every other core file);
+* ``profile``'s MACs equal a reference from each layer's kernel and
+  activation shapes (checked against TensorFlow's graph here), where that
+  graph, the suite's usual reference, is not available;
 * the pruners give TensorFlow's masks and scores on the same weights,
   masked training keeps its zeros through ``fit`` and ``.keras``, and a
   masked model TensorFlow saved loads and computes alike;
@@ -33,7 +36,8 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from tests.backend_scripts import pruners
+from tests.backend_scripts import macs, pruners
+from tests.conftest import tf_macs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WITHOUT_TENSORFLOW = REPO / "tests" / "without_tensorflow"
@@ -107,8 +111,12 @@ _IMPORTS = textwrap.dedent(
     """
     import sys
     import keras_precrop as kp
-    from keras_precrop import (channels, cli, constraints, costs, graph, handlers, latency, layers,
-                               models, optimizers, pai, planning, progress, rebuild, solver, train, verify)
+    from keras_precrop import (budget, cli, errors, graph, latency, models, pai, planning, progress,
+                               train, training, verify)
+    from keras_precrop.budget import costs, densities, grid, modes, widths
+    from keras_precrop.graph import channels, handlers, layers, rebuild, walker
+    from keras_precrop.latency import calibrate, features, fit, model, timing
+    from keras_precrop.training import constraints, optimizers
     tensorflow = ("tensorflow", "tensorflow_datasets")
     loaded = sorted(name for name in sys.modules if name.split(".")[0] in tensorflow)
     print("loaded:", loaded)
@@ -121,6 +129,34 @@ def test_importing_the_core_under_jax_does_not_import_tensorflow(jax_cache):
     # lazily (get_config checks for tf.TensorShape); the runs above hide it.
     out = _check(_run("jax", ["-c", _IMPORTS], jax_cache, hide_tensorflow=False))
     assert "loaded: []" in out
+
+
+# -- MACs against a reference that is not the walker ---------------------------------
+
+
+def _assert_macs_agree(models):
+    """``profile``'s MACs, per layer and in total, equal the kernel-shape reference."""
+    for name, got in models.items():
+        assert got["profile"] == got["reference"], name
+        assert got["total_macs"] == sum(got["reference"].values()), name
+
+
+def test_kernel_shape_macs_are_tensorflows_graph_macs():
+    """Under TensorFlow: the hand formulas of backend_scripts/macs.py equal the traced graph's
+    MACs, so they can stand in for it where TensorFlow is hidden; profile agrees with both."""
+    for build in macs.MODELS.values():
+        model = build()
+        assert sum(macs.reference_macs(model).values()) == tf_macs(model), model.name
+    _assert_macs_agree(macs.run())
+
+
+@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+def test_profile_macs_match_kernel_shapes_without_tensorflow(backend, jax_cache):
+    script = REPO / "tests" / "backend_scripts" / "macs.py"
+    result = json.loads(_check(_run(backend, [str(script)], jax_cache)).strip().splitlines()[-1])
+    assert result["backend"] == backend
+    assert set(result["models"]) == set(macs.MODELS)
+    _assert_macs_agree(result["models"])
 
 
 # -- the pruners against TensorFlow's -----------------------------------------------

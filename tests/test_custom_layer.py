@@ -5,7 +5,8 @@ Keras conv layer, so nothing built in knows it). Registering
 ``TinyConvHandler`` is all it takes for profiling, PreCrop (solve and
 rebuild) and the pruning-at-initialization baselines to handle it; each is
 checked against an independent reference (Keras' parameter count,
-TensorFlow's graph MACs, synaptic flow, forward passes).
+TensorFlow's graph MACs, synaptic flow, forward passes, and the pruners'
+scores recomputed with a ``GradientTape`` to check which weights they keep).
 """
 
 import doctest
@@ -17,8 +18,8 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
-from keras_precrop.channels import output_shape
-from tests.conftest import check_remove_detached, count_kept, tf_macs
+from keras_precrop.graph import output_shape
+from tests.conftest import assert_matches_plan, check_remove_detached, count_kept, tf_macs
 
 L = keras.layers
 
@@ -95,19 +96,103 @@ def test_precrop_rebuilds_the_custom_layer_narrower():
     assert isinstance(small.get_layer("tiny1"), TinyConv)
     assert small.get_layer("tiny1").filters < 12
     assert small(np.ones((2, 8, 8, 3), np.float32)).shape == (2, 3)
+    assert_matches_plan(model, plan, small)  # Keras' params, TF's MACs, every width as planned
 
 
-def test_pai_baselines_score_and_mask_the_custom_kernel():
+def _kernels(model):
+    """``{path: kernel variable}`` of every layer with a kernel, read off the layers (not ``pai``)."""
+    return {f"{layer.name}/kernel": layer.kernel for layer in model.layers if hasattr(layer, "kernel")}
+
+
+def _weight_scores(model, objective):
+    """``|w * d objective / dw|`` of every kernel, by TensorFlow's ``GradientTape``."""
+    import tensorflow as tf
+
+    kernels = _kernels(model)
+    with tf.GradientTape() as tape:
+        value = objective(model)
+    grads = tape.gradient(value, [v.value for v in kernels.values()])
+    return {path: np.abs(v.numpy() * g.numpy()) for (path, v), g in zip(kernels.items(), grads)}
+
+
+def _snip_reference(model, x, y):
+    """SNIP's connection sensitivity ``|w * dL/dw|`` on the batch, the model in inference mode."""
+    return _weight_scores(model, lambda m: keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+        y, m(x, training=False), from_logits=True)))
+
+
+def _synflow_reference(model, masks=None):
+    """SynFlow's ``|w * dR/dw|``: a copy with every weight and BN statistic replaced by its absolute
+    value (and masked kernels zeroed), ``R`` the sum of its outputs on an all-ones input."""
+    linear = keras.models.clone_model(model)
+    linear.set_weights([np.abs(w) for w in model.get_weights()])
+    for path, kernel in _kernels(linear).items():
+        if masks is not None:
+            kernel.assign(kernel.numpy() * masks[path])
+    ones = np.ones((1, *model.input.shape[1:]), np.float32)
+    return _weight_scores(linear, lambda m: keras.ops.sum(m(ones, training=False)))
+
+
+def _assert_kept_outscore_pruned(masks, scores, among=None, rtol=1e-5):
+    """Every kept weight scores at least every pruned one (``among``: of these weights only), up to
+    float32 rounding between two computations of the same score (ties and near-ties aside)."""
+    kept, pruned = [], []
+    for path, mask in masks.items():
+        candidates = np.ones(mask.shape, bool) if among is None else among[path] > 0
+        kept.append(scores[path][(mask > 0) & candidates])
+        pruned.append(scores[path][(mask == 0) & candidates])
+    kept, pruned = np.concatenate(kept), np.concatenate(pruned)
+    assert kept.size and pruned.size
+    assert kept.min() >= pruned.max() * (1 - rtol), (kept.min(), pruned.max())
+
+
+_DENSITY = 0.2
+
+
+@pytest.mark.parametrize("pruner", ["magnitude", "snip", "synflow"])
+def test_pai_baselines_keep_the_best_scored_weights_of_the_custom_kernel(pruner):
+    """Which weights survive, not only how many: magnitude keeps exactly the largest ``|w|``;
+    SNIP and (single-shot and iterative) SynFlow keep weights scoring at least every pruned one,
+    by scores computed here with a ``GradientTape``; and the masks hold through ``fit``."""
     model = _model()
-    paths = list(pai.prunable_weights(model))
-    assert "tiny1/kernel" in paths and "tiny3/kernel" in paths
-    n = sum(math.prod(model.get_layer(p.split("/")[0]).kernel.shape) for p in paths)
+    kernels = _kernels(model)
+    assert {"tiny1/kernel", "tiny2/kernel", "tiny3/kernel"} <= set(kernels)
+    n = sum(math.prod(v.shape) for v in kernels.values())
     rng = np.random.default_rng(0)
-    data = (rng.normal(size=(8, 8, 8, 3)).astype("float32"), rng.integers(0, 3, 8))
-    for masks in (pai.synflow(model, 0.2, iterations=3, verbose=0), pai.snip(model, data, 0.2),
-                  pai.magnitude(model, 0.2)):
-        assert set(masks) == set(paths)
-        assert count_kept(masks) == round(0.2 * n)
+    x, y = rng.normal(size=(8, 8, 8, 3)).astype("float32"), rng.integers(0, 3, 8)
+    if pruner == "magnitude":
+        masks = pai.magnitude(model, _DENSITY)
+        scores = {path: np.abs(v.numpy()) for path, v in kernels.items()}
+        rtol = 0.0  # the very same numbers
+    elif pruner == "snip":
+        masks = pai.snip(model, (x, y), _DENSITY)
+        scores, rtol = _snip_reference(model, x, y), 1e-4
+    else:
+        masks = pai.synflow(model, _DENSITY, iterations=1, verbose=0)
+        scores, rtol = _synflow_reference(model), 1e-4
+    assert set(masks) == set(kernels)
+    assert count_kept(masks) == round(_DENSITY * n)
+    _assert_kept_outscore_pruned(masks, scores, rtol=rtol)
+    if pruner == "synflow":
+        # Iterative: round k prunes to density ** (k / 3) among the survivors of round k - 1, by
+        # the scores of the network with the pruned weights zeroed; pruned weights never return.
+        masks = pai.synflow(model, _DENSITY, iterations=3, verbose=0)
+        before = pai.synflow(model, _DENSITY ** (2 / 3), iterations=2, verbose=0)
+        assert count_kept(masks) == round(_DENSITY * n)
+        assert all(np.all(masks[p] <= before[p]) for p in masks)
+        _assert_kept_outscore_pruned(masks, _synflow_reference(model, before), among=before, rtol=rtol)
+
+    # Masked training: pruned weights stay exactly zero through fit (SGD with momentum and weight
+    # decay, two steps), while the kept ones train.
+    pai.apply_masks(model, masks)
+    start = {path: v.numpy().copy() for path, v in kernels.items()}
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=1e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for path, v in kernels.items():
+        after = v.numpy()
+        np.testing.assert_array_equal(after[masks[path] == 0], 0, err_msg=path)
+        assert not np.array_equal(after[masks[path] > 0], start[path][masks[path] > 0]), path
 
 
 def test_channel_masks_and_detached_weights_follow_the_custom_layer():

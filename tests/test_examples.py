@@ -21,7 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 # Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
-from keras_precrop import constraints, models, profile  # noqa: E402
+from keras_precrop import models, profile  # noqa: E402
+from keras_precrop.training import constraints  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TFDS_DIR = REPO.parent / "shared" / "tfds"

@@ -535,6 +535,9 @@ _ACCURACIES = {
     "resnet20-random-params0.1-granularityfilter-densitiessynexp-ep10": [0.705, 0.715],
     "resnet20-random-params0.1-granularitychannel-densitiessynexp-ep10": [0.69, 0.71],
     "resnet20-precrop_params-params0.1-modepaper-ep10": [0.71, 0.72],
+    # uniform: behind exact, ahead of layerwise at 0.1103; one seed at 0.308
+    "resnet20-precrop_params-params0.1103-modeuniform-ep10": [0.76, 0.765],
+    "resnet20-precrop_params-params0.308-modeuniform-ep10": [0.80],
 }
 
 # The grid "long" (a lent GPU, 40 epochs): exact ties with SynFlow, layerwise falls short.
@@ -573,6 +576,16 @@ def _point(label, a, b, accuracies=_ACCURACIES):
 
 _EXACT = "resnet20-precrop_params-params{}-modeexact-ep10"
 _LAYERWISE = "resnet20-precrop_params-params0.1103-modelayerwise-ep10"
+_UNIFORM = "resnet20-precrop_params-params{}-modeuniform-ep10"
+# What benchmarks/bench_trained_speed.py would have measured of the fake runs: exact and uniform at
+# 0.1103 (uniform's two seeds, exact's first), layerwise there skipped; nothing else timed.
+_SPEED = {
+    "settings": {"batch_size": 64, "rounds": 15},
+    "machine": {"cpu": "Test CPU", "usable_cpus": 2},
+    "runs": {f"{_EXACT.format('0.1103')}-s0": {"speedup": 1.8},
+             **{f"{_UNIFORM.format('0.1103')}-s{seed}": {"speedup": 3.0} for seed in (0, 1)}},
+    "skipped": {f"{_LAYERWISE}-s0": "plans other widths now"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -599,6 +612,8 @@ def report_dir(tmp_path_factory):
         patch.setattr(report, "HERE", tmp)
         patch.setattr(report, "RESULTS", tmp / "results")
         patch.setattr(report, "FIGURES", tmp / "figures")
+        patch.setattr(report, "SPEED", tmp / "trained_speed.json")
+        report.SPEED.write_text(json.dumps(_SPEED))
         report.main()
     assert (REPO / "experiments" / "README.md").read_bytes() == real_readme
     return tmp
@@ -620,7 +635,8 @@ def test_report_page_layout(report_dir, page):
                             "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
     # Every grid with a finished run has its figures: figure 2 against params, 3 and 5 against MACs,
     # the others one bar per entry.
-    for name in ("cifar_a", "cifar_b", "pareto", "thm_comp", "balance", "preconfig", "long"):
+    for name in ("cifar_a", "cifar_b", "pareto", "thm_comp", "balance", "uniform", "preconfig", "long",
+                 "speed_resnet20"):
         assert f"![{name}](figures/{name}.png)" in page
         assert (report_dir / "figures" / f"{name}.png").stat().st_size > 0
     assert not (report_dir / "figures" / "core.png").exists()
@@ -696,7 +712,8 @@ def test_report_translation_modes(page):
     points = [  # in the page's order: core's, pareto's, then the longer schedule's
         (10, "params 0.1103", _ACCURACIES, {"exact": _EXACT.format("0.1103"), "layerwise": _LAYERWISE,
                                              "balance 2": "resnet20-precrop_params-params0.1103-modeexact-"
-                                                          "balance2-ep10"}),
+                                                          "balance2-ep10",
+                                             "uniform": _UNIFORM.format("0.1103")}),
         (10, "params 0.054736", _ACCURACIES, {**{m: pareto.format(m) for m in ("exact", "layerwise")},
                                                "balance 2": None}),  # balance's run there: not finished
         (40, "params 0.1103", _LONG_ACCURACIES, {m: long.format(m) for m in ("exact", "layerwise")}),
@@ -704,9 +721,10 @@ def test_report_translation_modes(page):
     wins, ties = [], 0
     for epochs, budget, accuracies, stems in points:
         cells = [f"{_cell(stems[m], accuracies)} (n 2)" if stems.get(m) else "pending" if m in stems else "-"
-                 for m in ("exact", "balance 2", "layerwise")]
+                 for m in ("exact", "balance 2", "layerwise", "uniform")]
         assert f"| {epochs} | {budget} | {' | '.join(cells)} |" in page
-        for a, b in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise")):
+        for a, b in (("balance 2", "exact"), ("layerwise", "exact"), ("balance 2", "layerwise"),
+                     ("uniform", "exact"), ("uniform", "layerwise"), ("uniform", "balance 2")):
             if stems.get(a) and stems.get(b):
                 d, tol, *_ = _cmp(stems[a], stems[b], accuracies)
                 winner, loser = (a, b) if d > 0 else (b, a)
@@ -715,12 +733,16 @@ def test_report_translation_modes(page):
                 else:
                     wins.append(f"at {epochs} epochs, {budget}: {winner} beats {loser} by {abs(d):.2f} pp "
                                 f"(tol {tol:.2f})")
-    assert len(wins) == 4 and ties == 1  # balance 2 > exact > layerwise at 10 epochs, exact wins at 40
+    # balance 2 > exact > uniform > layerwise at 10 epochs, exact wins at 40
+    assert len(wins) == 7 and ties == 1
     assert f"Verdict: {'; '.join(wins)}; {ties} of {ties + len(wins)} compared pairs tie." in page
-    assert "| 10 | params 0.0411 | " in page and "| 10 | flops 0.2734 | pending | - | pending |" in page
-    # exact is in 4 of the pairs (2 at 10 epochs and 0.1103, 1 at the others): it loses one, to balance 2,
-    # and wins two, over layerwise at 0.1103 on both schedules.
-    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 2 and loses 1 of the 4 '
+    assert "| 10 | params 0.0411 | " in page
+    assert "| 10 | flops 0.2734 | pending | - | pending | pending |" in page  # uniform trains there too
+    exact = _cell(_EXACT.format("0.308"))
+    assert f"| 10 | params 0.308 | {exact} (n 2) | - | pending | 80.00 ± 0.00 (n 1) |" in page
+    # exact is in 5 of the pairs (3 at 10 epochs and 0.1103, 1 at the others): it loses one, to balance 2,
+    # and wins three, over layerwise at 0.1103 on both schedules and over uniform (a candidate, not a pick).
+    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 3 and loses 1 of the 5 '
             "compared pairs with it (to balance 2): mixed evidence, more wins than losses.") in page
     assert 'Under a FLOPs budget, `mode="auto"` picks `layerwise`; no pair with it is compared yet.' in page
 
@@ -774,7 +796,7 @@ def test_report_auto_picks_are_the_librarys():
     pick without a binding FLOPs budget for points without one, the other for every grid's FLOPs
     budget, each of which binds (auto's plan is layerwise)."""
     import keras_precrop as kp
-    from keras_precrop.planning import auto_mode
+    from keras_precrop.budget.modes import auto_mode
 
     assert dict(report._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
                                         "a FLOPs budget": auto_mode(flops_budget=True)[0]}
@@ -798,6 +820,120 @@ def test_modes_are_compared_only_between_the_same_model():
                                   entry("layerwise", seed=3, grid="other"), entry("exact", balance=3)])
     assert [(label, sorted(modes)) for label, modes in points] == [
         ((10, "params 0.1"), ["exact", "layerwise"]), ((10, "params 0.1"), ["exact", "layerwise"])]
+
+
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        (None, None),
+        ((1.5, 1.0, 2, 1), None),  # one seed on a side: not judged
+        ((1.0, 1.0, 2, 2), "tie"),  # exactly tol is no lead
+        ((-0.3, 1.0, 3, 2), "tie"),
+        ((1.5, 1.0, 2, 2), "exact"),
+        ((-1.5, 1.0, 2, 3), "uniform"),
+    ],
+)
+def test_outcome_is_the_claims_rule_on_one_pair(row, expected):
+    assert report._outcome(row, "exact", "uniform") == expected
+
+
+def test_report_against_uniform(page):
+    """Grid uniform's section: its own table, then each budget against core's exact and layerwise
+    (2 seeds a side judged, 1 seed shown and pending, unfinished pending), then the speed figure."""
+    section = page.split("## Against uniform width scaling")[1].split("\n## ")[0]
+    uniform, exact = _UNIFORM.format("0.1103"), _EXACT.format("0.1103")
+    d_exact, tol_exact, *_ = _cmp(exact, uniform)
+    d_layer, tol_layer, *_ = _cmp(_LAYERWISE, uniform)
+    assert d_exact > tol_exact and -d_layer > tol_layer  # exact leads, uniform leads layerwise
+    assert (f"| params 0.1103 | {_cell(uniform)} (n 2), MACs 0.255 | {_cell(exact)} (n 2), MACs 0.255 | "
+            f"{_cell(_LAYERWISE)} (n 2), MACs 0.255 | {_point('exact leads', exact, uniform)} | "
+            f"{_point('uniform leads', _LAYERWISE, uniform)} |") in section
+    exact = _EXACT.format("0.308")
+    assert (f"| params 0.308 | 80.00 ± 0.00 (n 1), MACs 0.250 | {_cell(exact)} (n 2), MACs 0.255 | pending | "
+            f"{_point('pending', exact, _UNIFORM.format('0.308'))} | pending |") in section
+    assert "| flops 0.0884 | pending | pending | pending | pending | pending |" in section
+    assert ("Verdict: exact vs uniform: exact leads at 1, uniform at 0, 0 tie of 1 compared budget (5 "
+            "pending); layerwise vs uniform: layerwise leads at 0, uniform at 1, 0 tie of 1 compared budget "
+            "(5 pending).") in section
+    assert "![uniform](figures/uniform.png)" in section
+    assert "on Test CPU (2 CPUs)" in section and "![speed_resnet20](figures/speed_resnet20.png)" in section
+    assert f"plans other widths now (1 run: {_LAYERWISE})" in section
+    assert f"{_EXACT.format('0.308')}," in section.split("not timed yet (")[1]  # listed, never plotted
+
+
+def test_against_uniform_ties_and_the_modes_verdict_counts_uniform_as_a_candidate():
+    """A lead within tol is a tie; uniform is a column and a pair of the modes table, so a pick it beats
+    has lost a pair, while uniform itself is never judged as a pick."""
+    def entry(accuracies, mode, **flags):
+        flags = {"method": "precrop_params", "params": 0.1103, "epochs": 10, "mode": mode, **flags}
+        return {"flags": flags, "results": [_result(flags["method"], a, s) for s, a in enumerate(accuracies)]}
+
+    accuracies = {"u": [0.76, 0.77], "e": [0.765, 0.775], "u3": [0.70, 0.71], "e3": [0.72, 0.73]}
+    uniform = [entry(accuracies["u"], "uniform"), entry(accuracies["u3"], "uniform", params=0.3)]
+    core = [entry(accuracies["e"], "exact"), entry([0.72, 0.725], "layerwise"),
+            entry(accuracies["e3"], "exact", params=0.3)]
+    lines = report._against_uniform(uniform, core)
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| params")}
+    d, tol, *_ = _cmp("e", "u", accuracies)
+    assert abs(d) <= tol
+    row = rows["| params 0.1103"]
+    assert row.startswith(f"| params 0.1103 | {_cell('u', accuracies)} (n 2), MACs 0.255 |")
+    assert f"| {_point('tie', 'e', 'u', accuracies)} | uniform leads: " in row
+    assert rows["| params 0.3"].endswith(f"| {_point('exact leads', 'e3', 'u3', accuracies)} | pending |")
+    assert lines[-1:] == [""] and lines[-2] == (
+        "Verdict: exact vs uniform: exact leads at 1, uniform at 0, 1 tie of 2 compared budgets; layerwise "
+        "vs uniform: layerwise leads at 0, uniform at 1, 0 tie of 1 compared budget (1 pending).")
+    assert report._against_uniform(uniform[:1], [])[-2] == (
+        "Verdict: pending (grid core trains none of these budgets yet).")
+    modes = "\n".join(report._modes([*core, *uniform]))
+    assert "at 10 epochs, params 0.1103: uniform beats layerwise by" in modes
+    assert '`mode="auto"` picks `exact`, which loses none of the 3 compared pairs with it and wins 2' in modes
+    beaten = "\n".join(report._modes([entry([0.70, 0.705], "exact"), entry([0.76, 0.765], "uniform")]))
+    assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 0 and loses 1 of the 1 '
+            "compared pair with it (to uniform): the evidence is against that pick.") in beaten
+    assert "picks `uniform`" not in beaten
+
+
+def test_speed_points_read_the_benchmarks_json(tmp_path, monkeypatch):
+    """Structured models take the speedup of any timed seed; the dense baseline and SynFlow's masks
+    sit at 1.0x; untimed models are named with the benchmark's reason; no JSON, no figure."""
+    monkeypatch.setattr(report, "FIGURES", tmp_path)
+    ids = {"baseline": ["resnet20-baseline-ep10-s0", "resnet20-baseline-ep10-s1"],
+           "synflow": ["resnet20-synflow-params0.1-ep10-s0"],
+           "snip": ["resnet20-snip-params0.043758-ep10-s0"],  # another mask: not in the figure
+           "exact": [f"{_EXACT.format('0.1103')}-s{s}" for s in (0, 1)],
+           "uniform": [f"{_UNIFORM.format(p)}-s0" for p in ("0.1103", "0.308")],
+           "layerwise": [f"{_LAYERWISE}-s0"],
+           "flops": ["resnet20-precrop_flops-flops0.2734-modeexact-ep10-s0"],
+           "long": ["resnet20-precrop_params-params0.1103-modeexact-ep40-s0"]}  # another schedule
+    runs = {name: _result(name.split("-")[1], 0.7 + 0.01 * i, 0)
+            for i, name in enumerate(n for names in ids.values() for n in names)}
+    speed = {"settings": {"batch_size": 64, "rounds": 3}, "machine": {"cpu": "Test CPU", "usable_cpus": 2},
+             "runs": {ids["exact"][1]: {"speedup": 1.5}, ids["uniform"][0]: {"speedup": 3.0},
+                      ids["uniform"][1]: {"speedup": 2.0}, ids["long"][0]: {"speedup": 9.0}},
+             "skipped": {ids["layerwise"][0]: "plans other widths now"}}
+    points, untimed = report._speed_points(runs, speed)
+    series = {label: sorted((x, s["n"]) for x, s in found) for label, found in points["resnet20"].items()}
+    assert series == {"dense baseline": [(1.0, 2)], "SynFlow masks (dense kernels)": [(1.0, 1)],
+                      "PreCrop (exact)": [(1.5, 2)], "PreCrop (uniform)": [(2.0, 1), (3.0, 1)]}
+    assert untimed == [(_LAYERWISE, "plans other widths now"),
+                       ("resnet20-precrop_flops-flops0.2734-modeexact-ep10", "not timed yet")]
+    lines = report._speed(runs, speed)
+    assert "![speed_resnet20](figures/speed_resnet20.png)" in lines
+    assert lines[-2] == ("Not timed (run ids less the seed), by reason: plans other widths now (1 run: "
+                         f"{_LAYERWISE}); not timed yet (1 run: resnet20-precrop_flops-flops0.2734-modeexact-"
+                         "ep10).")
+    figure = (tmp_path / "speed_resnet20.png").read_bytes()
+    report._speed(runs, speed)
+    assert (tmp_path / "speed_resnet20.png").read_bytes() == figure  # the same bytes each time
+    (tmp_path / "speed_resnet20.png").unlink()
+    lines = report._speed(runs, None)
+    assert lines[-2].startswith("Not timed yet: run `python benchmarks/bench_trained_speed.py`")
+    assert not (tmp_path / "speed_resnet20.png").exists()
+    # Only full-cost models timed (a JSON without the structured ones): nothing to draw.
+    assert not any(line.startswith("![") for line in report._speed(runs, {**speed, "runs": {}}))
+    monkeypatch.setattr(report, "SPEED", tmp_path / "absent.json")
+    assert report._load_speed() is None
 
 
 def test_report_longer_schedule(report_dir, page):

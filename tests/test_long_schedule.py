@@ -157,8 +157,8 @@ def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
     assert results["export_command"] == record["command"] and "_one" in results["command"]
     assert [row["epoch"] for row in results["history"]] == [0, 1]
     assert 0 <= results["final_accuracy"] <= 1
-    hashed = git(REPO, "hash-object", "keras_precrop/train.py")
-    assert results["train_code"]["keras_precrop/train.py"] == hashed
+    hashed = git(REPO, "hash-object", "keras_precrop/training/train.py")
+    assert results["train_code"]["keras_precrop/training/train.py"] == hashed
     paths = ["keras_precrop/*.py", "experiments/long_schedule.py", "experiments/run.py"]
     listed = git(REPO, "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths).splitlines()
     assert sorted(results["train_code"]) == sorted(set(listed))

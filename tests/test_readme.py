@@ -9,10 +9,20 @@ block's fence (blank lines between are allowed) marks it:
   or it runs this very test suite).
 
 Each block runs in a fresh temporary folder with this checkout first on
-``PYTHONPATH``: python blocks as ``python -c``, bash blocks under ``bash -e``
+``PYTHONPATH``: python blocks in a fresh interpreter as ``python -c`` would run
+them (a new ``__main__`` namespace), bash blocks under ``bash -e``
 with ``pip install`` lines left out (the checkout is used as it is) and
 ``keras-precrop`` and ``python`` found first on ``PATH`` as this checkout's
 command line and this interpreter.
+
+Running is not enough: each block must also do what the prose around it
+says. ``BLOCK_CHECKS`` maps a distinctive line of every runnable block to a
+check of what the block leaves behind, against references computed here
+(Keras' ``count_params()``, the MACs of TensorFlow's traced graph, the layers'
+own widths): a python block's namespace and printed output (the check runs
+in the block's interpreter, right after it), a bash block's output and files.
+A runnable block without exactly one check, or a check whose line is in no
+runnable block, fails the tests, so an edited README cannot skip its checks.
 """
 
 import os
@@ -92,19 +102,57 @@ def _command_line_first_on_path(folder):
     return bin_dir
 
 
+# Runs a python block as ``python -c`` would (``sys.argv == ["-c"]``, a fresh ``__main__``
+# namespace), keeping a copy of what it prints, then its check on the namespace it leaves.
+_RUN_AND_CHECK = """\
+import pathlib
+import sys
+
+code, checked = sys.argv.pop(1), sys.argv.pop(1)
+
+
+class _Tee:
+    def __init__(self, stream):
+        self.stream, self.parts = stream, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+sys.stdout = _Tee(sys.stdout)
+namespace = {"__name__": "__main__"}
+exec(compile(code, "<README.md block>", "exec"), namespace)
+printed, sys.stdout = "".join(sys.stdout.parts), sys.stdout.stream
+from tests.test_readme import block_check
+
+block_check(code)(namespace, printed, pathlib.Path.cwd())
+print("\\n" + checked)
+"""
+_CHECKED = "README block checked"
+
+
 @pytest.mark.parametrize("language,code", _params())
 def test_readme_block_runs(language, code, tmp_path):
+    check = block_check(code)
     work = tmp_path / "work"
     work.mkdir()
     path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TF_CPP_MIN_LOG_LEVEL": "2"}
     if language == "python":
-        command = [sys.executable, "-c", code]
+        command = [sys.executable, "-c", _RUN_AND_CHECK, code, _CHECKED]
     else:
         env["PATH"] = os.pathsep.join([str(_command_line_first_on_path(tmp_path)), env["PATH"]])
         command = ["bash", "-e", "-c", _shell_without_installs(code)]
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    if language == "python":  # checked in the block's interpreter; not skipped by an early exit
+        assert done.stdout.rstrip().endswith(_CHECKED), done.stdout[-3000:]
+    else:
+        check(None, done.stdout, work)
 
 
 def test_marks_and_blocks_are_read_as_written(tmp_path):
@@ -129,3 +177,225 @@ def test_marks_and_blocks_are_read_as_written(tmp_path):
 def test_readme_has_runnable_python_and_bash_blocks():
     languages = [language for _, language, _, mark in readme_blocks() if mark != "skip"]
     assert languages.count("python") >= 2 and languages.count("bash") >= 2
+
+
+# -- what each block must do, beyond exiting 0 ------------------------------------
+
+
+def _tf_macs(model):
+    """MACs per example by TensorFlow's traced graph (the suite's independent reference)."""
+    from tests.conftest import tf_macs
+
+    return tf_macs(model)
+
+
+def _layer_names(model):
+    return {layer.name for layer in model.layers}
+
+
+def _widths(model):
+    """``{name: filters or units}`` of the layers that have either."""
+    return {layer.name: getattr(layer, "filters", None) or layer.units
+            for layer in model.layers if hasattr(layer, "filters") or hasattr(layer, "units")}
+
+
+def _check_main_job(namespace, printed, cwd):
+    """``keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0``: re-balanced widths at
+    <= 80% of ResNet-20's parameters and the same MACs, as Keras and TensorFlow count them."""
+    import keras_precrop as kp
+
+    resnet = kp.models.get("resnet20")
+    totals = {name: (int(a.replace(",", "")), int(b.replace(",", "")))
+              for name, a, b in re.findall(r"^(Params|MACs): ([\d,]+) -> ([\d,]+)", printed, re.M)}
+    assert totals["Params"][0] == resnet.count_params(), printed[-2000:]
+    assert totals["Params"][1] <= 0.8 * resnet.count_params()
+    macs = _tf_macs(resnet)
+    assert totals["MACs"][0] == macs
+    assert 0.98 * macs <= totals["MACs"][1] <= macs  # "the same FLOPs"
+    # Re-balanced: the table's output channels ("before -> after") grow in some layers, shrink in others.
+    out_channels = re.findall(r"^\|[^|]+\|[^|]+\|\s*(\d+) -> (\d+)\s*\|", printed, re.M)
+    changes = [(int(a), int(b)) for a, b in out_channels]
+    assert any(b > a for a, b in changes) and any(b < a for a, b in changes), changes
+
+
+def _check_python_api(namespace, printed, cwd):
+    """``small``: <= 50% of the parameters, ``fast``: <= 50% of the MACs, ``config``: re-distributed
+    widths at <= 80% of the parameters and <= 100% of the MACs; every layer name kept; the profile's
+    totals are Keras' and TensorFlow's."""
+    model, small, fast, config = (namespace[k] for k in ("model", "small", "fast", "config"))
+    params, macs = model.count_params(), _tf_macs(model)
+    assert re.search(rf"^Total params: {params:,}$", printed, re.M), printed[-2000:]
+    assert re.search(rf"^Total MACs:\s+{macs:,} ", printed, re.M), printed[-2000:]
+    assert small.count_params() <= 0.5 * params
+    fast_macs = _tf_macs(fast)
+    assert fast_macs <= 0.5 * macs
+    assert config.count_params() <= 0.8 * params
+    assert _tf_macs(config) <= macs
+    before, after = _widths(model), _widths(config)
+    assert any(after[k] > before[k] for k in before) and any(after[k] < before[k] for k in before)
+    for new in (small, fast, config):
+        assert _layer_names(model) <= _layer_names(new)
+    assert f"{small.count_params():,} / {params:,} params, {fast_macs:,} / {macs:,} MACs" in printed
+
+
+def _check_solve_once_build_later(namespace, printed, cwd):
+    """The plan meets both budgets with widths in multiples of 8 (or the original's), survives its
+    JSON file, and the model built from that file is exactly the plan (Keras' params, TF's MACs);
+    the summary lists the layers whose parameters changed, and only those."""
+    import keras_precrop as kp
+
+    model, plan, pruned = (namespace[k] for k in ("model", "plan", "pruned"))
+    assert pruned.count_params() == plan.params <= 0.5 * model.count_params()
+    assert f"{pruned.count_params():,} params == plan.params {plan.params:,}" in printed
+    assert _tf_macs(pruned) == plan.macs <= 0.6 * _tf_macs(model)
+    assert kp.profile(pruned).total_params == plan.params
+    before, after = _widths(model), _widths(pruned)
+    assert before.keys() == after.keys()
+    assert all(after[k] % 8 == 0 or after[k] == before[k] for k in after), after
+    assert after != before
+    loaded = kp.Plan.from_json(str(cwd / "plan.json"))
+    assert (loaded.widths, loaded.params, loaded.macs) == (plan.widths, plan.params, plan.macs)
+    # only_changed=True: a row for each layer whose parameters changed (by Keras' count), no other.
+    changed = {layer.name for layer in model.layers
+               if layer.count_params() != pruned.get_layer(layer.name).count_params()}
+    listed = set(re.findall(r"^\| (\S+) \(\w+\)", printed, re.M)) - {"Layer"}  # less the header
+    assert changed and listed == changed, listed ^ changed
+
+
+def _check_latency_budgets(namespace, printed, cwd):
+    """The printed predicted time ratio is <= 0.5; the saved latency model predicts the same; the
+    calibrated plan is the least pruned one that measured within the budget (else the fastest)."""
+    import keras_precrop as kp
+
+    model, lm, fast = (namespace[k] for k in ("model", "lm", "fast"))
+    ratios = [float(line) for line in printed.splitlines() if re.fullmatch(r"\s*\d+\.\d+(e-?\d+)?\s*", line)]
+    assert len(ratios) == 1 and 0 < ratios[0] <= 0.5, ratios
+    reloaded = kp.LatencyModel.from_json(str(cwd / "resnet20_latency.json"))
+    assert reloaded.predict(model) == pytest.approx(lm.predict(model), rel=1e-9)
+    plan = fast.precrop_plan
+    assert fast.count_params() == plan.params
+    calibration = plan.solver["latency_calibration"]
+    measured = [r["measured"] for r in calibration["rounds"]]
+    assert calibration["target"] == 0.5 and 1 <= len(measured) <= 3  # calibrate=2: at most 2 re-plans
+    meeting = [m for m in measured if m <= 0.5 * 1.03]
+    assert calibration["met"] == bool(meeting)
+    assert calibration["measured"] == (max(meeting) if meeting else min(measured))
+
+
+def _check_deployment(namespace, printed, cwd):
+    """``small`` has <= 50% of ResNet-20's MACs and the two extra layers; the SavedModel and the
+    TFLite model compute what the Keras model computes."""
+    import numpy as np
+
+    import keras_precrop as kp
+
+    small, loaded, interpreter = (namespace[k] for k in ("small", "loaded", "interpreter"))
+    assert _tf_macs(small) <= 0.5 * _tf_macs(kp.models.get("resnet20"))
+    kinds = {type(layer) for layer in small.layers}
+    assert kp.ChannelSlice in kinds and kp.PrefixAdd in kinds
+    assert printed.splitlines().count("(1, 10)") == 2, printed[-2000:]
+    x = np.random.default_rng(0).normal(size=(1, 32, 32, 3)).astype("float32")
+    expected = np.asarray(small(x))
+    np.testing.assert_allclose(np.asarray(loaded.serve(x)), expected, rtol=1e-4, atol=1e-5)
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+
+
+def _check_command_line(namespace, printed, cwd):
+    """The files the commands write: a plan within 30% of the parameters, a model applied from it
+    with exactly its parameters, and a latency-budgeted model within half the predicted time."""
+    import keras
+
+    import keras_precrop as kp
+
+    resnet = kp.models.get("resnet20")
+    assert "resnet20" in printed.split()  # keras-precrop list
+    profiled = re.search(r"^Total params: ([\d,]+)$", printed, re.M)  # keras-precrop profile efficientnet_b0
+    assert int(profiled.group(1).replace(",", "")) == kp.models.get("efficientnet_b0").count_params()
+    plan = kp.Plan.from_json(str(cwd / "plan.json"))
+    assert plan.params <= 0.3 * resnet.count_params()
+    small = keras.saving.load_model(cwd / "small.keras")  # written by --apply plan.json
+    assert small.count_params() == plan.params and _tf_macs(small) == plan.macs
+    lm = kp.LatencyModel.from_json(str(cwd / "lm.json"))
+    assert lm.predict(keras.saving.load_model(cwd / "fast.keras")) <= 0.5 * lm.predict(resnet) * (1 + 1e-9)
+
+
+def _check_compare(namespace, printed, cwd):
+    """Each mode's row is the model that mode builds (Keras' params, TensorFlow's MACs); uniform
+    scales every width by its factor, and spends fewer MACs than the pruned layouts at equal params."""
+    import keras_precrop as kp
+
+    model, comparison = namespace["model"], namespace["comparison"]
+    for row in comparison.rows:
+        built = kp.precrop(model, params=0.1103, mode=row["mode"])
+        assert (built.count_params(), _tf_macs(built)) == (row["params"], row["macs"])
+        assert row["params"] <= 0.1103 * model.count_params()
+    uniform = comparison.row("uniform")
+    assert uniform["macs"] < min(comparison.row(m)["macs"] for m in ("exact", "layerwise"))
+    assert f"{uniform['uniform_ratio']} {uniform['macs_ratio']}" in printed
+    assert re.search(r"^\| uniform +\|", printed, re.M) and "(auto)" in printed
+
+
+def _check_compare_measured(namespace, printed, cwd):
+    """The command line prints a measured speedup for each of the three modes."""
+    rows = re.findall(r"^\| (exact|layerwise|uniform)\b.*\| +([\d.]+)x \|$", printed, re.M)
+    assert [mode for mode, _ in rows] == ["exact", "layerwise", "uniform"], printed[-2000:]
+    assert all(float(speedup) > 0 for _, speedup in rows)
+    assert "Measured: tf, batch 64, inference" in printed
+
+
+# A distinctive line of each runnable block -> its check (see the module docstring).
+BLOCK_CHECKS = {
+    "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
+    "small = kp.precrop(model, params=0.5)": _check_python_api,
+    "plan = kp.plan(model, params=0.5, flops=0.6, round_to=8)": _check_solve_once_build_later,
+    "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
+    'small.export("resnet20_small", verbose=False)': _check_deployment,
+    "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
+    "comparison = kp.compare(model, params=0.1103)": _check_compare,
+    "keras-precrop compare resnet20 --flops 0.5 --measure --batch_size 64": _check_compare_measured,
+}
+
+
+def _keys_in(code, checks=BLOCK_CHECKS):
+    """The keys of ``checks`` that are part of a line of ``code``."""
+    return [key for key in checks if any(key in line for line in code.splitlines())]
+
+
+def block_check(code):
+    """The check of the block ``code``; fails unless exactly one ``BLOCK_CHECKS`` line is in it."""
+    keys = _keys_in(code)
+    assert len(keys) == 1, f"README block needs exactly one entry in BLOCK_CHECKS, has {keys}:\n{code}"
+    return BLOCK_CHECKS[keys[0]]
+
+
+def _check_table_problems(blocks, checks=BLOCK_CHECKS):
+    """What is wrong between ``readme_blocks``' blocks and ``checks``: a runnable block without
+    exactly one check, a skipped block with one (it would never run), a check in no block."""
+    problems = []
+    blocks = [(line, code, mark) for line, language, code, mark in blocks if language in _LANGUAGES]
+    for line, code, mark in blocks:
+        keys = _keys_in(code, checks)
+        if mark == "skip" and keys:
+            problems.append(f"README.md:{line} is marked skip, so its check {keys} would never run")
+        elif mark != "skip" and len(keys) != 1:
+            problems.append(f"README.md:{line} needs exactly one entry in BLOCK_CHECKS, has {keys}")
+    for key in checks:
+        if not any(_keys_in(code, [key]) for _, code, _ in blocks):
+            problems.append(f"BLOCK_CHECKS[{key!r}] names a line that is in no README block")
+    return problems
+
+
+def test_every_runnable_block_has_one_check_and_every_check_one_block(tmp_path):
+    assert _check_table_problems(readme_blocks()) == []
+    readme = tmp_path / "README.md"
+    readme.write_text("```python\nx = 1\n```\n<!-- test: skip (why) -->\n```bash\necho b\n```\n"
+                      "```bash\necho a\n```\n```\ntext\n```\n")
+    checks = {"echo a": None, "echo b": None, "x = 2": None}
+    assert _check_table_problems(readme_blocks(readme), checks) == [
+        "README.md:2 needs exactly one entry in BLOCK_CHECKS, has []",
+        "README.md:6 is marked skip, so its check ['echo b'] would never run",
+        "BLOCK_CHECKS['x = 2'] names a line that is in no README block",
+    ]

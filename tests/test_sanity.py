@@ -14,7 +14,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop import pai
-from keras_precrop.constraints import MaskConstraint
+from keras_precrop.training.constraints import MaskConstraint
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "experiments"))

@@ -1,4 +1,4 @@
-"""Tests for keras_precrop.solver.
+"""Tests for the SynExp solvers (keras_precrop.budget.densities and .widths).
 
 References are independent of the solver: the KKT conditions checked here
 from the returned densities and multipliers (sufficient for optimality of
@@ -16,14 +16,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from keras_precrop.solver import (
-    DEFAULT_LOWER,
-    InfeasibleBudgetError,
-    SolveResult,
-    WidthProblem,
-    solve_densities,
-    solve_widths,
-)
+from keras_precrop.budget import SolveResult, WidthProblem, solve_densities, solve_widths
+from keras_precrop.budget.densities import DEFAULT_LOWER
+from keras_precrop.errors import InfeasibleBudgetError
 
 # ------------------------------------------------------------------ helpers
 

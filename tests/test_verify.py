@@ -16,8 +16,7 @@ from keras import layers as L
 
 import keras_precrop as kp
 from keras_precrop import verify
-from keras_precrop.graph import walk
-from keras_precrop.rebuild import rebuild
+from keras_precrop.graph import rebuild, walk
 from tests.conftest import tf_macs
 
 

@@ -8,7 +8,7 @@ so they all keep exactly the same number of weights for a given density.
 import keras
 import numpy as np
 
-from keras_precrop import handlers
+from keras_precrop.graph import handlers
 
 
 def weight_specs(layer):

@@ -29,8 +29,8 @@ Limits (each raises ``ValueError`` naming the layer rather than guessing):
 import keras
 import numpy as np
 
-from keras_precrop import graph as _graph
-from keras_precrop.channels import Part
+from keras_precrop.graph import walker as _graph
+from keras_precrop.graph.channels import Part
 from keras_precrop.pai import common
 from keras_precrop.pai.masks import check_masks
 

@@ -16,8 +16,8 @@ import contextlib
 import keras
 import numpy as np
 
-from keras_precrop.constraints import MaskConstraint
 from keras_precrop.pai import common
+from keras_precrop.training.constraints import MaskConstraint
 
 
 def _distribution_scope(variable):

@@ -1,7 +1,7 @@
 """The bilinear cost model and ``profile(model)``.
 
 Every layer's parameters and MACs are ``sum coef * w_a * w_b`` over width
-variables (see ``channels.py`` for the vocabulary). :class:`CostModel` holds those terms as arrays so
+variables (see ``graph/channels.py`` for the vocabulary). :class:`CostModel` holds those terms as arrays so
 one code path evaluates costs at the original widths (the profile), at
 continuous width ratios (the solver) and at integer widths (a plan's
 prediction of the rebuilt model).
@@ -16,8 +16,9 @@ import math
 
 import numpy as np
 
-from keras_precrop import graph as _graph
-from keras_precrop import solver as _solver
+from keras_precrop import _tables
+from keras_precrop.budget.widths import WidthProblem
+from keras_precrop.graph import walker as _graph
 
 UNITS = "params: weights (trainable and not); MACs: multiply-accumulates per example (FLOPs = 2 x MACs)"
 
@@ -227,7 +228,7 @@ class CostModel:
             for i, j in index[self.balance_pairs()]:
                 leq += [(i, j), (j, i)]
                 offset += [math.log(balance)] * 2
-        problem = _solver.WidthProblem(
+        problem = WidthProblem(
             names=[self.variables[v].name for v in free],
             widths=self.widths[free],
             term_coef=coef[~const_rows],
@@ -237,7 +238,7 @@ class CostModel:
             obj_weight=self.obj_weight[keep],
             leq=np.asarray(leq, dtype=np.int64).reshape(-1, 2),
             lower=lower,
-            rows=("params", "flops", *(row.name for row in self.rows)),
+            rows=self.row_names,
             leq_offset=offset,
         )
         return problem, log_upper
@@ -334,7 +335,8 @@ class ModelProfile:
             rows.append((f"{layer.name} ({layer.class_name})", f"{layer.params:,}",
                          f"{layer.macs:,}", ",".join(layer.in_variables),
                          ",".join(layer.out_variables), "yes" if layer.prunable else "no"))
-        lines = _table(rows) + _not_shown(hidden, "layer{s} without params or MACs", show_all_hint)
+        lines = _tables.table(rows) + _tables.not_shown(hidden, "layer{s} without params or MACs",
+                                                        show_all_hint)
         lines.append(f"Total params: {self.total_params:,}")
         lines.append(f"Total MACs:   {self.total_macs:,} ({2 * self.total_macs:,} FLOPs)")
         free = sum(not v.fixed for v in self.variables)
@@ -362,34 +364,6 @@ class ModelProfile:
 
     def to_json(self, **kwargs):
         return json.dumps(self.to_dict(), **kwargs)
-
-
-def _table(rows):
-    """Format rows as a box-drawing table like ``model.summary()``."""
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-
-    def fmt(r):
-        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                 for i, (c, w) in enumerate(zip(r, widths))]
-        return "| " + " | ".join(cells) + " |"
-
-    return [rule, fmt(rows[0]), rule.replace("-", "="), *map(fmt, rows[1:]), rule]
-
-
-def _not_shown(count, what, show_all_hint):
-    """The note under a table that leaves ``count`` layers out; no line if none.
-
-    Args:
-        count: how many layers the table leaves out.
-        what: which they are, ``{s}`` where the plural's s goes
-            (``"unchanged layer{s}"``).
-        show_all_hint: how the caller shows the layers left out (``--all``).
-    """
-    if not count:
-        return []
-    return [f"{count} {what.format(s='s' * (count > 1))} not shown "
-            f"({show_all_hint} shows {'them' if count > 1 else 'it'})."]
 
 
 def profile(model, *, ignore=(), residual="prefix"):

@@ -33,13 +33,7 @@ import math
 
 import keras
 
-
-class UnsupportedModelError(ValueError):
-    """The model cannot be analysed (subclassed, undefined shapes, ...)."""
-
-
-class UnsupportedLayerError(ValueError):
-    """A layer's channel semantics are unknown to the walker."""
+from keras_precrop.errors import UnsupportedLayerError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +96,13 @@ class _Segment:
 
 
 class WalkContext:
-    """The state handlers read and write while the graph is walked."""
+    """The state handlers read and write while the graph is walked.
+
+    Handlers declare through its methods only (``new_output``,
+    ``add_kernel``, ``add_term``, ``tie``, ``fix``, ``multiple_of``,
+    ``merge``, ``at_most``, ``note``) and read ``segments``/``find``; the
+    attributes behind them belong to the walker.
+    """
 
     def __init__(self, residual):
         self.residual = residual
@@ -161,11 +161,11 @@ class WalkContext:
             if width_of(self, a) != width_of(self, b):
                 raise UnsupportedLayerError(
                     f"{where}: cannot couple tensors of {width_of(self, a)} and "
-                    f"{width_of(self, b)} channels. Pass "
-                    f"ignore=[{where.split('/')[-1]!r}] to keep them fixed.")
+                    f"{width_of(self, b)} channels. Pass {{ignore}} to keep them fixed.",
+                    ignore=[where.split('/')[-1]])
             self.fix(a)
             self.fix(b)
-            self.notes.append(
+            self.note(
                 f"{where}: couples a concatenation (or depthwise-multiplied "
                 "tensor) with a differently built tensor; those channels are "
                 "kept fixed.")
@@ -190,6 +190,22 @@ class WalkContext:
             self.segments[self.find(p.segment)].fixed = True
 
     # -- what handlers declare ---------------------------------------------
+    def merge(self, rec, out_segment, in_segments):
+        """Declare a residual merge (an ``Add``): ``in_segments`` join into ``out_segment``.
+
+        The walk resolves merges into streams once every layer is seen
+        (``residual="prefix"``: views and prefixes; ``"tie"``: one group).
+        """
+        self.merges.append((out_segment, list(in_segments), rec.path))
+
+    def at_most(self, a, b):
+        """Declare that segment ``a`` is never wider than segment ``b`` (a slice of it)."""
+        self.leq.append((a, b))
+
+    def note(self, text):
+        """Record a decision the user should know about (shown under the profile)."""
+        self.notes.append(text)
+
     def new_output(self, rec, width) -> Channels:
         """The channels layer ``rec`` creates: ``width`` new channels named after it.
 
@@ -266,9 +282,19 @@ class WalkContext:
                 rec.objective.append((weight, p.segment))
 
 
+def channels_width(channels: Channels, width):
+    """Number of channels ``channels`` describe when segment ``s`` has ``width(s)`` channels.
+
+    The one place a descriptor's parts are summed: at the original widths
+    (:func:`width_of`), at a plan's new widths (``Handler.configure``'s
+    ``width``), in a rebuild and in its check.
+    """
+    return sum(int(width(p.segment)) * p.mult for p in channels)
+
+
 def width_of(ctx, channels: Channels):
     """Original number of channels described by ``channels``."""
-    return sum(p.mult * ctx.segments[p.segment].width for p in channels)
+    return channels_width(channels, lambda s: ctx.segments[s].width)
 
 
 def output_shape(node):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_precrop import layers as _layers
-from keras_precrop.graph import ModelGraph, functional_of, topological_nodes
+from keras_precrop.graph import layers as _layers
+from keras_precrop.graph.channels import channels_width
+from keras_precrop.graph.walker import ModelGraph, functional_of, topological_nodes
 
 
 class _Rebuilder:
@@ -85,7 +86,7 @@ class _Rebuilder:
 
     def _new_width_of_old_tensor(self, t):
         channels = self.graph.tensor_channels[id(t)]
-        return sum(self.width(p.segment) * p.mult for p in channels)
+        return channels_width(channels, self.width)
 
     def _slice_readers(self, rec, call, args):
         """Put a ChannelSlice in front of a reader whose view is narrower."""

@@ -32,7 +32,7 @@ import types
 import keras
 
 from keras_precrop import progress as _progress
-from keras_precrop.optimizers import SGDWithL2
+from keras_precrop.training.optimizers import SGDWithL2
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
 

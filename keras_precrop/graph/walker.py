@@ -29,13 +29,12 @@ from collections.abc import Iterable
 
 import keras
 
-from keras_precrop import handlers
-from keras_precrop.channels import (
+from keras_precrop.errors import ArgumentError, UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.graph import handlers
+from keras_precrop.graph.channels import (
     Channels,
     LayerRecord,
     Part,
-    UnsupportedLayerError,
-    UnsupportedModelError,
     WalkContext,
     width_of,
 )
@@ -186,15 +185,14 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             its own width) or ``"tie"`` (the whole stream shares one width).
     """
     if residual not in ("prefix", "tie"):
-        raise ValueError(f"residual must be 'prefix' or 'tie', got {residual!r}")
+        raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
     fn = functional_of(model)
     ignore = set(ignore)
     missing = sorted(ignore - set(layer_names(fn)))
     if missing:
-        raise ValueError(
-            f"ignore={missing!r} names no layer of model {model.name!r}; layers are "
-            "named as in model.summary() (or `keras-precrop profile`)."
-        )
+        raise ArgumentError(
+            f"{{ignore}} names no layer of model {model.name!r}; layers are "
+            "named as in model.summary() (or `keras-precrop profile`).", ignore=missing)
     walker = _Walker(WalkContext(residual), ignore)
     for t in fn.inputs:
         shape = tuple(t.shape)
@@ -261,6 +259,7 @@ class _Walker:
         ctx = self.ctx
         rec = ctx.records.get(id(op))
         if rec is None:
+            _refuse_quantized(op, path)
             ignored = op.name in self.ignore or path in self.ignore
             handler = handlers.lookup(op, path, ignored=ignored)
             rec = LayerRecord(op, path, handler, ignored)
@@ -274,6 +273,16 @@ class _Walker:
         rec.outputs.append(outs)
         rec.calls += 1
         return outs
+
+
+def _refuse_quantized(op, path):
+    """Refuse a quantized layer (``model.quantize(...)``): its weights are not float kernels."""
+    mode = getattr(getattr(op, "dtype_policy", None), "quantization_mode", None)
+    if mode:
+        raise UnsupportedLayerError(
+            f"Layer {path!r} is quantized ({mode}): quantized layers are not supported. "
+            "Prune before quantizing: precrop the float model, train it, then call "
+            "model.quantize(...) on the result.")
 
 
 def _walk_layer(ctx, rec, node, ins):

@@ -23,11 +23,12 @@ from keras.src.ops import core as _ops_core
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
-from keras_precrop import layers as _custom
-from keras_precrop.channels import (
+from keras_precrop.errors import UnsupportedLayerError
+from keras_precrop.graph import layers as _custom
+from keras_precrop.graph.channels import (
     Part,
-    UnsupportedLayerError,
     as_part,
+    channels_width,
     input_shape,
     output_shape,
     width_of,
@@ -109,11 +110,20 @@ class Handler:
         its SynExp objective entry; ``out=None`` for a depthwise kernel.
       - ``ctx.add_term(rec, params, macs, a, b)``: any other cost bilinear in
         widths, ``ctx.tie(a, b, rec.path)``: channels that must stay equal,
-        ``ctx.fix(channels)``: channels that must not change.
+        ``ctx.fix(channels)``: channels that must not change,
+        ``ctx.multiple_of(rec, channels, m)``: channels that move in
+        multiples of ``m`` (groups), ``ctx.merge(rec, out, ins)``: a residual
+        merge, ``ctx.at_most(a, b)``: a segment never wider than another,
+        ``ctx.note(text)``: a decision the user should know about.
+
+      Shapes come from ``keras_precrop.graph.output_shape(node)`` and
+      ``input_shape(node)``; a descriptor's channel count from
+      ``width_of(ctx, channels)`` (original) or, in ``configure``,
+      ``keras_precrop.graph.channels_width(channels, width)`` (new).
 
       The context keeps the rules of shared layers: parameters and objective
       entries count on the first call only, MACs on every call. Raise
-      :class:`~keras_precrop.channels.UnsupportedLayerError` for a
+      :class:`~keras_precrop.UnsupportedLayerError` for a
       configuration the rule cannot describe.
     * ``configure(rec, config, width)`` returns the layer's config for new
       widths when the model is rebuilt; ``width(segment)`` is the new width of
@@ -129,7 +139,7 @@ class Handler:
     >>> import math
     >>> import keras
     >>> import keras_precrop as kp
-    >>> from keras_precrop.channels import output_shape
+    >>> from keras_precrop.graph.channels import output_shape
     >>> class Pointwise(keras.layers.Layer):
     ...     def __init__(self, filters, **kwargs):
     ...         super().__init__(**kwargs)
@@ -345,7 +355,7 @@ class Conv(_Source):
     def configure(self, rec, config, width):
         groups = config.get("groups", 1)
         if groups > 1 and rec.out_segment is None:  # depthwise: follows its input
-            channels = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+            channels = channels_width(rec.inputs[0][0], width)
             config["filters"] = config["filters"] // groups * channels
             config["groups"] = channels
             return config
@@ -440,7 +450,7 @@ class Merge(Handler):
             return _broadcast(ctx, rec, node, ins)
         width = max(width_of(ctx, ch) for ch in ins)
         seg = ctx.new_segment(width, rec.path)
-        ctx.merges.append((seg, [ch[0].segment for ch in ins], rec.path))
+        ctx.merge(rec, seg, [ch[0].segment for ch in ins])
         return [(Part(seg),)]
 
     def channel_map(self, rec, node):
@@ -526,7 +536,7 @@ class Reshape(Handler):
             return [ins[0]]
         raise UnsupportedLayerError(
             f"{rec.path} (Reshape {shape_in} -> {shape_out}) moves channels "
-            f"to other axes. Pass ignore=[{rec.layer.name!r}] to keep it fixed."
+            f"to other axes. Pass {{ignore}} to keep it fixed.", ignore=[rec.layer.name]
         )
 
     def channel_map(self, rec, node):
@@ -536,7 +546,7 @@ class Reshape(Handler):
 
     def configure(self, rec, config, width):
         target = list(config["target_shape"])
-        target[-1] = sum(width(p.segment) * p.mult for p in rec.outputs[0][0])
+        target[-1] = channels_width(rec.outputs[0][0], width)
         config["target_shape"] = tuple(target)
         return config
 
@@ -548,7 +558,7 @@ class Slice(Handler):
         src = as_part(ins[0], rec.path)
         out = ctx.new_output(rec, rec.layer.width)
         if rec.calls == 0:
-            ctx.leq.append((rec.out_segment, src.segment))
+            ctx.at_most(rec.out_segment, src.segment)
         return [out]
 
     def configure(self, rec, config, width):
@@ -579,7 +589,7 @@ class GroupNorm(Normalize):
         spec = rec.layer.input_spec  # set when the layer was built
         original = next(iter(spec.axes.values()))
         if _acts_on_channels(rec.layer, spec.ndim) and config["groups"] == original:
-            config["groups"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+            config["groups"] = channels_width(rec.inputs[0][0], width)
         return config
 
 
@@ -587,7 +597,7 @@ class LayerScale(Tie):
     """ConvNeXt's LayerScale: a per-channel scale whose config names its width."""
 
     def configure(self, rec, config, width):
-        config["projection_dim"] = sum(width(p.segment) * p.mult for p in rec.inputs[0][0])
+        config["projection_dim"] = channels_width(rec.inputs[0][0], width)
         return config
 
 
@@ -599,8 +609,8 @@ def _channel_kept(node):
 def _refuse_op(rec, node, why):
     raise UnsupportedLayerError(
         f"{rec.path} ({type(rec.layer).__name__} {input_shape(node)} -> "
-        f"{output_shape(node)}) {why}. Pass ignore=[{rec.layer.name!r}] to keep "
-        "its channels fixed."
+        f"{output_shape(node)}) {why}. Pass {{ignore}} to keep "
+        "its channels fixed.", ignore=[rec.layer.name]
     )
 
 
@@ -632,7 +642,7 @@ class OpReshape(Handler):
         outs = Flatten().walk(ctx, rec, node, ins) if flatten else [ins[0]]
         if list(rec.layer.newshape)[-1] != -1:
             ctx.fix(ins[0])
-            ctx.notes.append(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
+            ctx.note(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
         return outs
 
     channel_map = Reshape.channel_map
@@ -703,8 +713,9 @@ def lookup(op, path, ignored=False):
     raise UnsupportedLayerError(
         f"Layer {path!r} of class {type(op).__name__} is not supported: the "
         "walker does not know how its channels flow. Either keep its channels "
-        f"fixed with ignore=[{op.name!r}], or describe it with "
-        f"keras_precrop.register_handler({type(op).__name__}, 'tie' | 'fixed' | ...)."
+        "fixed with {ignore}, or describe it with "
+        f"keras_precrop.register_handler({type(op).__name__}, 'tie' | 'fixed' | ...).",
+        ignore=[op.name]
     )
 
 

@@ -1,0 +1,145 @@
+"""One call to compare the translation modes, uniform width scaling included.
+
+The question a user asks first is whether a pruned layout beats what they
+already have: one width factor for every layer (a width multiplier).
+:func:`compare` plans the same budgets in each mode and lays the plans side by
+side: parameters, MACs, predicted latency (with a latency model), the SynExp
+objective, and, with ``measure=True``, the speedup each rebuilt model measures
+on this machine (all models timed interleaved in one process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from keras_precrop import _json, _tables
+from keras_precrop import latency as _latency
+from keras_precrop.budget.modes import MODES
+from keras_precrop.errors import ArgumentError
+from keras_precrop.planning import apply_plan, plan
+
+DEFAULT_MODES = ("exact", "layerwise", "uniform")
+
+
+@dataclasses.dataclass
+class Comparison(_json.JsonDataclass):
+    """Plans of one model under the same budgets, one row per mode.
+
+    Attributes:
+        model_name: the model compared.
+        budgets: the budget arguments given (``{"flops": 0.5}``).
+        auto_mode: the mode ``mode="auto"`` picks for these budgets.
+        rows: per mode: ``mode``, ``params``, ``macs`` (and their ratios of the
+            original), ``latency`` (predicted seconds per batch, or None),
+            ``objective`` (SynExp, higher keeps more), ``uniform_ratio``
+            (uniform mode's width factor, else None) and ``speedup`` (the
+            original's measured time over the plan's, or None unmeasured).
+        timing: what was timed, or None.
+    """
+
+    model_name: str
+    budgets: dict
+    auto_mode: str
+    rows: list
+    timing: dict | None = None
+
+    def row(self, mode):
+        """The row of ``mode``."""
+        return next(r for r in self.rows if r["mode"] == mode)
+
+    def summary(self, print_fn=print):
+        """Print one line per mode, ``model.summary()`` style."""
+        head = ["Mode", "Params", "MACs", "Objective", "Width factor"]
+        has_latency = any(r["latency"] is not None for r in self.rows)
+        head += ["Latency (ms, predicted)"] * has_latency + ["Speedup (measured)"] * bool(self.timing)
+        lines = [tuple(head)]
+        for r in self.rows:
+            cells = [r["mode"] + (" (auto)" if r["mode"] == self.auto_mode else ""),
+                     f"{r['params']:,} ({r['params_ratio']:.1%})",
+                     f"{r['macs']:,} ({r['macs_ratio']:.1%})", f"{r['objective']:.2f}",
+                     "" if r["uniform_ratio"] is None else f"{r['uniform_ratio']:.3f}"]
+            if has_latency:
+                cells.append("" if r["latency"] is None else f"{r['latency'] * 1e3:.3f}")
+            if self.timing:
+                cells.append(f"{r['speedup']:.2f}x")
+            lines.append(tuple(cells))
+        given = ", ".join(f"{k}={v}" for k, v in self.budgets.items())
+        print_fn(f'Modes compared: "{self.model_name}" at {given}')
+        for line in _tables.table(lines):
+            print_fn(line)
+        if self.timing:
+            t = self.timing
+            print_fn(f"Measured: {t['runtime']}, batch {t['batch_size']}, "
+                     f"{'training step' if t['training'] else 'inference'}, median of "
+                     f"{t['rounds']} interleaved rounds; original {t['original_ms']:.3f} ms")
+
+
+def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=False, rounds=7,
+            batch_size=64, runtime="tf", verbose=1, **options):
+    """Plan the same budgets in several modes and compare the plans.
+
+    Args:
+        model: a functional or Sequential Keras model with a defined input shape.
+        params, flops: budget ratios, as in :func:`keras_precrop.plan`.
+        modes: the translation modes to compare (default exact, layerwise,
+            uniform); ``mode="auto"``'s pick is marked in the table.
+        measure: also time the original and every plan's rebuilt model on
+            this machine, interleaved, and report the speedups.
+        rounds: interleaved timing rounds when measuring.
+        batch_size, runtime: how to time (a latency model's own settings
+            take precedence when one is given or fitted).
+        verbose: 1 prints timing progress, 0 is silent.
+        **options: further :func:`keras_precrop.plan` options (``latency``,
+            ``latency_model``, ``max_params``, ``max_macs``, ``round_to``,
+            ``min_channels``, ``ignore``, ``residual``, ``upper``); a latency
+            model is fitted or read once and shared by every mode.
+
+    Returns:
+        A :class:`Comparison`.
+    """
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ArgumentError(f"{{modes}} must name modes among {sorted(MODES)}.", modes=list(modes))
+    if "mode" in options:
+        raise ArgumentError("{mode} is what compare varies; give modes=[...] instead.",
+                            mode=options["mode"])
+    if options.get("latency") is not None or options.get("latency_model") is not None:
+        options["latency_model"] = _latency.resolve(
+            options.get("latency_model"), model, residual=options.get("residual", "prefix"),
+            ignore=tuple(options.get("ignore", ())))
+        options.setdefault("calibrate", 0)
+    plans = {m: plan(model, params, flops, mode=m, **options) for m in modes}
+    auto = plan(model, params, flops, **options).mode
+    given = {k: v for k, v in (("params", params), ("flops", flops), *options.items())
+             if k in ("params", "flops", "latency", "max_params", "max_macs") and v is not None}
+    rows = [_row(m, p) for m, p in plans.items()]
+    timing = None
+    if measure:
+        lm = options.get("latency_model")
+        settings = (dict(batch_size=lm.batch_size, runtime=lm.runtime, training=lm.training)
+                    if lm is not None else dict(batch_size=batch_size, runtime=runtime,
+                                                training=False))
+        timing = _measure(model, plans, rows, settings, rounds, verbose)
+    return Comparison(model.name, given, auto, rows, timing)
+
+
+def _row(mode, p):
+    """The table row of plan ``p``."""
+    return {"mode": mode, "params": p.params, "params_ratio": p.params / p.original["params"],
+            "macs": p.macs, "macs_ratio": p.macs / p.original["macs"], "latency": p.latency,
+            "objective": float(p.solver["objective"]),
+            "uniform_ratio": p.solver.get("uniform_ratio"), "speedup": None}
+
+
+def _measure(model, plans, rows, settings, rounds, verbose):
+    """Times the original and each plan's model interleaved; fills the rows' speedups."""
+    models = {"original": model, **{mode: apply_plan(model, p) for mode, p in plans.items()}}
+    log = _latency.timing.logger(verbose)
+    fns = {name: _latency.runner(m, **settings) for name, m in models.items()}
+    samples = _latency.interleaved(fns, rounds, log=log)
+    seconds = {name: statistics.median(s) for name, s in samples.items()}
+    for r in rows:
+        r["speedup"] = seconds["original"] / seconds[r["mode"]]
+    return {**settings, "rounds": rounds, "original_ms": seconds["original"] * 1e3,
+            "seconds": seconds}

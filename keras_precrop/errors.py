@@ -1,0 +1,158 @@
+"""The package's exceptions, with the user's arguments as structured fields.
+
+Every error a user can cause by an argument is an :class:`ArgumentError`: it
+keeps the arguments it is about (``{"flops": 0}``), their order and the
+sentence around them, so each front end names them as the user typed them.
+Python shows ``flops=0 must be a positive ratio ...``; the command line shows
+``--flops 0 must be a positive ratio ...`` (``keras_precrop/cli.py``) without
+parsing message text.
+"""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+
+class _NameOnly:
+    """The value of an argument a message names without a value (``params=``, ``--params``)."""
+
+    def __repr__(self):
+        return ""
+
+    __str__ = __repr__
+
+
+NAME_ONLY = _NameOnly()
+
+
+def spelled(name, value):
+    """``name=value`` as a Python caller wrote the argument (numpy scalars as numbers)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return f"{name}={value!r}"
+
+
+class _Field:
+    """A placeholder's argument, formatted by its spec (see :class:`ArgumentError`)."""
+
+    def __init__(self, name, value, spell, front):
+        self.name, self.value, self.spell, self.front = name, value, spell, front
+
+    def __format__(self, spec):
+        if spec == "=":
+            return self.spell(self.name, NAME_ONLY)
+        if spec == "subject":  # Python: the bare name (its value follows in {got})
+            return self.name if self.front == "python" else self.spell(self.name, self.value)
+        return self.spell(self.name, spec if spec else self.value)
+
+
+class ArgumentError(ValueError):
+    """A bad argument: the message names it, and the fields keep it.
+
+    The message is a template whose placeholders name arguments: ``{flops}``
+    shows the argument with the user's value (``flops=0``, ``--flops 0``),
+    ``{mode:exact}`` the argument with another value (``mode='exact'``,
+    ``--mode exact``), ``{latency:=}`` its name alone (``latency=``,
+    ``--latency``), and ``{remedy}`` the front end's own advice. A message
+    whose subject is the argument writes ``{variants:subject} must be an
+    integer >= 6{got}``: ``variants must be an integer >= 6, got 3`` in
+    Python, ``--variants 3 must be an integer >= 6`` on the command line.
+
+    Attributes:
+        template: the message, with its placeholders.
+        arguments: ``{name: value}`` of the user's arguments the message is
+            about, in order; the first is the one at fault.
+        limit: the bound the value broke, where there is one (e.g. the
+            smallest feasible budget), else ``None``.
+        remedy: ``{"python": text, "cli": text}``: what to do, as each front
+            end says it (the ``{remedy}`` placeholder), or ``None``.
+
+    Args:
+        template: as above; a plain sentence when it has no placeholder.
+        limit, remedy: as above.
+        **arguments: the arguments, as ``name=value``.
+    """
+
+    def __init__(self, template, *, limit=None, remedy=None, **arguments):
+        self.template = template
+        self.arguments = arguments
+        self.limit = limit
+        self.remedy = remedy
+        super().__init__(self.format(spelled))
+
+    @property
+    def argument(self):
+        """The name of the argument at fault (the first named), or ``None``."""
+        return next(iter(self.arguments), None)
+
+    @property
+    def value(self):
+        """The value of :attr:`argument`, or ``None``."""
+        return self.arguments.get(self.argument)
+
+    def format(self, spell, front="python"):
+        """The message with each argument written by ``spell(name, value)``.
+
+        Args:
+            spell: writes one argument, e.g. as ``name=value`` or ``--name value``;
+                it gets :data:`NAME_ONLY` for an argument named without a value.
+            front: whose ``remedy`` fills ``{remedy}`` (``"python"`` or ``"cli"``).
+        """
+        names = {field.partition(":")[0] for _, field, _, _ in string.Formatter().parse(
+            self.template) if field}
+        if not names:
+            return self.template
+        values = {n: _Field(n, self.arguments.get(n, NAME_ONLY), spell, front) for n in names}
+        if "remedy" in names:
+            values["remedy"] = (self.remedy or {}).get(front, "")
+        if "got" in names:
+            values["got"] = f", got {self.value!r}" if front == "python" else ""
+        return self.template.format(**values)
+
+    def __reduce__(self):
+        return _rebuild_error, (type(self), self.template, self.limit, self.remedy,
+                                self.arguments)
+
+
+def _rebuild_error(cls, template, limit, remedy, arguments):
+    """Unpickles an :class:`ArgumentError` subclass (keyword-only fields)."""
+    return cls(template, limit=limit, remedy=remedy, **arguments)
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (a string where a ratio belongs, ...)."""
+
+
+class InfeasibleBudgetError(ArgumentError):
+    """No widths meet the budgets within the bounds (min widths, caps).
+
+    ``arguments`` names the budget (and the option that makes it infeasible,
+    e.g. ``min_channels``) where the caller knows it; ``limit`` is the smallest
+    feasible value where it is known.
+    """
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be analysed (subclassed, undefined shapes, ...)."""
+
+
+class UnsupportedLayerError(ArgumentError):
+    """A layer's channel semantics are unknown to the walker.
+
+    Where the remedy is to keep the layer fixed, ``arguments`` holds
+    ``ignore=[layer name]``, which the message offers.
+    """
+
+
+class PlanMismatchError(ArgumentError):
+    """A plan does not fit the model it is applied to."""
+
+
+class RebuildMismatchError(PlanMismatchError):
+    """The rebuilt model disagrees with its plan's per-layer prediction."""
+
+
+class LatencyModelMismatchError(ArgumentError):
+    """A latency model was fitted on another model (or other variables) than it is used for."""

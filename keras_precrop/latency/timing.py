@@ -1,0 +1,253 @@
+"""Timing models on this machine: runners per runtime, interleaved rounds, time ratios.
+
+Timings are interleaved (round-robin over the models, the start rotated each
+round) and summarized by medians, so a load spike hits every model alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import keras
+import numpy as np
+
+from keras_precrop.errors import ArgumentError
+
+RUNTIMES = ("tf", "tflite")
+
+
+def input_shape(model):
+    if len(model.inputs) != 1:
+        raise ValueError(f"Model {model.name!r} has {len(model.inputs)} inputs; latency "
+                         "models time single-input models.")
+    shape = tuple(model.inputs[0].shape[1:])
+    if any(d is None for d in shape):
+        raise ValueError(f"Model {model.name!r} has an undefined input shape {shape}; "
+                         "timing needs a fixed one.")
+    return shape
+
+
+def _compiled_step(model, x, training):
+    """A no-argument callable: one compiled inference pass or SGD training step on ``x``.
+
+    The only backend-specific code of the module. TensorFlow: a
+    ``tf.function`` with a fixed input signature (the pass returns the
+    outputs' sum, fetched to the host, so no work is skipped; the training
+    step is forward, mean-square loss, gradients and
+    ``SGD(momentum=0.9).apply``). Other backends: Keras' own compiled
+    ``predict_on_batch`` / ``train_on_batch``.
+    """
+    if keras.backend.backend() != "tensorflow":
+        if not training:
+            return lambda: model.predict_on_batch(x)
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
+                      loss="mse")
+        target = np.zeros(model.outputs[0].shape[1:], dtype="float32")[None].repeat(len(x), 0)
+        return lambda: model.train_on_batch(x, target)
+    import tensorflow as tf
+
+    spec = tf.TensorSpec(x.shape, tf.float32)
+    x = tf.constant(x)
+    if not training:
+        forward = tf.function(lambda inputs: tf.reduce_sum(model(inputs, training=False)),
+                              input_signature=[spec])
+        return lambda: float(forward(x))
+    optimizer = keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(input_signature=[spec])
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(inputs, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return lambda: float(step(x))
+
+
+def to_tflite(model, batch_size=None):
+    """Convert a Keras model to a TFLite flatbuffer (bytes), weights frozen.
+
+    The weights become constants of the graph (the converter freezes the
+    function instead of saving it as a SavedModel first), as in a converted
+    ``model.export()``: batch norm is folded into the convolutions, their
+    activations fused, and the interpreter's XNNPACK delegate runs the whole
+    graph as one partition. (The converter's default route for a function
+    keeps Keras 3's weights as resource variables: every call then reads
+    them, transposes each kernel and computes batch norm separately, and
+    XNNPACK, which needs constant weights, is cut into one partition per
+    layer; that ran resnet20 about 8x slower.)
+
+    Args:
+        model: a single-input Keras model; rebuilt models with
+            ``ChannelSlice`` / ``PrefixAdd`` convert to builtin TFLite ops
+            (``SLICE``, ``PAD``, ``ADD``).
+        batch_size: fixed batch size of the converted graph (None: dynamic).
+    """
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((batch_size,) + input_shape(model), tf.float32)
+    fn = tf.function(lambda x: model(x, training=False), input_signature=[spec])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()],
+                                                                model)
+    converter.experimental_lower_to_saved_model = False
+    return converter.convert()
+
+
+def _tflite_step(model, x, threads):
+    """A no-argument callable: one TFLite interpreter invocation on ``x``."""
+    import tensorflow as tf
+
+    with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice
+        warnings.simplefilter("ignore")
+        interpreter = tf.lite.Interpreter(model_content=to_tflite(model, len(x)),
+                                          num_threads=threads)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    return interpreter.invoke
+
+
+def runner(model, batch_size, runtime="tf", training=False, seed=0):
+    """A no-argument callable that runs ``model`` once on a fixed random batch.
+
+    Args:
+        model: a single-input Keras model with a fixed input shape.
+        batch_size: examples per call.
+        runtime: ``"tf"`` (compiled Keras/TensorFlow function) or ``"tflite"``
+            (TFLite interpreter, one thread per usable core).
+        training: time a training step (forward, backward, SGD update)
+            instead of inference; ``"tf"`` only.
+        seed: seed of the random batch.
+    """
+    check_settings(batch_size, runtime, training)
+    x = np.random.default_rng(seed).standard_normal(
+        (batch_size,) + input_shape(model)).astype("float32")
+    if runtime == "tflite":
+        return _tflite_step(model, x, _usable_cpus())
+    return _compiled_step(model, x, training)
+
+
+def _usable_cpus():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _calls_per_sample(fn, target_s):
+    """How many back-to-back calls make one sample last about ``target_s``."""
+    start = time.perf_counter()
+    fn()
+    return max(1, math.ceil(target_s / max(time.perf_counter() - start, 1e-6)))
+
+
+def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
+    """Time several callables round-robin; seconds per call, one entry per round.
+
+    Each callable is warmed up (tracing, allocator and kernel caches), its
+    inner loop calibrated so that a sample lasts about ``target_s``; then each
+    round times every callable once, the order rotated by one each round, so
+    slow phases of a shared machine hit all of them alike.
+
+    Args:
+        fns: ``{name: no-argument callable}``.
+        rounds: samples per callable.
+        warmup: untimed calls per callable before calibrating.
+        target_s: approximate duration of one sample.
+        log: called with a progress line per round, if given.
+
+    Returns:
+        ``{name: [seconds per call, one per round]}``.
+    """
+    names = list(fns)
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # a compiled step per model is not "retracing"
+    try:
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+    finally:
+        tf_logger.setLevel(level)
+    inner = {name: _calls_per_sample(fns[name], target_s) for name in names}
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        if log:
+            log(f"round {r + 1}/{rounds}")
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            fn, n = fns[name], inner[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - start) / n)
+    return samples
+
+
+def logger(verbose):
+    """Progress lines on stderr (``verbose=1``) or none."""
+    if not verbose:
+        return lambda line: None
+    return lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)
+
+
+def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
+    """A function ``ratio(candidate)``: the measured time of ``candidate`` over ``model``'s.
+
+    Both are timed as ``latency_model`` was (batch size, runtime, inference
+    or training step), interleaved and summarized by medians; ``model`` is
+    prepared once. This is the measurement a latency plan is calibrated
+    against (``plan(calibrate=...)``).
+
+    Args:
+        latency_model: the :class:`LatencyModel` whose timing settings apply.
+        model: the reference model (the one the latency model was fitted on).
+        rounds: interleaved timing rounds per call of ``ratio``.
+        verbose: 1 prints timing progress, 0 is silent.
+        timer: replaces the clock, as in :func:`latency_model`.
+    """
+    measure = timer or timer_of(latency_model.batch_size, latency_model.runtime,
+                              latency_model.training, rounds, logger(verbose))
+
+    def ratio(candidate):
+        seconds = measure({"original": model, "candidate": candidate})
+        return float(seconds["candidate"]) / float(seconds["original"])
+
+    return ratio
+
+
+def timer_of(batch_size, runtime, training, rounds, log):
+    """The default timer: median seconds per call of each model, interleaved.
+
+    A model timed again (the refinement round's anchors) reuses its
+    prepared runner.
+    """
+    prepared = {}  # id(model) -> (model, runner)
+
+    def measure(models):
+        fns = {}
+        for i, (name, model) in enumerate(models.items(), start=1):
+            if id(model) not in prepared:
+                log(f"preparing variant {i}/{len(models)} ({name})")
+                prepared[id(model)] = (model, runner(model, batch_size, runtime, training))
+            fns[name] = prepared[id(model)][1]
+        samples = interleaved(fns, rounds, log=log)
+        return {name: statistics.median(s) for name, s in samples.items()}
+
+    return measure
+
+
+def check_settings(batch_size, runtime, training):
+    """Raises :class:`~keras_precrop.ArgumentError` for timing settings no runner takes."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ArgumentError("{batch_size:subject} must be a positive integer{got}", batch_size=batch_size)
+    if runtime not in RUNTIMES:
+        raise ArgumentError(f"{{runtime:subject}} must be one of {RUNTIMES}{{got}}", runtime=runtime)
+    if training and runtime != "tf":
+        raise ArgumentError("{training} times a training step, which only {runtime:tf} runs",
+                            training=training)

@@ -1,0 +1,113 @@
+"""Errors a new user met, each naming the argument they passed (issue: one-way house).
+
+Each error is an ``ArgumentError`` whose fields keep the user's arguments, so
+Python shows ``min_channels=1000`` and the command line ``--min_channels 1000``
+without parsing message text.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_precrop as kp
+from keras_precrop.cli import main as cli_main
+
+L = keras.layers
+
+
+def _cnn(shape=(16, 16, 3)):
+    x = keras.Input(shape)
+    h = L.Conv2D(8, 3, padding="same", name="conv1")(x)
+    h = L.ReLU()(h)
+    h = L.Conv2D(12, 3, padding="same", name="conv2")(h)
+    h = L.GlobalAveragePooling2D()(h)
+    return keras.Model(x, L.Dense(4, name="head")(h), name="cnn")
+
+
+def test_min_channels_that_exceed_the_budget_are_named():
+    model = _cnn()
+    with pytest.raises(kp.InfeasibleBudgetError) as err:
+        kp.plan(model, params=0.5, min_channels=1000)
+    assert err.value.arguments == {"params": 0.5, "min_channels": 1000, "round_to": 1}
+    assert "params=0.5 cannot be met" in str(err.value)
+    assert "min_channels=1000" in str(err.value)
+    # The narrowest model is the original (every width is below 1000): its parameters.
+    assert err.value.limit == {"params": float(model.count_params())}
+
+
+def test_a_tiny_ratio_names_the_ratio_not_a_zero_budget():
+    model = _cnn()
+    with pytest.raises(kp.InfeasibleBudgetError) as err:
+        kp.plan(model, params=1e-6)
+    message = str(err.value)
+    assert message.startswith("params=1e-06 cannot be met with integer widths")
+    assert "0.0 must be" not in message and "params_budget" not in message
+    assert err.value.argument == "params"
+
+
+def test_the_command_line_shows_the_same_error_as_flags(capsys):
+    assert cli_main(["precrop", "resnet20", "--params", "0.5", "--min_channels", "1000"]) == 1
+    line = capsys.readouterr().err
+    assert line.startswith("keras-precrop: error: --params 0.5 cannot be met")
+    assert "--min_channels 1000" in line and "min_channels=" not in line
+
+
+def test_a_plan_file_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("widths: [1, 2]\n")
+    with pytest.raises(ValueError, match=f"file {str(path)!r} is not a Plan JSON"):
+        kp.Plan.from_json(str(path))
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="it holds a list, not an object"):
+        kp.Plan.from_json(str(path))
+
+
+def test_a_hand_edited_negative_width_is_refused_before_keras_sees_it(tmp_path):
+    model = _cnn()
+    data = kp.plan(model, params=0.5).to_dict()
+    edited = next(v for v in data["variables"] if not v["fixed"])
+    edited["new"] = -3
+    with pytest.raises(kp.PlanMismatchError, match=f"{edited['name']!r} -3 channels"):
+        kp.apply_plan(model, kp.Plan.from_dict(json.loads(json.dumps(data))))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Keras: layers without an int8 form
+def test_a_quantized_model_is_refused_with_the_remedy():
+    model = _cnn()
+    model.quantize("int8")
+    with pytest.raises(kp.UnsupportedLayerError, match="quantized layers are not supported.*"
+                                                       "Prune before quantizing"):
+        kp.precrop(model, params=0.5)
+
+
+def test_an_unknown_layer_offers_ignore_as_an_argument():
+    class Opaque(L.Layer):
+        def call(self, x):
+            return x * 2.0
+
+    x = keras.Input((8, 8, 3))
+    h = Opaque(name="opaque")(L.Conv2D(4, 3, name="c")(x))
+    model = keras.Model(x, L.Dense(2)(L.Flatten()(h)))
+    with pytest.raises(kp.UnsupportedLayerError) as err:
+        kp.profile(model)
+    assert err.value.arguments == {"ignore": ["opaque"]}
+    assert "ignore=['opaque']" in str(err.value)
+    assert err.value.format(lambda k, v: f"--{k} {','.join(v)}").count("--ignore opaque") == 1
+
+
+def test_argument_errors_keep_their_fields_through_pickling():
+    import pickle
+
+    err = kp.ArgumentError("{flops} must be positive.", limit=0.0, flops=-1.0)
+    back = pickle.loads(pickle.dumps(err))
+    assert (str(back), back.arguments, back.limit) == ("flops=-1.0 must be positive.",
+                                                       {"flops": -1.0}, 0.0)
+
+
+def test_uniform_mode_refuses_balance_naming_both():
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.plan(_cnn(), params=0.5, mode="uniform", balance=2)
+    assert err.value.arguments == {"balance": 2, "mode": "uniform"}
+    np.testing.assert_equal(err.value.argument, "balance")
