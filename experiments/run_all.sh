@@ -11,6 +11,9 @@
 # at SynExp's densities: not in the issue's list, so after all of it). Extra arguments go to run.py
 # (e.g. --commit).
 cd "$(dirname "$0")/.."
+# This turn's grids first (issue 27, against uniform width scaling): seed-major over both.
+python experiments/run.py --grid experiments/grids/uniform_latency.json \
+  --grid experiments/grids/uniform.json "$@" || exit
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
   GRIDS+=(--grid "experiments/grids/$name.json")
