@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 
+import keras
 import numpy as np
 
 from keras_precrop import _json, _tables
@@ -40,9 +41,13 @@ __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "p
            "reconfigure"]
 
 _OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
+# The spatial size that stands in for an input's undefined one where only parameters count.
+_PROBE_SIZE = 224
 
 
 _OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
+# The spatial size that stands in for an input's undefined one where only parameters count.
+_PROBE_SIZE = 224
 
 
 @dataclasses.dataclass
@@ -297,7 +302,9 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     measured_here = latency_model is None or isinstance(latency_model, dict)
     calibrate = _check_calibrate(calibrate, latency_budget is not None and measured_here,
                                  latency_budget is not None)
-    prof = _costs.profile(model, ignore=ignore, residual=residual)
+    measured = _defined_spatial(model, {"flops": flops, "max_macs": max_macs, "latency": latency,
+                                        "latency_model": latency_model})
+    prof = _costs.profile(measured, ignore=ignore, residual=residual)
     given = {row: _resolve_budget(row, ratio, absolute, original, can_grow)
              for row, ratio, absolute, original in (
                  ("params", params, max_params, prof.total_params),
@@ -339,7 +346,37 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         mode = chosen["mode"]
     else:
         widths, info, mode = solve_for(budgets)
+    if measured is not model:
+        info["spatial_probe"] = list(measured.inputs[0].shape[1:])
     return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
+
+
+def _defined_spatial(model, macs_arguments):
+    """``model``, or a copy of it whose inputs' undefined spatial sizes are :data:`_PROBE_SIZE`.
+
+    Parameters do not depend on the spatial size, so a model built as
+    ``keras.Input((None, None, 3))`` can be planned under parameter budgets
+    on a copy with a defined size (its MACs are then those at that size).
+    Budgets that count MACs or time need the model's own size.
+
+    Args:
+        model: the model to plan or rebuild.
+        macs_arguments: ``{name: value}`` of the arguments that need MACs or
+            timing (``flops``, ``latency``, ...); those given are refused.
+    """
+    shapes = [tuple(t.shape) for t in model.inputs]
+    if all(None not in shape[1:] for shape in shapes):
+        return model
+    given = {k: v for k, v in macs_arguments.items() if v is not None}
+    if given:
+        raise ArgumentError(
+            f"{' and '.join('{' + k + '}' for k in given)} need{'s' * (len(given) == 1)} MACs or "
+            f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
+            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
+            "or give a parameter budget alone.", **given)
+    inputs = [keras.Input(tuple(_PROBE_SIZE if d is None else d for d in shape[1:]),
+                          name=t.name) for shape, t in zip(shapes, model.inputs)]
+    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
 
 
 def _check_options(mode, round_to, min_channels, upper, balance):
@@ -429,7 +466,8 @@ def apply_plan(model, plan):
     disagrees is never returned: :class:`RebuildMismatchError` names the
     first layer that differs.
     """
-    graph = walk(model, ignore=plan.ignore, residual=plan.residual)
+    defined = _defined_spatial(model, {})
+    graph = walk(defined, ignore=plan.ignore, residual=plan.residual)
     variables = graph.variables
     planned = {v["name"]: v for v in plan.variables}
     names = [v.name for v in variables]
@@ -455,6 +493,9 @@ def apply_plan(model, plan):
         raise RebuildMismatchError(
             f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
             f"disagrees with the plan: {mismatch}.")
+    if defined is not model:  # back to the model's own, undefined spatial size
+        inputs = [keras.Input(tuple(t.shape[1:]), name=t.name) for t in model.inputs]
+        new = keras.models.clone_model(new, input_tensors=inputs if len(inputs) > 1 else inputs[0])
     return new
 
 

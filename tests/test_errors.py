@@ -111,3 +111,34 @@ def test_uniform_mode_refuses_balance_naming_both():
         kp.plan(_cnn(), params=0.5, mode="uniform", balance=2)
     assert err.value.arguments == {"balance": 2, "mode": "uniform"}
     np.testing.assert_equal(err.value.argument, "balance")
+
+
+def _flexible_cnn():
+    """A residual CNN whose input leaves the spatial size open (``keras.Input((None, None, 3))``)."""
+    x = keras.Input((None, None, 3), name="img")
+    h = L.ReLU()(L.BatchNormalization(name="bn")(L.Conv2D(16, 3, padding="same", name="c1")(x)))
+    h = L.Add()([h, L.Conv2D(16, 3, padding="same", name="c2")(h)])
+    h = L.GlobalAveragePooling2D()(L.Conv2D(32, 3, strides=2, padding="same", name="c3")(h))
+    return keras.Model(x, L.Dense(5, name="head")(h), name="flex")
+
+
+def test_a_parameter_budget_plans_a_model_of_undefined_spatial_size(tmp_path):
+    model = _flexible_cnn()
+    small = kp.precrop(model, params=0.5)
+    plan = small.precrop_plan
+    assert tuple(small.input.shape) == (None, None, None, 3)  # the model's own, open size
+    assert small.count_params() == plan.params <= 0.5 * model.count_params()
+    assert plan.original["params"] == model.count_params()
+    assert plan.solver["spatial_probe"] == [224, 224, 3]  # the MACs are those at this size
+    for shape in ((2, 16, 16, 3), (1, 40, 24, 3)):
+        assert small(np.ones(shape, np.float32)).shape == (shape[0], 5)
+    small.save(tmp_path / "small.keras")
+    assert keras.models.load_model(tmp_path / "small.keras").count_params() == plan.params
+
+
+def test_budgets_that_count_macs_need_the_spatial_size():
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.plan(_flexible_cnn(), params=0.5, flops=0.5)
+    assert err.value.arguments == {"flops": 0.5}
+    assert str(err.value).startswith("flops=0.5 needs MACs or time, which depend on the spatial "
+                                     "size, but model 'flex' has the undefined input shape")
