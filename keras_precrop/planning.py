@@ -35,7 +35,7 @@ from keras_precrop.errors import (
     RebuildMismatchError,
 )
 from keras_precrop.graph.rebuild import rebuild
-from keras_precrop.graph.walker import walk
+from keras_precrop.graph.walker import functional_of, walk
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
            "reconfigure"]
@@ -364,7 +364,8 @@ def _defined_spatial(model, macs_arguments):
         macs_arguments: ``{name: value}`` of the arguments that need MACs or
             timing (``flops``, ``latency``, ...); those given are refused.
     """
-    shapes = [tuple(t.shape) for t in model.inputs]
+    inputs = functional_of(model).inputs  # an unsupported model gets the walker's error here
+    shapes = [tuple(t.shape) for t in inputs]
     if all(None not in shape[1:] for shape in shapes):
         return model
     given = {k: v for k, v in macs_arguments.items() if v is not None}
@@ -375,7 +376,7 @@ def _defined_spatial(model, macs_arguments):
             f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
             "or give a parameter budget alone.", **given)
     inputs = [keras.Input(tuple(_PROBE_SIZE if d is None else d for d in shape[1:]),
-                          name=t.name) for shape, t in zip(shapes, model.inputs)]
+                          name=t.name) for shape, t in zip(shapes, inputs)]
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
 
 
@@ -494,7 +495,7 @@ def apply_plan(model, plan):
             f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
             f"disagrees with the plan: {mismatch}.")
     if defined is not model:  # back to the model's own, undefined spatial size
-        inputs = [keras.Input(tuple(t.shape[1:]), name=t.name) for t in model.inputs]
+        inputs = [keras.Input(tuple(t.shape[1:]), name=t.name) for t in functional_of(model).inputs]
         new = keras.models.clone_model(new, input_tensors=inputs if len(inputs) > 1 else inputs[0])
     return new
 
