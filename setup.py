@@ -10,7 +10,10 @@ runs on any Keras backend: ``[jax]`` and ``[torch]`` install the others.
 TensorFlow Datasets comes with the TensorFlow extras, as only the
 TensorFlow-based ``keras_precrop.data`` uses it.
 
-The ``[test]`` extra installs all three backends so the suite checks each;
+``[litert]`` and ``[onnx]`` add the runtimes a latency model can time
+besides the backend's own (LiteRT also runs on TensorFlow's ``tf.lite``).
+The ``[test]`` extra installs all three backends and ONNX Runtime so the
+suite checks each;
 it pins ``torch==2.13.0`` because that is the CPU build this project's
 machines have on disk: an unpinned ``torch`` resolves to a newer CUDA build
 of several GB there.
@@ -42,12 +45,18 @@ setup(
         "tf": ["tensorflow>=2.16", "tensorflow-datasets>=4.9"],
         "jax": ["jax[cpu]"],
         "torch": ["torch"],
+        # Runtimes a latency model can time (kp.latency_model(..., runtime=...)).
+        "litert": ["ai-edge-litert"],
+        "onnx": ["onnxruntime", "tf2onnx", "onnx"],
         "test": [
             "tensorflow-cpu>=2.16",
             "tensorboard",
             "tensorflow-datasets>=4.9",
             "jax[cpu]",
             "torch==2.13.0",
+            "onnxruntime",
+            "tf2onnx",
+            "onnx",
             "pytest>=7",
             "hypothesis>=6",
             "ruff>=0.6",

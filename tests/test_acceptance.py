@@ -90,8 +90,11 @@ def test_cli_precrops_a_zoo_model_into_a_loadable_file(tmp_path, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None, reason="TensorFlow is installed")
 def test_tensorflow_features_say_what_to_install():
-    with pytest.raises(ImportError, match=r"keras_precrop\.data .* needs TensorFlow.*keras-precrop\[cpu\]"):
-        importlib.import_module("keras_precrop.data")
+    needs = r"keras_precrop\.data .* needs TensorFlow.*keras-precrop\[cpu\]"
+    with pytest.raises(ImportError, match=needs):
+        kp.data  # noqa: B018 (the attribute imports the module, as `from keras_precrop import data`)
+    with pytest.raises(ImportError, match=needs):
+        importlib.import_module("keras_precrop.training.data")
     remote = r"the remote path 'gs://bucket/run/history.csv' needs TensorFlow.*keras-precrop\[cpu\]"
     with pytest.raises(ImportError, match=remote):
         kp.train.read_history("gs://bucket/run")

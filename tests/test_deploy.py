@@ -89,3 +89,32 @@ def test_rebuilt_resnet20_serves_without_keras_precrop(tmp_path):
 def test_rebuilt_mobilenet_v2_serves_without_keras_precrop(tmp_path):
     base = keras.applications.MobileNetV2(input_shape=(64, 64, 3), weights=None)
     _check(kp.precrop(base, flops=0.5), tmp_path)
+
+
+_SERVE_ONNX = _SERVE.split("\nimport numpy as np")[0] + textwrap.dedent('''
+    import numpy as np
+    import onnxruntime
+
+    folder = sys.argv[1]
+    x = np.load(f"{folder}/x.npy")
+    session = onnxruntime.InferenceSession(f"{folder}/model.onnx", providers=["CPUExecutionProvider"])
+    out = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.save(f"{folder}/onnx.npy", out)
+    assert not any(m.split(".")[0] == "keras_precrop" for m in sys.modules)
+''')
+
+
+def test_pruned_resnet20_exported_to_onnx_serves_without_keras_precrop(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tf2onnx")
+    small = kp.precrop(kp.models.get("resnet20"), flops=0.5)
+    assert {"ChannelSlice", "PrefixAdd"} <= {type(layer).__name__ for layer in small.layers}
+    kp.latency.timing.to_onnx(small, str(tmp_path / "model.onnx"))
+    x = np.random.default_rng(0).normal(size=(3, 32, 32, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", _SERVE_ONNX, str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = np.asarray(small(x, training=False))
+    np.testing.assert_allclose(np.load(tmp_path / "onnx.npy"), reference, rtol=0,
+                               atol=1e-4 * np.abs(reference).max())

@@ -454,3 +454,29 @@ def test_calibration_meets_the_measured_latency_the_model_mispredicts(small, cap
 def test_bad_calibrate(small, fitted, kwargs, match):
     with pytest.raises(ValueError, match=re.escape(match)):
         kp.plan(small, latency_model=fitted, **kwargs)
+
+
+@pytest.mark.parametrize("runtime", ["litert", "tflite", "onnx"])
+def test_every_runtime_times_a_pruned_model_on_the_real_clock(runtime):
+    """Each runtime runs the original ResNet-20 and a pruned one; the pruned one, with a quarter
+    of the MACs, is not slower (a generous bound: the clock is shared with other work)."""
+    if runtime == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("tf2onnx")
+    model = kp.models.get("resnet20")
+    small = kp.precrop(model, flops=0.25)
+    fns = {"original": kp.latency.runner(model, 8, runtime=runtime),
+           "small": kp.latency.runner(small, 8, runtime=runtime)}
+    samples = kp.latency.interleaved(fns, rounds=3, target_s=0.02)
+    assert np.median(samples["small"]) < 1.5 * np.median(samples["original"])
+
+
+def test_a_runtime_without_its_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    with pytest.raises(kp.ArgumentError, match=r"runtime='onnx' needs onnxruntime: pip install "
+                                               r"'keras-precrop\[onnx\]'"):
+        kp.latency.runner(kp.models.get("resnet20"), 4, runtime="onnx")

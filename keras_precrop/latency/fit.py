@@ -190,9 +190,10 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         model: a functional or Sequential Keras model with one input of a
             fixed shape.
         batch_size: examples per timed call (the latency is per batch).
-        runtime: ``"tf"`` (compiled TensorFlow function; other Keras backends
-            use ``predict_on_batch``/``train_on_batch``) or ``"tflite"`` (TFLite
-            interpreter).
+        runtime: where to time (:data:`~keras_precrop.latency.timing.RUNTIMES`):
+            ``"tf"`` (the backend's compiled step: a ``tf.function``, ``jax.jit``
+            or eager torch), ``"litert"`` (LiteRT interpreter; ``"tflite"``,
+            its old name, too) or ``"onnx"`` (ONNX Runtime on Keras' ONNX export).
         training: time a training step (forward, backward, SGD update)
             instead of inference.
         variants: number of models timed in the first round, the original

@@ -6,11 +6,13 @@ round) and summarized by medians, so a load spike hits every model alike.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -19,7 +21,12 @@ import numpy as np
 
 from keras_precrop.errors import ArgumentError
 
-RUNTIMES = ("tf", "tflite")
+RUNTIMES = ("tf", "litert", "tflite", "onnx")
+"""Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step), ``"litert"``
+(the LiteRT interpreter; ``"tflite"`` is its old name) and ``"onnx"`` (ONNX Runtime)."""
+# The optional packages of a runtime, and the extra that installs them.
+_NEEDS = {"litert": ((), None), "tflite": ((), None),
+          "onnx": (("onnxruntime", "tf2onnx", "onnx"), "onnx")}
 
 
 def input_shape(model):
@@ -168,17 +175,58 @@ def to_tflite(model, batch_size=None):
     return converter.convert()
 
 
-def _tflite_step(model, x, threads):
-    """A no-argument callable: one TFLite interpreter invocation on ``x``."""
-    import tensorflow as tf
+def _litert_step(model, x, threads):
+    """A no-argument callable: one LiteRT interpreter invocation on ``x``.
 
+    The flatbuffer is :func:`to_tflite`'s (weights frozen into constants);
+    the interpreter is ``ai_edge_litert``'s where installed, else TensorFlow's
+    ``tf.lite.Interpreter`` (the same runtime under its old name).
+    """
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        import tensorflow as tf
+
+        Interpreter = tf.lite.Interpreter
     with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice
         warnings.simplefilter("ignore")
-        interpreter = tf.lite.Interpreter(model_content=to_tflite(model, len(x)),
-                                          num_threads=threads)
+        interpreter = Interpreter(model_content=to_tflite(model, len(x)), num_threads=threads)
     interpreter.allocate_tensors()
     interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
     return interpreter.invoke
+
+
+def to_onnx(model, path):
+    """Export ``model`` to an ONNX file at ``path`` with Keras' own exporter (``format="onnx"``).
+
+    The exporter refuses a model that was never called (a freshly rebuilt
+    one), so it is called once on zeros first.
+    """
+    model(np.zeros((1,) + input_shape(model), "float32"), training=False)
+    model.export(str(path), format="onnx", verbose=False)
+    return path
+
+
+def _onnx_step(model, x, threads):
+    """A no-argument callable: one ONNX Runtime session run on ``x`` (model exported by Keras)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory() as folder:
+        path = to_onnx(model, os.path.join(folder, "model.onnx"))
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x}
+    return lambda: session.run(None, feed)
+
+
+def _check_installed(runtime):
+    """Raises an :class:`~keras_precrop.ArgumentError` naming the extra a runtime lacks."""
+    packages, extra = _NEEDS.get(runtime, ((), None))
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ArgumentError(f"{{runtime}} needs {', '.join(missing)}: pip install "
+                            f"'keras-precrop[{extra}]'", runtime=runtime)
 
 
 def runner(model, batch_size, runtime="tf", training=False, seed=0):
@@ -187,8 +235,9 @@ def runner(model, batch_size, runtime="tf", training=False, seed=0):
     Args:
         model: a single-input Keras model with a fixed input shape.
         batch_size: examples per call.
-        runtime: ``"tf"`` (compiled Keras/TensorFlow function) or ``"tflite"``
-            (TFLite interpreter, one thread per usable core).
+        runtime: ``"tf"`` (the backend's compiled step), ``"litert"`` (or its
+            old name ``"tflite"``: the LiteRT interpreter) or ``"onnx"`` (ONNX
+            Runtime, the model exported by Keras); one thread per usable core.
         training: time a training step (forward, backward, SGD update)
             instead of inference; ``"tf"`` only.
         seed: seed of the random batch.
@@ -196,8 +245,11 @@ def runner(model, batch_size, runtime="tf", training=False, seed=0):
     check_settings(batch_size, runtime, training)
     x = np.random.default_rng(seed).standard_normal(
         (batch_size,) + input_shape(model)).astype("float32")
-    if runtime == "tflite":
-        return _tflite_step(model, x, _usable_cpus())
+    _check_installed(runtime)
+    if runtime in ("litert", "tflite"):
+        return _litert_step(model, x, _usable_cpus())
+    if runtime == "onnx":
+        return _onnx_step(model, x, _usable_cpus())
     return _compiled_step(model, x, training)
 
 
