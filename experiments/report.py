@@ -3,8 +3,10 @@
 Reads only committed files: every ``experiments/runs/*/results.json`` that a
 grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``,
 ``experiments/results/imagenet_counts.json``, ``experiments/results/sanity.json``
-(``experiments/sanity.py``) and ``benchmarks/results/trained_speed.json``
-(``benchmarks/bench_trained_speed.py``: the trained models' measured speedups).
+(``experiments/sanity.py``), ``benchmarks/results/trained_speed.json``
+(``benchmarks/bench_trained_speed.py``: the trained models' measured speedups) and
+``experiments/plans/*_plans.json`` (``experiments/latency_plans.py``: the latency
+plans that grid ``uniform_latency`` trains, with the time ratios their calibration measured).
 Runs of a grid that have not finished yet are listed as pending, and models
 not timed yet are named, so the page is valid at any point of the reproduction.
 
@@ -31,6 +33,8 @@ RESULTS = HERE / "results"
 FIGURES = HERE / "figures"
 # Measured speedups of the trained structured models (benchmarks/bench_trained_speed.py).
 SPEED = HERE.parent / "benchmarks" / "results" / "trained_speed.json"
+# The latency plans' records (experiments/latency_plans.py): target, mode, costs, calibration.
+PLANS = HERE / "plans"
 
 _HEADER = """# Reproducing the paper's CIFAR-10 evidence at CPU scale
 
@@ -69,6 +73,8 @@ def _label(flags):
             parts.append(str(flags[key]))
     if flags.get("balance") is not None:
         parts.append(f"balance {flags['balance']}")
+    if flags.get("plan_file") is not None:
+        parts.append(pathlib.Path(flags["plan_file"]).stem)
     return " ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else "")
 
 
@@ -341,12 +347,13 @@ _XLABELS = {
 }
 
 
-def _section(title, grid, runs, figures=()):
-    """A grid's heading, description, table and figures: ``figures`` holds ``(file name, title,
-    x key, methods or None for all)`` of accuracy-vs-cost plots; without any, one bar per entry."""
+def _section(title, grid, runs, figures=(), level=2):
+    """A grid's heading (``level`` 3: a sub-section), description, table and figures: ``figures``
+    holds ``(file name, title, x key, methods or None for all)`` of accuracy-vs-cost plots; without
+    any, one bar per entry."""
     entries = _entries(grid, runs)
     description = json.loads((GRIDS / f"{grid}.json").read_text())["description"]
-    lines = [f"## {title}", "", description, "", *_table(entries)]
+    lines = [f"{'#' * level} {title}", "", description, "", *_table(entries)]
     drawn = []
     for name, fig_title, x_key, methods in figures:
         shown = [e for e in entries if methods is None or e["flags"]["method"] in methods]
@@ -638,45 +645,98 @@ def _trained_models(runs, epochs):
             name = _run.run_id(flags)
             if flags["epochs"] != epochs or name not in runs:
                 continue
-            ids = found.setdefault(name.rsplit("-s", 1)[0], (flags, []))[1]
+            ids = found.setdefault(_stem(name), (flags, []))[1]
             if name not in ids:
                 ids.append(name)
     return found
 
 
-def _speed_label(flags):
-    """The speed figure's series of a model: PreCrop per mode, PreConfig, or a full-cost one."""
+def _load_plans():
+    """``{plan name: record}`` of every ``PLANS/*_plans.json`` (``experiments/latency_plans.py``'s
+    records: target, mode, params and MACs ratios, calibration); {} before it ran."""
+    plans = {}
+    for path in sorted(PLANS.glob("*_plans.json")):
+        plans.update(json.loads(path.read_text())["plans"])
+    return plans
+
+
+def _plan_record(flags, plans):
+    """The record in ``plans`` (``_load_plans()``) of a run's ``plan_file`` (None: no plan file or
+    no record of it)."""
+    if flags.get("plan_file") is None:
+        return None
+    return plans.get(pathlib.Path(flags["plan_file"]).stem)
+
+
+def _stem(name):
+    """A run id less its seed: ``resnet20-precrop_params-params0.1-modeexact-ep10``."""
+    return name.rsplit("-s", 1)[0]
+
+
+def _timed_speedup(stem, timed):
+    """The median speedup that ``timed`` (``trained_speed.json``'s ``runs``) holds of the seeds of the
+    model ``stem`` (a run id less its seed), or None when none is timed."""
+    found = [row["speedup"] for name, row in timed.items() if _stem(name) == stem]
+    return statistics.median(found) if found else None
+
+
+# Said of the speed figure's points placed by their plan's calibration, not the benchmark.
+_CALIBRATED = "speedup from calibration timing"
+
+
+def _speed_label(flags, record=None):
+    """The speed figure's series of a model: PreCrop per mode (for a latency plan, ``record``: its
+    plan's mode), PreConfig, or a full-cost one."""
     if flags["method"] in _FULL_COST:
         return _FULL_COST[flags["method"]]
+    if record is not None:
+        return f"PreCrop at a time budget ({record['mode']})"
     return _label({**flags, "method": "PreCrop" if flags["method"].startswith("precrop_") else "PreConfig"})
 
 
-def _speed_points(runs, speed):
+def _model_speedup(stem, flags, speed, plans):
+    """``(speedup, series label)`` of one trained model, or ``(None, why)`` when it has none.
+
+    The benchmark's measurement (``speed``) where it timed a seed; else, for a
+    latency plan, 1 / the time ratio its calibration measured (``plans``),
+    its series label then saying so; the full-cost models at 1.0x.
+    """
+    record = _plan_record(flags, plans)
+    label = _speed_label(flags, record)
+    if flags["method"] in _FULL_COST:
+        return 1.0, label
+    speedup = _timed_speedup(stem, (speed or {}).get("runs", {}))
+    if speedup is not None:
+        return speedup, label
+    if record is not None:
+        return 1 / record["calibration"]["measured"], f"{label}; {_CALIBRATED}"
+    skipped = (speed or {}).get("skipped", {})
+    return None, next((why for name, why in skipped.items() if _stem(name) == stem), "not timed yet")
+
+
+def _speed_points(runs, speed, plans=None):
     """The trained models at ``_SPEED_EPOCHS`` epochs with their measured speedups, per network.
 
     A structured model (``_run.STRUCTURED``) is timed when ``speed`` has
-    any of its seeds (they share their widths); SynFlow's masks and the dense
-    baseline are at 1.0x; other masked methods are left out.
+    any of its seeds (they share their widths); a latency plan that it does
+    not time takes its calibration's speedup from ``plans``
+    (``_load_plans()``); SynFlow's masks and the dense baseline are at 1.0x;
+    other masked methods are left out.
 
     Returns:
         ``(points, untimed)``: ``{network: {series: [(speedup, summary)]}}``
         and ``(run id less its seed, why)`` of the structured models without
         a speedup (why: the benchmark's reason to skip it, or "not timed yet").
     """
-    timed, skipped = (speed or {}).get("runs", {}), (speed or {}).get("skipped", {})
     points, untimed = {}, []
     for stem, (flags, ids) in _trained_models(runs, _SPEED_EPOCHS).items():
-        if flags["method"] in _FULL_COST:
-            speedup = 1.0
-        elif flags["method"] in _run.STRUCTURED:
-            found = [timed[i]["speedup"] for i in ids if i in timed]
-            if not found:
-                untimed.append((stem, next((skipped[i] for i in ids if i in skipped), "not timed yet")))
-                continue
-            speedup = statistics.median(found)
-        else:
+        if flags["method"] not in _FULL_COST and flags["method"] not in _run.STRUCTURED:
             continue
-        series = points.setdefault(flags["model"], {}).setdefault(_speed_label(flags), [])
+        speedup, label = _model_speedup(stem, flags, speed, plans or {})
+        if speedup is None:
+            untimed.append((stem, label))
+            continue
+        series = points.setdefault(flags["model"], {}).setdefault(label, [])
         series.append((speedup, _summary({"results": [runs[i] for i in ids]})))
     return points, untimed
 
@@ -693,9 +753,10 @@ def _plot_speed(series, path, title, xlabel):
     _finish(fig, ax, xlabel, title, path)
 
 
-def _speed(runs, speed):
+def _speed(runs, speed, plans=None):
     """Accuracy against measured speedup of every trained structured model, a figure per network, and
-    which models are not timed (``speed``: ``_load_speed()``)."""
+    which models are not timed (``speed``: ``_load_speed()``; ``plans``: ``_load_plans()``, the
+    latency plans' calibration where the benchmark does not time them)."""
     lines = [f"**Accuracy against measured speedup** ({_SPEED_EPOCHS} epochs, every grid): each structured "
              "model's test accuracy (mean ± std over seeds) against its speedup measured by "
              "`python benchmarks/bench_trained_speed.py` (`benchmarks/results/trained_speed.json`: "
@@ -708,7 +769,13 @@ def _speed(runs, speed):
     lines[0] += (f" Timed: TensorFlow inference at batch {settings['batch_size']}, {settings['rounds']} "
                  f"rounds, on {machine['cpu']} ({machine['usable_cpus']} CPUs); speedup = the original's "
                  "time / the model's in the same round, median over rounds.")
-    points, untimed = _speed_points(runs, speed)
+    points, untimed = _speed_points(runs, speed, plans)
+    if any(_CALIBRATED in label for series in points.values() for label in series):
+        lines[0] += (" Series marked *" + _CALIBRATED + "* are latency plans (grid uniform_latency, "
+                     "sub-section \"At equal measured time\") that the benchmark does not time: each sits "
+                     "at 1 / the time ratio that `experiments/latency_plans.py` measured when it calibrated "
+                     "the plan (`experiments/plans/*_plans.json`), another process at another time than "
+                     "the benchmark's interleaved rounds, so those points compare only roughly.")
     for network, series in sorted(points.items()):
         if set(series) <= set(_FULL_COST.values()):
             continue  # none of its structured models is timed
@@ -721,6 +788,98 @@ def _speed(runs, speed):
         by_reason = _skipped([{"run": stem, "why": why} for stem, why in untimed])
         lines += ["", f"Not timed (run ids less the seed), by reason: {by_reason}."]
     return lines + [""]
+
+
+def _time_plans(entries, plans):
+    """Grid ``uniform_latency``'s plans by latency target: ``{target: {kind: (entry, record)}}``,
+    targets in the grid's order, where kind is ``"uniform"`` for a plan of ``mode="uniform"`` and
+    ``"default"`` for the library's default (``mode="auto"``; the record holds the mode it picked).
+
+    Returns:
+        ``(targets, unrecorded)``: the above, and the labels of the entries
+        whose plan file ``plans`` (``_load_plans()``) has no record of.
+    """
+    targets, unrecorded = {}, []
+    for e in entries:
+        record = _plan_record(e["flags"], plans)
+        if record is None:
+            unrecorded.append(e["label"])
+            continue
+        kind = "uniform" if record["mode"] == "uniform" else "default"
+        targets.setdefault(record["target"], {})[kind] = (e, record)
+    return targets, unrecorded
+
+
+def _reference(core, speed, target):
+    """Grid core's PreCrop-FLOPs entry whose measured speedup (``speed``, ``_load_speed()``) is the
+    smallest not below ``1 / target``: ``(entry, speedup, True)``; when none is that fast, the
+    fastest timed one, ``(entry, speedup, False)``; None when none is timed."""
+    timed = (speed or {}).get("runs", {})
+    measured = [(x, e) for e in core if e["flags"]["method"] == "precrop_flops"
+                and (x := _timed_speedup(_stem(_run.run_id(e["flags"])), timed)) is not None]
+    if not measured:
+        return None
+    fast = [(x, e) for x, e in measured if x >= 1 / target]
+    x, e = (min if fast else max)(fast or measured, key=lambda found: found[0])
+    return e, x, bool(fast)
+
+
+def _time_row(target, name, record, summary, verdict):
+    """One row of the equal-time table: a latency plan's calibrated time and costs, its accuracy."""
+    ratio = record["calibration"]["measured"]
+    return (f"| {target:g} | {name} | {ratio:.3f} | {1 / ratio:.2f}x | {record['params_ratio']:.4f} | "
+            f"{record['macs_ratio']:.4f} | {_mode_cell({name: summary}, name)} | {verdict} |")
+
+
+def _reference_row(target, core, speed):
+    """The equal-time table's row of grid core's PreCrop-FLOPs plan measured closest to ``1 / target``
+    without being slower (``_reference``), or of the fastest one, saying so, when none is that fast."""
+    found = _reference(core, speed, target)
+    if found is None:
+        return f"| {target:g} | grid core's PreCrop-FLOPs: none timed yet | | | | | | - |"
+    entry, speedup, fast = found
+    s = _summary(entry)
+    name = f"core's {entry['label']}, {_budget(entry['flags'])}"
+    if not fast:
+        name += f" (core's fastest PreCrop-FLOPs plan; none measures {1 / target:.2f}x or more)"
+    costs = "- | -" if s is None else f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f}"
+    return (f"| {target:g} | {name} | - | {speedup:.2f}x (benchmark) | {costs} | "
+            f"{_mode_cell({'core': s}, 'core')} | - |")
+
+
+def _equal_time(entries, core, speed, plans):
+    """Grid ``uniform_latency``: at each latency target, the default plan against the uniform one
+    (the claims' rule, ``_against_cell``), and grid core's PreCrop-FLOPs plan of about that speed."""
+    lines = [
+        "**At equal measured time.** For each latency target (the plan's time / the original's), the "
+        "library's default plan (`mode=\"auto\"`, the mode it picked in brackets) and the uniform one: "
+        "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
+        "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
+        "*speedup* its inverse; params and MACs ratios are the plan's; accuracy is mean ± std (n seeds). "
+        "*default vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with 2+ "
+        "seeds a side; fewer: pending). The third row is grid core's PreCrop-FLOPs plan with the smallest "
+        "speedup not below 1 / target as `benchmarks/bench_trained_speed.py` measured it: another "
+        "process and time than the calibration's, so it is a rough reference, not judged.",
+        "",
+        "| target | plan | time ratio | speedup | params ratio | MACs ratio | accuracy % "
+        "| default vs uniform |",
+        "|---:|---|---:|---:|---:|---:|---|---|",
+    ]
+    targets, unrecorded = _time_plans(entries, plans)
+    outcomes = []
+    for target, kinds in targets.items():
+        modes = {kind: _summary(e) for kind, (e, _) in kinds.items()}
+        cell, winner = _against_cell(modes, "default")
+        outcomes.append(winner)
+        for kind, (_, record) in kinds.items():
+            name = "uniform" if kind == "uniform" else f"default ({record['mode']})"
+            lines.append(_time_row(target, name, record, modes[kind], cell if kind == "default" else ""))
+        lines.append(_reference_row(target, core, speed))
+    if unrecorded:
+        lines += ["", f"No calibration record in `experiments/plans/` for: {', '.join(unrecorded)}."]
+    if not targets:
+        return lines + ["", "Verdict: pending (no latency plan recorded yet).", ""]
+    return lines + ["", f"Verdict: {_against_tally('default', outcomes)}.", ""]
 
 
 def _sanity_init(init):
@@ -1175,20 +1334,24 @@ _SECTIONS = (
     )),
     ("Balanced exact mode (not in the paper)", "balance", ()),
     ("Against uniform width scaling", "uniform", ()),
+    ("At equal measured time", "uniform_latency", ()),
     ("Figure 6: PreConfig on CIFAR-10", "preconfig", ()),
 )
 _LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
+_SUBSECTIONS = ("uniform_latency",)  # grids whose section is a sub-section of the one before it
 
 
 def main():
     FIGURES.mkdir(exist_ok=True)
-    runs = _load_runs()
+    runs, speed, plans = _load_runs(), _load_speed(), _load_plans()
     lines, entries = [], {}
     for title, grid, figures in _SECTIONS:
-        body, entries[grid] = _section(title, grid, runs, figures)
+        body, entries[grid] = _section(title, grid, runs, figures, 3 if grid in _SUBSECTIONS else 2)
         lines += body
         if grid == "uniform":  # after core, whose PreCrop it is compared with
-            lines += _against_uniform(entries["uniform"], entries["core"]) + _speed(runs, _load_speed())
+            lines += _against_uniform(entries["uniform"], entries["core"]) + _speed(runs, speed, plans)
+        elif grid == "uniform_latency":
+            lines += _equal_time(entries[grid], entries["core"], speed, plans)
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
     if _plot_curves(long_entries, FIGURES / "long_curves.png", "Longer schedule: test accuracy per epoch"):

@@ -538,6 +538,11 @@ _ACCURACIES = {
     # uniform: behind exact, ahead of layerwise at 0.1103; one seed at 0.308
     "resnet20-precrop_params-params0.1103-modeuniform-ep10": [0.76, 0.765],
     "resnet20-precrop_params-params0.308-modeuniform-ep10": [0.80],
+    # uniform_latency: at 0.5 the default plan leads uniform beyond tol; at 0.33 one seed of the
+    # default's, none of uniform's
+    "resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_auto-ep10": [0.76, 0.77],
+    "resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_uniform-ep10": [0.74, 0.742],
+    "resnet20-precrop_plan-planresnet20_tf_b64_latency0.33_auto-ep10": [0.70],
 }
 
 # The grid "long" (a lent GPU, 40 epochs): exact ties with SynFlow, layerwise falls short.
@@ -575,6 +580,8 @@ def _point(label, a, b, accuracies=_ACCURACIES):
 
 
 _EXACT = "resnet20-precrop_params-params{}-modeexact-ep10"
+_FLOPS = "resnet20-precrop_flops-flops{}-mode{}-ep10"
+_PLAN = "resnet20-precrop_plan-planresnet20_tf_b64_latency{}-ep10"
 _LAYERWISE = "resnet20-precrop_params-params0.1103-modelayerwise-ep10"
 _UNIFORM = "resnet20-precrop_params-params{}-modeuniform-ep10"
 # What benchmarks/bench_trained_speed.py would have measured of the fake runs: exact and uniform at
@@ -583,9 +590,30 @@ _SPEED = {
     "settings": {"batch_size": 64, "rounds": 15},
     "machine": {"cpu": "Test CPU", "usable_cpus": 2},
     "runs": {f"{_EXACT.format('0.1103')}-s0": {"speedup": 1.8},
-             **{f"{_UNIFORM.format('0.1103')}-s{seed}": {"speedup": 3.0} for seed in (0, 1)}},
+             **{f"{_UNIFORM.format('0.1103')}-s{seed}": {"speedup": 3.0} for seed in (0, 1)},
+             # grid core's PreCrop-FLOPs (none finished), and grid uniform's, never a reference
+             f"{_FLOPS.format('0.5562', 'exact')}-s0": {"speedup": 1.3},
+             f"{_FLOPS.format('0.2734', 'exact')}-s0": {"speedup": 2.2},
+             f"{_FLOPS.format('0.0884', 'layerwise')}-s1": {"speedup": 2.6},
+             f"{_FLOPS.format('0.0884', 'uniform')}-s0": {"speedup": 2.1}},
     "skipped": {f"{_LAYERWISE}-s0": "plans other widths now"},
 }
+
+
+def _plan_record(target, mode, measured):
+    """A plan's record in ``experiments/plans/*_plans.json`` as ``experiments/latency_plans.py``
+    writes it (the fields the report reads)."""
+    return {"target": target, "mode": mode, "params_ratio": 0.2 * target, "macs_ratio": 0.3 * target,
+            "calibration": {"target": target, "measured": measured, "met": True}}
+
+
+# What experiments/latency_plans.py would have recorded of grid uniform_latency's four plans.
+_PLANS = {"plans": {
+    "resnet20_tf_b64_latency0.5_auto": _plan_record(0.5, "exact", 0.49),
+    "resnet20_tf_b64_latency0.5_uniform": _plan_record(0.5, "uniform", 0.495),
+    "resnet20_tf_b64_latency0.33_auto": _plan_record(0.33, "exact", 0.31),
+    "resnet20_tf_b64_latency0.33_uniform": _plan_record(0.33, "uniform", 0.25),
+}}
 
 
 @pytest.fixture(scope="module")
@@ -613,7 +641,10 @@ def report_dir(tmp_path_factory):
         patch.setattr(report, "RESULTS", tmp / "results")
         patch.setattr(report, "FIGURES", tmp / "figures")
         patch.setattr(report, "SPEED", tmp / "trained_speed.json")
+        patch.setattr(report, "PLANS", tmp / "plans")
         report.SPEED.write_text(json.dumps(_SPEED))
+        report.PLANS.mkdir()
+        (report.PLANS / "resnet20_tf_b64_plans.json").write_text(json.dumps(_PLANS))
         report.main()
     assert (REPO / "experiments" / "README.md").read_bytes() == real_readme
     return tmp
@@ -635,8 +666,8 @@ def test_report_page_layout(report_dir, page):
                             "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
     # Every grid with a finished run has its figures: figure 2 against params, 3 and 5 against MACs,
     # the others one bar per entry.
-    for name in ("cifar_a", "cifar_b", "pareto", "thm_comp", "balance", "uniform", "preconfig", "long",
-                 "speed_resnet20"):
+    for name in ("cifar_a", "cifar_b", "pareto", "thm_comp", "balance", "uniform", "uniform_latency",
+                 "preconfig", "long", "speed_resnet20"):
         assert f"![{name}](figures/{name}.png)" in page
         assert (report_dir / "figures" / f"{name}.png").stat().st_size > 0
     assert not (report_dir / "figures" / "core.png").exists()
@@ -892,6 +923,98 @@ def test_against_uniform_ties_and_the_modes_verdict_counts_uniform_as_a_candidat
     assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 0 and loses 1 of the 1 '
             "compared pair with it (to uniform): the evidence is against that pick.") in beaten
     assert "picks `uniform`" not in beaten
+
+
+def test_report_at_equal_measured_time(page):
+    """Grid uniform_latency's sub-section: per latency target, the default and the uniform plan at their
+    calibrated time with the claims' verdict, and grid core's PreCrop-FLOPs plan measured at least that
+    fast (the fastest, said so, when none is; grid uniform's plans never); pending rows as such."""
+    section = page.split("\n### At equal measured time\n")[1].split("\n## ")[0]
+    assert "**Accuracy against measured speedup**" in page.split("\n### At equal measured time\n")[0]
+    assert "| precrop_plan (resnet20_tf_b64_latency0.5_auto) | - | 30,005 |" in section  # the grid's table
+    assert "![uniform_latency](figures/uniform_latency.png)" in section
+    auto, uniform = _PLAN.format("0.5_auto"), _PLAN.format("0.5_uniform")
+    d, tol, *_ = _cmp(auto, uniform)
+    assert d > tol
+    rows = [
+        f"| 0.5 | default (exact) | 0.490 | 2.04x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) | "
+        f"{_point('default leads', auto, uniform)} |",
+        f"| 0.5 | uniform | 0.495 | 2.02x | 0.1000 | 0.1500 | {_cell(uniform)} (n 2) |  |",
+        "| 0.5 | core's precrop_flops (exact), flops 0.2734 | - | 2.20x (benchmark) | - | - | pending | - |",
+        "| 0.33 | default (exact) | 0.310 | 3.23x | 0.0660 | 0.0990 | 70.00 ± 0.00 (n 1) | pending |",
+        "| 0.33 | uniform | 0.250 | 4.00x | 0.0660 | 0.0990 | pending |  |",
+        "| 0.33 | core's precrop_flops (layerwise), flops 0.0884 (core's fastest PreCrop-FLOPs plan; "
+        "none measures 3.03x or more) | - | 2.60x (benchmark) | - | - | pending | - |",
+    ]
+    assert "\n".join(rows) in section
+    assert ("Verdict: default vs uniform: default leads at 1, uniform at 0, 0 tie of 1 compared budget "
+            "(1 pending).") in section
+    # The speed figure places the plans that the benchmark does not time by their calibration, and says so.
+    speed = page.split("**Accuracy against measured speedup**")[1].split("\n\n")[0]
+    assert "Series marked *speedup from calibration timing* are latency plans" in speed
+    assert "precrop_plan" not in page.split("Not timed (run ids less the seed)")[1].split("\n")[0]
+
+
+def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast():
+    """A lead within tol is a tie; a target without runs is pending; the reference is core's PreCrop-FLOPs
+    entry with the least speedup not below 1 / target, with its accuracy and costs once it has runs."""
+    def entry(accuracies, **flags):
+        flags = {"model": "resnet20", "epochs": 10, "seed": 0, **flags}
+        return {"label": flags.get("plan_file", flags["method"]), "flags": flags,
+                "results": [_result(flags["method"], a, s) for s, a in enumerate(accuracies)]}
+
+    plans = {"p_auto": _plan_record(0.5, "exact", 0.5), "p_uni": _plan_record(0.5, "uniform", 0.5),
+             "q_auto": _plan_record(0.3, "layerwise", 0.26), "q_uni": _plan_record(0.3, "uniform", 0.24)}
+    accuracies = {"a": [0.70, 0.72], "u": [0.705, 0.715]}
+    plan_runs = [entry(accuracies["a"], method="precrop_plan", plan_file="plans/p_auto.json"),
+                 entry(accuracies["u"], method="precrop_plan", plan_file="plans/p_uni.json"),
+                 entry([], method="precrop_plan", plan_file="plans/q_auto.json"),
+                 entry([], method="precrop_plan", plan_file="plans/q_uni.json"),
+                 entry([0.6], method="precrop_plan", plan_file="plans/unknown.json")]
+    core = [entry([0.71, 0.73], method="precrop_flops", flops=0.2, mode="exact"),
+            entry([], method="precrop_flops", flops=0.1, mode="exact"),
+            entry([0.9], method="baseline")]
+    speed = {"runs": {"resnet20-precrop_flops-flops0.2-modeexact-ep10-s1": {"speedup": 2.5},
+                      "resnet20-precrop_flops-flops0.1-modeexact-ep10-s0": {"speedup": 3.5},
+                      "resnet20-baseline-ep10-s0": {"speedup": 2.1}}}  # not PreCrop-FLOPs: never picked
+    lines = report._equal_time(plan_runs, core, speed, plans)
+    d, tol, *_ = _cmp("a", "u", accuracies)
+    assert abs(d) <= tol
+    assert (f"| 0.5 | default (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | {_cell('a', accuracies)} (n 2) | "
+            f"{_point('tie', 'a', 'u', accuracies)} |") in lines
+    s = report._summary(core[0])
+    assert (f"| 0.5 | core's {core[0]['label']}, flops 0.2 | - | 2.50x (benchmark) | "
+            f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f} | {_cell('c', {'c': [0.71, 0.73]})} (n 2) | - |"
+            ) in lines
+    assert "| 0.3 | default (layerwise) | 0.260 | 3.85x | 0.0600 | 0.0900 | pending | pending |" in lines
+    assert "| 0.3 | core's precrop_flops, flops 0.1 | - | 3.50x (benchmark) | - | - | pending | - |" in lines
+    assert "No calibration record in `experiments/plans/` for: plans/unknown.json." in lines
+    assert lines[-2] == ("Verdict: default vs uniform: default leads at 0, uniform at 0, 1 tie of 1 compared "
+                         "budget (1 pending).")
+    untimed = report._equal_time(plan_runs[:2], core, {"runs": {}}, plans)
+    assert "| 0.5 | grid core's PreCrop-FLOPs: none timed yet | | | | | | - |" in untimed
+    assert report._equal_time(plan_runs, core, None, {})[-2] == (
+        "Verdict: pending (no latency plan recorded yet).")
+
+
+def test_speed_points_place_latency_plans_by_their_calibration(tmp_path, monkeypatch):
+    """A latency plan takes the benchmark's speedup where it timed one, else 1 / its calibration's time
+    ratio in a series that says so; without a record it is not timed."""
+    monkeypatch.setattr(report, "FIGURES", tmp_path)
+    ids = {kind: f"{_PLAN.format(kind)}-s0" for kind in ("0.5_auto", "0.5_uniform", "0.33_auto")}
+    runs = {name: _result("precrop_plan", 0.7 + 0.01 * i, 0) for i, name in enumerate(ids.values())}
+    plans = {"resnet20_tf_b64_latency0.5_auto": _plan_record(0.5, "exact", 0.4),
+             "resnet20_tf_b64_latency0.5_uniform": _plan_record(0.5, "uniform", 0.5)}
+    speed = {"settings": {"batch_size": 64, "rounds": 3}, "machine": {"cpu": "Test CPU", "usable_cpus": 2},
+             "runs": {ids["0.5_uniform"]: {"speedup": 1.9}}, "skipped": {}}
+    points, untimed = report._speed_points(runs, speed, plans)
+    series = {label: [x for x, _ in found] for label, found in points["resnet20"].items()}
+    assert series == {"PreCrop at a time budget (exact); speedup from calibration timing": [2.5],
+                      "PreCrop at a time budget (uniform)": [1.9]}
+    assert untimed == [(_PLAN.format("0.33_auto"), "not timed yet")]
+    assert "Series marked *speedup from calibration timing*" in report._speed(runs, speed, plans)[0]
+    timed = {**speed, "runs": {ids["0.5_auto"]: {"speedup": 2.2}, ids["0.5_uniform"]: {"speedup": 1.9}}}
+    assert "calibration" not in report._speed(runs, timed, plans)[0]
 
 
 def test_speed_points_read_the_benchmarks_json(tmp_path, monkeypatch):
