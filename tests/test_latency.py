@@ -294,7 +294,7 @@ def test_fit_with_tied_residuals_and_ignored_layers(small):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size must be a positive integer"),
-    (dict(runtime="onnx"), "runtime must be one of"),
+    (dict(runtime="coreml"), "runtime must be one of"),
     (dict(runtime="tflite", training=True), "training=True times a training step"),
     (dict(variants=3), "variants must be an integer >= 6"),
     (dict(rounds=0), "rounds must be a positive integer"),
