@@ -96,7 +96,8 @@ def _timing_args(p, default):
     p.add_argument("--batch_size", type=int, default=default(32),
                    help="examples per timed call (default 32)")
     p.add_argument("--runtime", choices=RUNTIMES, default=default("tf"),
-                   help="time TensorFlow (default) or the TFLite interpreter")
+                   help="where to time: the backend's compiled step (tf, default), LiteRT, "
+                   "ONNX Runtime, or their int8 quantizations")
     p.add_argument("--training", action="store_true",
                    help="time a training step instead of inference")
     p.add_argument("--variants", type=int, default=default(20), help="models timed (default 20)")

@@ -21,12 +21,14 @@ import numpy as np
 
 from keras_precrop.errors import ArgumentError
 
-RUNTIMES = ("tf", "litert", "tflite", "onnx")
+RUNTIMES = ("tf", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
 """Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step), ``"litert"``
-(the LiteRT interpreter; ``"tflite"`` is its old name) and ``"onnx"`` (ONNX Runtime)."""
+(the LiteRT interpreter; ``"tflite"`` is its old name), ``"onnx"`` (ONNX Runtime), and the
+int8 forms of the last two (post-training quantization calibrated on a representative batch)."""
+_ONNX = (("onnxruntime", "tf2onnx", "onnx"), "onnx")
 # The optional packages of a runtime, and the extra that installs them.
-_NEEDS = {"litert": ((), None), "tflite": ((), None),
-          "onnx": (("onnxruntime", "tf2onnx", "onnx"), "onnx")}
+_NEEDS = {"onnx": _ONNX, "onnx_int8": _ONNX}
+_CALIBRATION = 16  # random examples that calibrate an int8 model's activation ranges
 
 
 def input_shape(model):
@@ -146,7 +148,7 @@ def _torch_step(model, x, training):
     return step
 
 
-def to_tflite(model, batch_size=None):
+def to_tflite(model, batch_size=None, int8=False):
     """Convert a Keras model to a TFLite flatbuffer (bytes), weights frozen.
 
     The weights become constants of the graph (the converter freezes the
@@ -164,6 +166,8 @@ def to_tflite(model, batch_size=None):
             ``ChannelSlice`` / ``PrefixAdd`` convert to builtin TFLite ops
             (``SLICE``, ``PAD``, ``ADD``).
         batch_size: fixed batch size of the converted graph (None: dynamic).
+        int8: full-integer quantization (int8 weights, activations, input and
+            output), activation ranges calibrated on random normal batches.
     """
     import tensorflow as tf
 
@@ -172,10 +176,25 @@ def to_tflite(model, batch_size=None):
     converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()],
                                                                 model)
     converter.experimental_lower_to_saved_model = False
+    if int8:
+        samples = _calibration_batches(model, batch_size or 1)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([batch] for batch in samples)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
     return converter.convert()
 
 
-def _litert_step(model, x, threads):
+def _calibration_batches(model, batch_size):
+    """Random normal batches that calibrate an int8 model (timing needs ranges, not accuracy)."""
+    rng = np.random.default_rng(1)
+    count = max(1, _CALIBRATION // batch_size)
+    return [rng.standard_normal((batch_size,) + input_shape(model)).astype("float32")
+            for _ in range(count)]
+
+
+def _litert_step(model, x, threads, int8=False):
     """A no-argument callable: one LiteRT interpreter invocation on ``x``.
 
     The flatbuffer is :func:`to_tflite`'s (weights frozen into constants);
@@ -190,31 +209,66 @@ def _litert_step(model, x, threads):
         Interpreter = tf.lite.Interpreter
     with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice
         warnings.simplefilter("ignore")
-        interpreter = Interpreter(model_content=to_tflite(model, len(x)), num_threads=threads)
+        interpreter = Interpreter(model_content=to_tflite(model, len(x), int8=int8),
+                                  num_threads=threads)
     interpreter.allocate_tensors()
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    detail = interpreter.get_input_details()[0]
+    if int8:  # the input is int8 too: quantize the batch with the input's scale
+        scale, zero = detail["quantization"]
+        x = np.clip(np.round(x / scale + zero), -128, 127).astype(np.int8)
+    interpreter.set_tensor(detail["index"], x)
     return interpreter.invoke
 
 
-def to_onnx(model, path):
+def to_onnx(model, path, int8=False):
     """Export ``model`` to an ONNX file at ``path`` with Keras' own exporter (``format="onnx"``).
 
     The exporter refuses a model that was never called (a freshly rebuilt
-    one), so it is called once on zeros first.
+    one), so it is called once on zeros first. With ``int8``, the export is
+    quantized statically to int8 QDQ (per-channel weights, activation ranges
+    calibrated on random normal examples) by ONNX Runtime's quantizer.
     """
     model(np.zeros((1,) + input_shape(model), "float32"), training=False)
-    model.export(str(path), format="onnx", verbose=False)
+    if not int8:
+        model.export(str(path), format="onnx", verbose=False)
+        return path
+    with tempfile.TemporaryDirectory() as folder:
+        exported = os.path.join(folder, "float.onnx")
+        model.export(exported, format="onnx", verbose=False)
+        _quantize_onnx(model, exported, folder, str(path))
     return path
 
 
-def _onnx_step(model, x, threads):
-    """A no-argument callable: one ONNX Runtime session run on ``x`` (model exported by Keras)."""
+def _quantize_onnx(model, path, folder, quantized):
+    """Writes a static int8 QDQ copy of the ONNX model at ``path`` to ``quantized``."""
+    import onnxruntime
+    from onnxruntime import quantization as q
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class _Batches(q.CalibrationDataReader):
+        def __init__(self, name):
+            self.batches = iter({name: b} for b in _calibration_batches(model, 1))
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    name = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    prepared = os.path.join(folder, "prepared.onnx")
+    quant_pre_process(path, prepared)
+    q.quantize_static(prepared, quantized, _Batches(name), quant_format=q.QuantFormat.QDQ,
+                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
+                      per_channel=True, calibrate_method=q.CalibrationMethod.MinMax)
+
+
+def _onnx_step(model, x, threads, int8=False):
+    """A no-argument callable: one ONNX Runtime session run on ``x`` (model exported by Keras;
+    with ``int8``, statically quantized to int8 QDQ)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     with tempfile.TemporaryDirectory() as folder:
-        path = to_onnx(model, os.path.join(folder, "model.onnx"))
+        path = to_onnx(model, os.path.join(folder, "model.onnx"), int8=int8)
         session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: x}
     return lambda: session.run(None, feed)
@@ -236,8 +290,9 @@ def runner(model, batch_size, runtime="tf", training=False, seed=0):
         model: a single-input Keras model with a fixed input shape.
         batch_size: examples per call.
         runtime: ``"tf"`` (the backend's compiled step), ``"litert"`` (or its
-            old name ``"tflite"``: the LiteRT interpreter) or ``"onnx"`` (ONNX
-            Runtime, the model exported by Keras); one thread per usable core.
+            old name ``"tflite"``: the LiteRT interpreter), ``"onnx"`` (ONNX
+            Runtime, the model exported by Keras), or ``"litert_int8"`` /
+            ``"onnx_int8"`` (their int8 quantizations); one thread per usable core.
         training: time a training step (forward, backward, SGD update)
             instead of inference; ``"tf"`` only.
         seed: seed of the random batch.
@@ -246,10 +301,11 @@ def runner(model, batch_size, runtime="tf", training=False, seed=0):
     x = np.random.default_rng(seed).standard_normal(
         (batch_size,) + input_shape(model)).astype("float32")
     _check_installed(runtime)
-    if runtime in ("litert", "tflite"):
-        return _litert_step(model, x, _usable_cpus())
-    if runtime == "onnx":
-        return _onnx_step(model, x, _usable_cpus())
+    int8 = runtime.endswith("_int8")
+    if runtime in ("litert", "tflite", "litert_int8"):
+        return _litert_step(model, x, _usable_cpus(), int8)
+    if runtime in ("onnx", "onnx_int8"):
+        return _onnx_step(model, x, _usable_cpus(), int8)
     return _compiled_step(model, x, training)
 
 
