@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 # This turn's grids first (issue 27, against uniform width scaling): seed-major over both.
 python experiments/run.py --grid experiments/grids/uniform_latency.json \
   --grid experiments/grids/uniform.json "$@" || exit
+python experiments/run.py --grid experiments/grids/uniform_mobilenet.json "$@" || exit
 GRIDS=()
 for name in core thm_comp pareto preconfig balance; do
   GRIDS+=(--grid "experiments/grids/$name.json")
