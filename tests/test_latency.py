@@ -513,3 +513,9 @@ def test_int8_exports_agree_with_keras_within_quantization_error(runtime, tmp_pa
     got = _int8_outputs(model, runtime, x, tmp_path)
     # int8 steps of the output range: an error of a few percent of it, not more.
     assert np.abs(got - reference).max() <= 0.1 * np.abs(reference).max()
+
+
+def test_a_backend_runtime_names_the_backend_it_needs():
+    with pytest.raises(kp.ArgumentError, match=r"runtime='jax' times the model under "
+                                               r"KERAS_BACKEND=jax; this process runs 'tensorflow'"):
+        kp.latency.runner(_small_cnn(), 4, runtime="jax")

@@ -21,8 +21,9 @@ import numpy as np
 
 from keras_precrop.errors import ArgumentError
 
-RUNTIMES = ("tf", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
-"""Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step), ``"litert"``
+RUNTIMES = ("tf", "jax", "torch", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
+"""Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step; ``"jax"`` and
+``"torch"`` name it under those backends and check that they run it), ``"litert"``
 (the LiteRT interpreter; ``"tflite"`` is its old name), ``"onnx"`` (ONNX Runtime), and the
 int8 forms of the last two (post-training quantization calibrated on a representative batch)."""
 _ONNX = (("onnxruntime", "tf2onnx", "onnx"), "onnx")
@@ -423,6 +424,10 @@ def check_settings(batch_size, runtime, training):
         raise ArgumentError("{batch_size:subject} must be a positive integer{got}", batch_size=batch_size)
     if runtime not in RUNTIMES:
         raise ArgumentError(f"{{runtime:subject}} must be one of {RUNTIMES}{{got}}", runtime=runtime)
-    if training and runtime != "tf":
+    if runtime in ("jax", "torch") and keras.backend.backend() != runtime:
+        raise ArgumentError(f"{{runtime}} times the model under KERAS_BACKEND={runtime}; this "
+                            f"process runs {keras.backend.backend()!r} (set KERAS_BACKEND before "
+                            "Keras is imported)", runtime=runtime)
+    if training and runtime not in ("tf", "jax", "torch"):
         raise ArgumentError("{training} times a training step, which only {runtime:tf} runs",
                             training=training)

@@ -2,10 +2,10 @@
 
 Fits a small latency model of a small CNN (few variants and rounds) with the
 library's runner, plans ``latency=0.5`` with it, and runs a timed training
-step twice (under torch it updates the model's weights; under JAX it is
-stateless, its state held by the step). Under JAX the runner once timed
-``predict_on_batch``, whose per-call overhead made every budget below half of
-the original's time infeasible.
+step, by the runtime named after the backend, twice (under torch it updates
+the model's weights; under JAX it is stateless, its state held by the step).
+Under JAX the runner once timed ``predict_on_batch``, whose per-call overhead
+made every budget below half of the original's time infeasible.
 """
 
 import json
@@ -37,7 +37,7 @@ def main():
     except kp.InfeasibleBudgetError as err:
         result.update(feasible=False, why=str(err))
     before = [w.copy() for w in model.get_weights()]
-    step = kp.latency.runner(model, 4, training=True)
+    step = kp.latency.runner(model, 4, runtime=keras.backend.backend(), training=True)
     step()
     step()
     result["weights_moved"] = any(not np.array_equal(a, b)
