@@ -134,14 +134,13 @@ def solve_plan(prof, cm, budgets):
     return solve(prof, cm, budgets)[0]
 
 
-def _plan_widths(planner, graph, preliminary, ratios, known, log):
+def _plan_widths(planner, prof, preliminary, ratios, known, log):
     """Widths the ``planner`` makes at each latency ratio under a preliminary latency model.
 
     Ratios whose plan is infeasible or repeats ``known`` widths (or another
     plan) are skipped.
     """
-    prof = _costs.ModelProfile(graph)
-    cm = prof.cost.with_rows([preliminary.cost_row(graph)])
+    cm = prof.cost.with_rows([preliminary.cost_row(prof.graph)])
     original = cm.totals(cm.widths)[cm.row_names.index(ROW)]
     out = {}
     for ratio in ratios:
@@ -279,7 +278,8 @@ class _Fitter:
     def __init__(self, model, graph, measure, blocks, log, settings):
         self.model, self.graph, self.measure, self.log = model, graph, measure, log
         self.settings = settings
-        self.cm = _costs.CostModel(graph)
+        self.prof = _costs.ModelProfile(graph)  # the refinement rounds' planner needs it too
+        self.cm = self.prof.cost
         if self.cm.fixed.all():
             raise ValueError(f"Model {model.name!r} has no prunable widths: nothing to vary.")
         features = Features.of(graph)
@@ -318,7 +318,7 @@ class _Fitter:
         preliminary = self.assemble(variants=[], fit_seconds=0.0,
                                     error={"median": float(np.median(held_errors)),
                                            "worst": float(held_errors.max())})
-        plans = _plan_widths(planner, self.graph, preliminary, ratios, self.widths, self.log)
+        plans = _plan_widths(planner, self.prof, preliminary, ratios, self.widths, self.log)
         if not plans:
             return False
         new = [f"refine{k}:{label}" for label in plans]
