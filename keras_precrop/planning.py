@@ -33,17 +33,14 @@ from keras_precrop.errors import (
     ArgumentTypeError,
     PlanMismatchError,
     RebuildMismatchError,
+    UnsupportedModelError,
 )
 from keras_precrop.graph.rebuild import rebuild
-from keras_precrop.graph.walker import functional_of, walk
+from keras_precrop.graph.trace import input_specs
+from keras_precrop.graph.walker import walk
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
            "reconfigure"]
-
-_OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
-# The spatial size that stands in for an input's undefined one where only parameters count.
-_PROBE_SIZE = 224
-
 
 _OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
 # The spatial size that stands in for an input's undefined one where only parameters count.
@@ -364,8 +361,8 @@ def _defined_spatial(model, macs_arguments):
         macs_arguments: ``{name: value}`` of the arguments that need MACs or
             timing (``flops``, ``latency``, ...); those given are refused.
     """
-    inputs = functional_of(model).inputs  # an unsupported model gets the walker's error here
-    shapes = [tuple(t.shape) for t in inputs]
+    specs = input_specs(model)  # an unsupported model gets the walker's error here
+    shapes = [shape for _, shape in specs]
     if all(None not in shape[1:] for shape in shapes):
         return model
     given = {k: v for k, v in macs_arguments.items() if v is not None}
@@ -375,8 +372,18 @@ def _defined_spatial(model, macs_arguments):
             f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
             f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
             "or give a parameter budget alone.", **given)
-    inputs = [keras.Input(tuple(_PROBE_SIZE if d is None else d for d in shape[1:]),
-                          name=t.name) for shape, t in zip(shapes, inputs)]
+    return _with_inputs(model, [(name, tuple(_PROBE_SIZE if d is None else d for d in shape))
+                                for name, shape in specs])
+
+
+def _with_inputs(model, specs):
+    """A fresh copy of functional ``model`` on inputs of other spatial sizes."""
+    if not (isinstance(model, keras.Sequential) or hasattr(model, "_nodes_by_depth")):
+        raise UnsupportedModelError(
+            f"Subclassed model {model.name!r} has the undefined input shape "
+            f"{specs[0][1]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
+            "or model.build((None, 224, 224, 3)).")
+    inputs = [keras.Input(shape[1:], name=name) for name, shape in specs]
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
 
 
@@ -495,8 +502,7 @@ def apply_plan(model, plan):
             f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
             f"disagrees with the plan: {mismatch}.")
     if defined is not model:  # back to the model's own, undefined spatial size
-        inputs = [keras.Input(tuple(t.shape[1:]), name=t.name) for t in functional_of(model).inputs]
-        new = keras.models.clone_model(new, input_tensors=inputs if len(inputs) > 1 else inputs[0])
+        new = _with_inputs(new, input_specs(model))
     return new
 
 

@@ -244,24 +244,25 @@ def test_register_handler_rejects_unknown_rules():
 class _Subclassed(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.conv = L.Conv2D(4, 3)
+        self.conv = L.Conv2D(4, 3, name="conv")
 
     def call(self, x):
         return self.conv(x)
 
 
-def test_subclassed_model_is_rejected():
+def test_subclassed_model_is_traced():
+    """A subclassed model is read through its trace (tests/test_trace.py has the full checks)."""
     model = _Subclassed(name="sub")
     model(tf.zeros((1, 8, 8, 3)))
-    with pytest.raises(kp.UnsupportedModelError, match="'sub'.*_Subclassed.*functional"):
-        kp.profile(model)
+    prof = kp.profile(model)
+    assert prof.total_params == model.count_params() == 3 * 3 * 3 * 4 + 4
 
 
-def test_subclassed_model_inside_functional_is_rejected():
+def test_subclassed_model_inside_functional_is_dissolved_into_its_layers():
     x = keras.Input((8, 8, 3))
     model = keras.Model(x, _Subclassed(name="sub")(x))
-    with pytest.raises(kp.UnsupportedModelError, match="'sub'.*_Subclassed"):
-        kp.profile(model)
+    graph = kp.graph.walk(model)
+    assert [rec.path for rec in graph.layers] == ["sub.conv"]
 
 
 def test_undefined_input_shape_is_rejected():

@@ -162,14 +162,15 @@ class Handler:
     >>> kp.register_handler(Pointwise, PointwiseHandler())
     >>> x = keras.Input((8, 8, 3))
     >>> h = Pointwise(16, name="expand")(x)
-    >>> model = keras.Model(x, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+    >>> pooled = keras.layers.GlobalAveragePooling2D()(h)
+    >>> model = keras.Model(x, keras.layers.Dense(10, name="head")(pooled))
     >>> kp.profile(model).total_params == model.count_params() == 3 * 16 + 16 * 10 + 10
     True
     >>> small = kp.precrop(model, params=0.5)  # 3 w + 10 w + 10 <= 109 parameters
     >>> small.get_layer("expand").filters, small.count_params()
     (7, 101)
     >>> sorted(kp.pai.magnitude(model, 0.5))
-    ['dense/kernel', 'expand/kernel']
+    ['expand/kernel', 'head/kernel']
     """
 
     weight_specs: dict = {}
@@ -610,7 +611,7 @@ def _refuse_op(rec, node, why):
     raise UnsupportedLayerError(
         f"{rec.path} ({type(rec.layer).__name__} {input_shape(node)} -> "
         f"{output_shape(node)}) {why}. Pass {{ignore}} to keep "
-        "its channels fixed.", ignore=[rec.layer.name]
+        "its channels fixed.", ignore=[rec.path]
     )
 
 
@@ -715,7 +716,7 @@ def lookup(op, path, ignored=False):
         "walker does not know how its channels flow. Either keep its channels "
         "fixed with {ignore}, or describe it with "
         f"keras_precrop.register_handler({type(op).__name__}, 'tie' | 'fixed' | ...).",
-        ignore=[op.name]
+        ignore=[path]
     )
 
 

@@ -64,7 +64,7 @@ class _Rebuilder:
         elif isinstance(op, keras.layers.Layer):
             rec = self.graph.record(op)
             config = rec.handler.configure(rec, op.get_config(), self.width)
-            new = type(op).from_config(config)
+            new = type(op).from_config({**config, "name": self.graph.traced.name(op)})
         else:  # a stateless keras.ops operation recorded in the graph
             new = op
         self.new_ops[id(op)] = new
@@ -100,7 +100,7 @@ class _Rebuilder:
         x = args[0]
         if width >= x.shape[-1]:
             return args
-        name = self._unique(f"{rec.layer.name}_slice")
+        name = self._unique(f"{self.graph.traced.name(rec.layer)}_slice")
         return (_layers.ChannelSlice(width, name=name)(x),) + tuple(args[1:])
 
     def _merge(self, op, args):
@@ -108,7 +108,7 @@ class _Rebuilder:
         inputs = args[0]
         if len({x.shape[-1] for x in inputs}) == 1:
             return self.new_ops[id(op)]
-        return _layers.PrefixAdd(name=op.name)
+        return _layers.PrefixAdd(name=self.graph.traced.name(op))
 
     def _unique(self, name):
         base, i = name, 1
@@ -125,7 +125,7 @@ def rebuild(graph: ModelGraph, widths) -> keras.Model:
         graph: the walked model.
         widths: integer width of every variable of ``graph.variables``.
     """
-    fn = functional_of(graph.model)
+    fn = graph.functional
     builder = _Rebuilder(graph, widths)
     tensors = {}
     for t in fn.inputs:

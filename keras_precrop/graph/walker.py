@@ -31,6 +31,7 @@ import keras
 
 from keras_precrop.errors import ArgumentError, UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.graph import handlers
+from keras_precrop.graph import trace as _trace
 from keras_precrop.graph.channels import (
     Channels,
     LayerRecord,
@@ -43,28 +44,19 @@ from keras_precrop.graph.channels import (
 # The walk.
 
 
-def _is_functional(model):
-    return isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth")
+def functional_of(model, ignore=()):
+    """The functional graph the walker reads for ``model``.
+
+    A Functional or built Sequential model's own graph; a subclassed model,
+    or a model holding composite layers, traced into one (see ``trace.py``).
+    """
+    return _trace.traced(model, ignore).functional
 
 
-def functional_of(model):
-    """The functional graph of a Functional or built Sequential model."""
-    if isinstance(model, keras.Sequential):
-        fn = getattr(model, "_functional", None)
-        if fn is None:
-            raise UnsupportedModelError(
-                f"Sequential model {model.name!r} is not built: give it an "
-                "Input (keras.Input(shape)) as first layer or call it once."
-            )
-        return fn
-    if _is_functional(model):
-        return model
-    raise UnsupportedModelError(
-        f"Model {getattr(model, 'name', model)!r} of class "
-        f"{type(model).__name__} is not a functional or Sequential model; "
-        "its channel flow cannot be read from a graph. Rebuild it with the "
-        "functional API (keras.Input + layer calls + keras.Model)."
-    )
+def names_of(model, ignore=()):
+    """Every name and ``outer/inner`` path ``ignore=`` may give for ``model``'s layers."""
+    traced = _trace.traced(model, ignore)
+    return set(layer_names(traced.functional, name=traced.name))
 
 
 def topological_nodes(fn):
@@ -73,13 +65,17 @@ def topological_nodes(fn):
         yield from fn._nodes_by_depth[depth]
 
 
-def layer_names(fn, prefix=""):
-    """Bare names and ``outer/inner`` paths of every operation of ``fn``."""
+def layer_names(fn, prefix="", name=lambda op: op.name):
+    """Bare names and ``outer/inner`` paths of every operation of ``fn``.
+
+    ``name`` gives an operation's name (a trace names the layers of dissolved
+    composites by their place, ``block_1.conv1``).
+    """
     for op in fn.operations:
-        yield op.name
-        yield prefix + op.name
+        yield name(op)
+        yield prefix + name(op)
         if isinstance(op, keras.Model):
-            yield from layer_names(functional_of(op), f"{prefix}{op.name}/")
+            yield from layer_names(functional_of(op), f"{prefix}{name(op)}/")
 
 
 @dataclasses.dataclass
@@ -116,10 +112,11 @@ class ModelGraph:
 
     def __init__(self, model, walker: _Walker):
         self.model = model
+        self.traced = walker.traced
+        self.functional = fn = walker.traced.functional
         self.residual = walker.ctx.residual
         self.tensor_channels = walker.tensors
         self.calls = walker.calls
-        fn = functional_of(model)
         self.inputs = [walker.key(t) for t in fn.inputs]
         self.outputs = [walker.key(t) for t in fn.outputs]
         self._ctx = walker.ctx
@@ -165,7 +162,7 @@ class ModelGraph:
 
     def layer_names(self):
         """Every name and ``outer/inner`` path of the model's operations."""
-        return set(layer_names(functional_of(self.model)))
+        return set(layer_names(self.functional, name=self.traced.name))
 
     def width(self, channels):
         """Original number of channels of a descriptor (e.g. ``tensor_channels[key]``)."""
@@ -186,14 +183,15 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     """
     if residual not in ("prefix", "tie"):
         raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
-    fn = functional_of(model)
     ignore = set(ignore)
-    missing = sorted(ignore - set(layer_names(fn)))
+    traced = _trace.traced(model, ignore)
+    fn = traced.functional
+    missing = sorted(ignore - names_of(model, ignore))
     if missing:
         raise ArgumentError(
             f"{{ignore}} names no layer of model {model.name!r}; layers are "
             "named as in model.summary() (or `keras-precrop profile`).", ignore=missing)
-    walker = _Walker(WalkContext(residual), ignore)
+    walker = _Walker(WalkContext(residual), ignore, traced)
     for t in fn.inputs:
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
@@ -213,9 +211,10 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
 class _Walker:
     """The state of one walk: the context, tensors' channels and the calls."""
 
-    def __init__(self, ctx: WalkContext, ignore):
+    def __init__(self, ctx: WalkContext, ignore, traced):
         self.ctx = ctx
         self.ignore = ignore
+        self.traced = traced
         self.tensors: dict[int, Channels] = {}
         self.calls: list[LayerCall] = []
         self._alias: dict[int, int] = {}  # a nested model's tensor -> its key
@@ -235,7 +234,7 @@ class _Walker:
             args = node.arguments.keras_tensors
             ins = [tensors[id(t)] for t in args]
             ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
-            path = prefix + op.name
+            path = prefix + self.traced.name(op)
             if isinstance(op, keras.Model):
                 inner = functional_of(op)
                 for t_in, t, ch in zip(inner.inputs, args, ins):
@@ -260,7 +259,7 @@ class _Walker:
         rec = ctx.records.get(id(op))
         if rec is None:
             _refuse_quantized(op, path)
-            ignored = op.name in self.ignore or path in self.ignore
+            ignored = self.traced.name(op) in self.ignore or path in self.ignore
             handler = handlers.lookup(op, path, ignored=ignored)
             rec = LayerRecord(op, path, handler, ignored)
             ctx.records[id(op)] = rec

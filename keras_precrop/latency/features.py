@@ -16,7 +16,6 @@ import math
 import numpy as np
 
 from keras_precrop.budget import costs as _costs
-from keras_precrop.graph import walker as _graph
 
 ALIASES = {"PrefixAdd": "Add"}  # rebuilt layers that stand for the layer they replace
 UNCOSTED = ("ChannelSlice",)  # charged to its reader's input elements instead
@@ -145,7 +144,7 @@ def signature(graph):
     ``ChannelSlice`` layers a rebuild adds are left out, a ``PrefixAdd``
     counts as the ``Add`` it replaces); widths do not enter.
     """
-    fn = _graph.functional_of(graph.model)
+    fn = graph.functional
     layers = sorted((rec.path, _class_key(rec)) for rec in graph.layers if _class_key(rec))
     text = json.dumps([[list(t.shape[1:]) for t in fn.inputs], layers])
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -118,7 +118,7 @@ class LatencyModel(_json.JsonDataclass):
                 width vector in the order of ``template["names"]``.
         """
         if isinstance(x, keras.Model):
-            known = set(_graph.layer_names(_graph.functional_of(x)))
+            known = _graph.names_of(x, self.ignore)
             if not known.issuperset(self.ignore):
                 raise LatencyModelMismatchError(
                     f"predict's model {x.name!r} lacks the layers "

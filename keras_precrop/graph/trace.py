@@ -1,0 +1,267 @@
+"""See through subclassed models and composite layers: trace them into one functional graph.
+
+The walker reads functional graphs. A subclassed ``keras.Model``, or a layer
+that holds sublayers and has no handler (a user's ``ResidualBlock``,
+keras_hub's ``InvertedResidualBlock``), is one opaque node there. In Keras 3,
+running a layer's ``call`` on symbolic ``KerasTensor`` inputs records every
+sublayer call and every ``keras.ops`` call inside it as a node, and the nodes
+reuse the sublayers themselves, so their variables are shared. This module
+does that recursively: while a model is traced, ``__call__`` of each
+composite layer's class is swapped for a function that runs the instance's
+``call`` instead of adding a node for it, so composites inside composites
+dissolve too. Layers with handlers stay atomic, as do ignored layers.
+
+A composite's sublayers are named by their place: ``block_1.conv1`` is the
+sublayer ``conv1`` of the top-level layer ``block_1``. The names live in
+:attr:`Traced.names`, not on the layers: the user's model is left as it was
+(its layers' names are changed while the traced graph is built, so that two
+blocks' ``conv1`` do not clash, and restored afterwards). The walker reports
+these names and the rebuild gives them to the new layers.
+
+A ``call`` that cannot run on symbolic tensors (a Python ``if`` on a tensor's
+value, a ``tf.*`` or ``jax.numpy`` function on its inputs) is refused with the
+layer's name and the ``ignore`` remedy; a trace never guesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import weakref
+
+import keras
+
+from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.graph import handlers
+
+
+@dataclasses.dataclass
+class Traced:
+    """A model as the walker reads it.
+
+    Attributes:
+        functional: a Functional model whose nodes are layers the walker knows
+            (or the model itself when nothing needed tracing).
+        names: ``id(layer) -> name`` of every layer of a dissolved composite
+            (``"block_1.conv1"``); other layers keep their own names.
+    """
+
+    functional: keras.Model
+    names: dict = dataclasses.field(default_factory=dict)
+
+    def name(self, op):
+        """The name the walker and the rebuild use for operation ``op``."""
+        return self.names.get(id(op), op.name)
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def traced(model, ignore=()) -> Traced:
+    """``model`` as a functional graph of layers the walker knows.
+
+    A Functional or built Sequential model without composite layers is
+    returned as it is; anything else is traced once per ``ignore`` set (the
+    result is cached on the model, so the walk and the rebuild see the same
+    tensors).
+
+    Args:
+        model: a Functional, Sequential or subclassed ``keras.Model``, built.
+        ignore: names of layers to keep whole (an ignored composite is not
+            dissolved; the walker then keeps its channels fixed).
+    """
+    key = frozenset(ignore)
+    per_model = _CACHE.setdefault(model, {})
+    if key not in per_model:
+        per_model[key] = _trace(model, key)
+    return per_model[key]
+
+
+def input_specs(model):
+    """``(name, shape)`` of each input of ``model``, without tracing it.
+
+    A subclassed model's one input has the shape it was built with.
+    """
+    fn = _graph_of(model)
+    if fn is not None:
+        return [(t.name, tuple(t.shape)) for t in fn.inputs]
+    return [(f"{model.name}_input", _built_shape(model))]
+
+
+def _trace(model, ignore) -> Traced:
+    fn = _graph_of(model)
+    found = {}  # id -> (layer, name by place); dissolved composites in ``composites``
+    composites = {}
+    for op in list(fn.operations) if fn is not None else _sublayers(model):
+        _collect(op, op.name, ignore, found, composites)
+    if fn is not None and not composites:
+        return Traced(fn)
+    if fn is None:
+        composites[id(model)] = model
+    names = {i: name for i, (_, name) in found.items() if i not in composites}
+    with _renamed(found, composites), _dissolving(composites, found):
+        functional = _retrace(model, fn)
+    return Traced(functional, names)
+
+
+def _graph_of(model):
+    """The functional graph of a Functional or Sequential ``model``; ``None`` if subclassed."""
+    if isinstance(model, keras.Sequential):
+        fn = getattr(model, "_functional", None)
+        if fn is None:
+            raise UnsupportedModelError(
+                f"Sequential model {model.name!r} is not built: give it an "
+                "Input (keras.Input(shape)) as first layer or call it once.")
+        return fn
+    if hasattr(model, "_nodes_by_depth"):
+        return model
+    if not isinstance(model, keras.Model):
+        raise UnsupportedModelError(
+            f"{model!r} is not a keras.Model; profile, plan and precrop take a model.")
+    return None
+
+
+def _sublayers(layer):
+    """The layers ``layer`` holds directly (attributes and lists of layers)."""
+    return [s for s in layer._flatten_layers(include_self=False, recursive=False)
+            if not isinstance(s, keras.layers.InputLayer)]
+
+
+def _own_variables(layer):
+    return list(layer._trainable_variables) + list(layer._non_trainable_variables)
+
+
+def is_composite(op) -> bool:
+    """Whether ``op`` is dissolved by a trace: a layer with no handler that
+    holds sublayers and no variables of its own, or a nested model that
+    contains such a layer. (A layer without sublayers and without a handler
+    stays whole, and the walker refuses it by name.)
+
+    (*) ``keras.layers.Identity`` dissolves too: keras_hub builds it with a
+    ``DTypePolicy`` object, which its ``get_config`` cannot serialize (Keras
+    3.15), so a rebuilt graph could not hold it.
+    """
+    if not isinstance(op, keras.layers.Layer) or isinstance(op, keras.layers.InputLayer):
+        return False
+    if type(op) is keras.layers.Identity:  # computes nothing; and may not serialize (*)
+        return True
+    if _graph_of_or_none(op) is not None:
+        return any(is_composite(s) for s in _graph_of_or_none(op).operations)
+    return handlers.handler_of(op) is None and not _own_variables(op) and bool(_sublayers(op))
+
+
+def _graph_of_or_none(op):
+    if isinstance(op, keras.Model):
+        return _graph_of(op)
+    return None
+
+
+def _collect(op, name, ignore, found, composites):
+    """Name ``op``'s sublayers by their place and gather the composites to dissolve."""
+    if op.name in ignore or name in ignore or not is_composite(op):
+        return
+    composites[id(op)] = op
+    found.setdefault(id(op), (op, name))
+    taken = {n for _, n in found.values()}
+    for sub in _sublayers(op):
+        if id(sub) not in found:
+            sub_name = _unique(f"{name}.{sub.name}", taken)
+            found[id(sub)] = (sub, sub_name)
+            _collect(sub, sub_name, ignore, found, composites)
+
+
+def _unique(name, taken):
+    base, i = name, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+@contextlib.contextmanager
+def _renamed(found, composites):
+    """Give the layers of dissolved composites their place names while the graph is built."""
+    old = [(layer, layer.name) for i, (layer, _) in found.items() if i not in composites]
+    for layer, _ in old:
+        layer.name = found[id(layer)][1]
+    try:
+        yield
+    finally:
+        for layer, name in old:
+            layer.name = name
+
+
+@contextlib.contextmanager
+def _dissolving(composites, found):
+    """Swap ``__call__`` of the composites' classes for one that runs ``call`` in place."""
+    classes = {type(op) for op in composites.values()}
+    original = {cls: cls.__call__ for cls in classes}
+
+    def call_in_place(self, *args, **kwargs):
+        if id(self) not in composites:
+            return original[type(self)](self, *args, **kwargs)
+        return _run_call(self, found.get(id(self), (self, self.name))[1], args, kwargs)
+
+    saved = {cls: cls.__dict__.get("__call__") for cls in classes}
+    for cls in classes:
+        cls.__call__ = call_in_place
+    try:
+        yield
+    finally:
+        for cls, method in saved.items():
+            if method is None:
+                del cls.__call__
+            else:
+                cls.__call__ = method
+
+
+def _run_call(layer, name, args, kwargs):
+    """``layer.call(*args, **kwargs)`` on symbolic tensors, or a clear refusal."""
+    call = type(layer).call
+    parameters = inspect.signature(call).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        accepted = {p.name for p in parameters}
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    try:
+        return call(layer, *args, **kwargs)
+    except UnsupportedLayerError:
+        raise
+    except Exception as e:  # any failure of a symbolic run: refuse, never guess
+        raise UnsupportedLayerError(
+            f"Layer {name!r} of class {type(layer).__name__} cannot be traced into a "
+            f"functional graph: its call() failed on symbolic tensors ({type(e).__name__}: "
+            f"{_first_line(e)}). Layers are traced by running call() on keras.Input tensors, so call() "
+            "may use Keras layers and keras.ops only, with no Python branch on a tensor's "
+            "value (a `tf.*` or `jax.numpy` function on its inputs fails too). Keep the "
+            "layer whole with {ignore} (its channels then stay fixed) or describe it with "
+            f"keras_precrop.register_handler({type(layer).__name__}, ...).",
+            ignore=[name]) from e
+
+
+def _first_line(error):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _retrace(model, fn):
+    """Run the model on fresh inputs while composites dissolve; a new Functional."""
+    if fn is not None:
+        return keras.models.clone_model(fn, clone_function=lambda op: op)
+    shape = _built_shape(model)
+    x = keras.Input(shape[1:], name=f"{model.name}_input")
+    return keras.Model(x, model(x), name=model.name)
+
+
+def _built_shape(model):
+    """The input shape a subclassed model was built with (its one input)."""
+    shapes = getattr(model, "_build_shapes_dict", None) or {}
+    if not model.built or len(shapes) != 1:
+        raise UnsupportedModelError(
+            f"Subclassed model {model.name!r} of class {type(model).__name__} "
+            + ("is not built" if not model.built or not shapes else
+               f"takes {len(shapes)} inputs ({', '.join(shapes)})")
+            + ": it is traced into a functional graph from the input shape it was built "
+            "with, so build it on one input first, e.g. model(x) on a batch or "
+            "model.build((None, 32, 32, 3)).")
+    return tuple(next(iter(shapes.values())))

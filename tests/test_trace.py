@@ -1,0 +1,301 @@
+"""Subclassed models and composite layers, traced into functional graphs (issue 28).
+
+Each model is written the way users write them (blocks as ``Layer``
+subclasses with ``training`` flags, sublayers named alike in every block) and
+checked against independent references: Keras' ``count_params()``, the MACs
+of TensorFlow's own trace of the model's ``call``, a forward pass with the
+original's weights, ``fit`` for a step and a ``.keras`` round trip.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import layers as L
+from keras import ops
+
+import keras_precrop as kp
+from keras_precrop.graph import trace
+from tests.conftest import assert_matches_plan, tf_macs
+
+# -- models as users write them -------------------------------------------------
+
+
+class ResidualBlock(L.Layer):
+    """conv-BN-relu-conv-BN + shortcut (a 1x1 projection when the shape changes)."""
+
+    def __init__(self, filters, stride=1, **kwargs):
+        super().__init__(**kwargs)
+        self.filters, self.stride = filters, stride
+        self.conv1 = L.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False,
+                              name="conv1")
+        self.bn1 = L.BatchNormalization(name="bn1")
+        self.conv2 = L.Conv2D(filters, 3, padding="same", use_bias=False, name="conv2")
+        self.bn2 = L.BatchNormalization(name="bn2")
+
+    def build(self, input_shape):
+        self.proj = None
+        if self.stride != 1 or input_shape[-1] != self.filters:
+            self.proj = L.Conv2D(self.filters, 1, strides=self.stride, name="proj")
+
+    def call(self, x, training=None):
+        y = ops.relu(self.bn1(self.conv1(x), training=training))
+        y = self.bn2(self.conv2(y), training=training)
+        shortcut = x if self.proj is None else self.proj(x)
+        return ops.relu(y + shortcut)
+
+
+class ResNet(keras.Model):
+    def __init__(self, num_classes=10, **kwargs):
+        super().__init__(**kwargs)
+        self.stem = L.Conv2D(8, 3, padding="same", name="stem")
+        self.stages = [ResidualBlock(8, name="block1"), ResidualBlock(8, name="block2"),
+                       ResidualBlock(16, stride=2, name="block3")]
+        self.pool = L.GlobalAveragePooling2D()
+        self.head = L.Dense(num_classes, name="head")
+
+    def call(self, x, training=None):
+        x = ops.relu(self.stem(x))
+        for block in self.stages:
+            x = block(x, training=training)
+        return self.head(self.pool(x))
+
+
+class SqueezeExcite(L.Layer):
+    def __init__(self, channels, ratio=0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.reduce = L.Conv2D(max(1, int(channels * ratio)), 1, activation="relu")
+        self.expand = L.Conv2D(channels, 1, activation="sigmoid")
+
+    def call(self, x):
+        return x * self.expand(self.reduce(ops.mean(x, axis=(1, 2), keepdims=True)))
+
+
+class InvertedResidual(L.Layer):
+    def __init__(self, in_channels, out_channels, expansion=4, stride=1, **kwargs):
+        super().__init__(**kwargs)
+        hidden = in_channels * expansion
+        self.residual = stride == 1 and in_channels == out_channels
+        self.expand = L.Conv2D(hidden, 1, use_bias=False)
+        self.bn0 = L.BatchNormalization()
+        self.depthwise = L.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False)
+        self.bn1 = L.BatchNormalization()
+        self.se = SqueezeExcite(hidden)
+        self.project = L.Conv2D(out_channels, 1, use_bias=False)
+        self.bn2 = L.BatchNormalization()
+
+    def call(self, x, training=None):
+        y = ops.relu6(self.bn0(self.expand(x), training=training))
+        y = self.se(ops.relu6(self.bn1(self.depthwise(y), training=training)))
+        y = self.bn2(self.project(y), training=training)
+        return x + y if self.residual else y
+
+
+class MobileNet(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.stem = L.Conv2D(8, 3, strides=2, padding="same")
+        self.blocks = [InvertedResidual(8, 8), InvertedResidual(8, 16, stride=2),
+                       InvertedResidual(16, 16)]
+        self.head = L.Dense(10)
+
+    def call(self, x, training=None):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.head(ops.mean(x, axis=(1, 2)))
+
+
+class Inner(L.Layer):
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(filters, 3, padding="same")
+        self.norm = L.BatchNormalization()
+
+    def call(self, x, training=None):
+        return ops.relu(self.norm(self.conv(x), training=training))
+
+
+class Mid(L.Layer):
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.first, self.second = Inner(filters), Inner(filters)
+
+    def call(self, x, training=None):
+        return self.second(self.first(x, training=training), training=training)
+
+
+class Outer(L.Layer):
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.mid = Mid(filters)
+        self.skip = L.Conv2D(filters, 1)
+
+    def call(self, x, training=None):
+        return self.mid(x, training=training) + self.skip(x)
+
+
+def _resnet():
+    model = ResNet(name="resnet")
+    model(np.zeros((1, 16, 16, 3), "float32"))
+    return model
+
+
+def _mobilenet():
+    model = MobileNet(name="mobilenet")
+    model(np.zeros((1, 32, 32, 3), "float32"))
+    return model
+
+
+def _nested():
+    """A functional model holding a composite nested three deep (Outer > Mid > Inner)."""
+    x = keras.Input((16, 16, 3))
+    h = Outer(12, name="outer")(L.Conv2D(8, 3, name="stem")(x))
+    h = Outer(16, name="outer_2")(h)
+    return keras.Model(x, L.Dense(5, name="head")(L.GlobalAveragePooling2D()(h)), name="nested")
+
+
+MODELS = {"resnet": _resnet, "mobilenet": _mobilenet, "nested": _nested}
+
+
+def _randomize(model):
+    """Random weights and BN statistics, so that a wrong copy shows in the outputs."""
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        value = rng.standard_normal(w.shape).astype("float32") * 0.3
+        w.assign(np.abs(value) + 0.5 if "variance" in w.path else value)
+
+
+def _input(model):
+    shape = trace.traced(model).functional.inputs[0].shape
+    return np.random.default_rng(1).standard_normal((2,) + tuple(shape[1:])).astype("float32")
+
+
+# -- the checks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_profile_counts_match_keras_and_tensorflow(name):
+    model = MODELS[name]()
+    prof = kp.profile(model)
+    assert prof.total_params == model.count_params()
+    assert prof.total_macs == tf_macs(model)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_precrop_and_reconfigure_give_the_planned_models(name):
+    model = MODELS[name]()
+    for new in (kp.precrop(model, params=0.5), kp.precrop(model, flops=0.5),
+                kp.reconfigure(model, params=0.8, flops=1.0)):
+        assert_matches_plan(model, new.precrop_plan, new)
+        assert new.count_params() < model.count_params() or new.precrop_plan.mode != "exact"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_identity_plan_reproduces_the_original_outputs(name):
+    """All widths kept, the original's weights copied by the place names: the same function."""
+    model = MODELS[name]()
+    _randomize(model)
+    new = kp.precrop(model, params=1.0)
+    assert new.count_params() == model.count_params()
+    traced = trace.traced(model)
+    for layer in traced.functional.layers:
+        if layer.weights:
+            new.get_layer(traced.name(layer)).set_weights(layer.get_weights())
+    x = _input(model)
+    np.testing.assert_allclose(new(x, training=False), model(x, training=False), atol=1e-5)
+
+
+def test_traced_names_say_where_each_layer_came_from_and_the_model_is_untouched():
+    model = _resnet()
+    before = [layer.name for layer in model._flatten_layers()]
+    new = kp.precrop(model, params=0.5)
+    names = {layer.name for layer in new.layers}
+    assert {"stem", "block1.conv1", "block2.conv1", "block3.proj", "block3.bn2", "head"} <= names
+    assert [layer.name for layer in model._flatten_layers()] == before
+    lines = []
+    kp.profile(model).summary(print_fn=lines.append)
+    assert "block3.conv1" in "\n".join(lines)
+
+
+def test_pruned_traced_model_trains_saves_and_reloads(tmp_path):
+    model = _mobilenet()
+    new = kp.precrop(model, flops=0.5)
+    new.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = _input(model)
+    new.fit(x, np.array([1, 2]), epochs=1, verbose=0)
+    path = tmp_path / "pruned.keras"
+    new.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded(x, training=False), new(x, training=False), atol=1e-6)
+
+
+def test_ignore_names_a_layer_inside_a_block():
+    model = _resnet()
+    new = kp.precrop(model, params=0.5, ignore=["block2.conv1"])
+    assert new.get_layer("block2.conv1").filters == 8
+
+
+class Branchy(L.Layer):
+    """A Python branch on a tensor's value: no graph can say which way it goes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(4, 3, padding="same")
+
+    def call(self, x):
+        if ops.mean(x) > 0:
+            return self.conv(x)
+        return self.conv(-x)
+
+
+class BranchyNet(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.stem = L.Conv2D(4, 3, name="stem")
+        self.branchy = Branchy(name="branchy")
+        self.head = L.Dense(2)
+
+    def build(self, input_shape):
+        self.stem.build(input_shape)
+        self.branchy.conv.build(self.stem.compute_output_shape(input_shape))
+        self.head.build((None, 4))
+
+    def call(self, x):
+        return self.head(ops.mean(self.branchy(self.stem(x)), axis=(1, 2)))
+
+
+def test_python_branch_on_a_tensor_value_is_refused_with_the_layer_name():
+    model = BranchyNet(name="branchy_net")
+    model(np.ones((1, 8, 8, 3), "float32"))  # eager: the branch is taken once
+    with pytest.raises(kp.UnsupportedLayerError, match=r"(?s)'branchy' of class Branchy cannot be "
+                       r"traced.*Python branch.*ignore=\['branchy'\]"):
+        kp.profile(model)
+
+
+def test_unbuilt_subclassed_model_is_refused_clearly():
+    with pytest.raises(kp.UnsupportedModelError, match="is not built.*model.build"):
+        kp.profile(ResNet(name="fresh"))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a tf.* function")
+def test_tensorflow_function_in_call_is_refused_and_ignore_keeps_the_block_whole():
+    import tensorflow as tf
+
+    class TfBlock(L.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = L.Conv2D(4, 3, padding="same")
+
+        def call(self, x):
+            return tf.nn.relu(self.conv(x))
+
+    x = keras.Input((8, 8, 3))
+    h = L.Conv2D(6, 3, name="stem")(L.Conv2D(16, 3, name="first")(x))
+    model = keras.Model(x, L.Dense(2)(L.Flatten()(TfBlock(name="tf_block")(h))))
+    with pytest.raises(kp.UnsupportedLayerError, match=r"(?s)'tf_block' of class TfBlock.*"
+                       r"ignore=\['tf_block'\]"):
+        kp.precrop(model, params=0.5)
+    new = kp.precrop(model, params=0.8, ignore=["tf_block"])
+    assert new.get_layer("stem").filters == 6  # it feeds a block kept whole
+    assert new.get_layer("first").filters < 16
+    assert new.count_params() == new.precrop_plan.params
