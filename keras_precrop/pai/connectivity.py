@@ -30,7 +30,6 @@ import keras
 import numpy as np
 
 from keras_precrop.graph import walker as _graph
-from keras_precrop.graph.channels import Part
 from keras_precrop.pai import common
 from keras_precrop.pai.masks import check_masks
 
@@ -252,9 +251,10 @@ def channel_priorities(model, rng):
         parts = []
         for p in channels:
             root = graph.find(p.segment)
-            if root not in ranks:
-                ranks[root] = rng.permutation(graph.width((Part(root),))).astype(np.float64)
-            parts.append(np.tile(ranks[root], p.mult))
+            if root not in ranks:  # one per unit of the group's variable, tiled per scale
+                unit = graph.variables[graph.group_variable(root)].width
+                ranks[root] = rng.permutation(unit).astype(np.float64)
+            parts.append(np.tile(ranks[root], p.mult * graph.scale(p.segment)))
         return np.concatenate(parts)
 
     prio = {k: of_groups(graph.tensor_channels[k]) for k in graph.inputs}
