@@ -430,17 +430,18 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
     has_kernel = set(cm.obj_layer.tolist())
     names = {v.name: i for i, v in enumerate(cm.variables)}
 
-    def channels(variables, w):
-        return "/".join(str(int(w[names[v]])) for v in variables) or "-"
+    def channels(variables, scales, w):
+        return "/".join(str(int(w[names[v]]) * k) for v, k in zip(variables, scales)) or "-"
 
     layers = []
     for i, layer in enumerate(prof.layers):
+        outs, ins = (layer.out_variables, layer.out_scales), (layer.in_variables, layer.in_scales)
         layers.append({
             "name": layer.name, "class_name": layer.class_name,
-            "channels": channels(layer.out_variables, cm.widths),
-            "channels_new": channels(layer.out_variables, widths),
-            "channels_in": channels(layer.in_variables, cm.widths),
-            "channels_in_new": channels(layer.in_variables, widths),
+            "channels": channels(*outs, cm.widths),
+            "channels_new": channels(*outs, widths),
+            "channels_in": channels(*ins, cm.widths),
+            "channels_in_new": channels(*ins, widths),
             "params": int(round(before[i, 0])), "params_new": int(round(after[i, 0])),
             "macs": int(round(before[i, 1])), "macs_new": int(round(after[i, 1])),
             "density": float(density[i]) if i in has_kernel else None,

@@ -18,7 +18,7 @@ from keras_precrop.graph.channels import channels_width
 
 def _planned_width(graph, widths, rec):
     """Output channels of ``rec``'s first output under the planned widths."""
-    return channels_width(rec.outputs[0][0], lambda s: widths[graph.group_variable(s)])
+    return channels_width(rec.outputs[0][0], lambda s: graph.new_width(s, widths))
 
 
 def first_mismatch(new_model, graph, widths, plan):

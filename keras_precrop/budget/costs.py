@@ -35,6 +35,10 @@ class LayerCost:
         in_variables: names of the width variables of its input channels, in order.
         out_variables: names of the width variables of its output channels.
         prunable: some width its cost depends on may change.
+        in_scales: channels per unit of each of ``in_variables`` (1 but for a
+            tensor split into pieces: n for n equal pieces, whose variable
+            counts one piece).
+        out_scales: the same for ``out_variables``.
     """
 
     name: str
@@ -44,6 +48,8 @@ class LayerCost:
     in_variables: list
     out_variables: list
     prunable: bool
+    in_scales: list
+    out_scales: list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +106,8 @@ class CostModel:
         obj_var, obj_weight, obj_layer = [], [], []
         for i, rec in enumerate(graph.layers):
             for t in rec.terms:
-                coef.append((t.params, t.macs))
+                units = graph.scale(t.a) * graph.scale(t.b)  # channels per variable unit
+                coef.append((t.params * units, t.macs * units))
                 a.append(n if t.a is None else graph.variable(rec, t.a))
                 b.append(n if t.b is None else graph.variable(rec, t.b))
                 layer.append(i)
@@ -289,16 +296,17 @@ class ModelProfile:
         rows = self.cost.per_layer(widths)
         self.layers = []
         for rec, (params, macs) in zip(graph.layers, rows):
-            def names(channels, rec=rec):
-                return [self.variables[graph.variable(rec, p.segment)].name for p in channels]
-            ins = [n for ch in rec.inputs[0] for n in names(ch)]
-            outs = [n for ch in rec.outputs[0] for n in names(ch)]
+            ins = [p for ch in rec.inputs[0] for p in ch]
+            outs = [p for ch in rec.outputs[0] for p in ch]
             prunable = any(
                 not self.variables[graph.variable(rec, s)].fixed
                 for t in rec.terms for s in (t.a, t.b) if s is not None
             )
-            self.layers.append(LayerCost(rec.path, rec.class_name, int(round(params)),
-                                         int(round(macs)), ins, outs, prunable))
+            self.layers.append(LayerCost(
+                rec.path, rec.class_name, int(round(params)), int(round(macs)),
+                [self.variables[graph.variable(rec, p.segment)].name for p in ins],
+                [self.variables[graph.variable(rec, p.segment)].name for p in outs], prunable,
+                [graph.scale(p.segment) for p in ins], [graph.scale(p.segment) for p in outs]))
         self.total_params, self.total_macs = (int(round(x)) for x in self.cost.totals(widths))
 
     def width_problem(self, upper=1.0, min_channels=1):

@@ -7,9 +7,15 @@ The package's vocabulary, stated once (segment -> group -> width variable / view
   block), with its original width. Segments are numbered in creation order.
 * **group**: segments that must keep one width (tied through batch norm,
   activations, depthwise convs, element-wise ops, shared layers, ...), kept
-  in a union-find; its oldest segment represents and names it.
+  in a union-find; its oldest segment represents and names it. The pieces
+  of a split (``keras.ops.split``) join the group of the tensor split while
+  keeping their widths' ratio to it: every segment of a group keeps its
+  original width's ratio to the others.
 * **width variable**: a width the solver chooses (``graph.Variable``). Each
-  group is one variable: kind ``"channels"``, or ``"stream"`` for a residual
+  group is one variable, counted in the greatest common divisor of its
+  segments' widths (a segment's width when they all agree; one piece when a
+  tensor is split into equal pieces), each segment being a fixed multiple,
+  its *scale*, of it: kind ``"channels"``, or ``"stream"`` for a residual
   stream (a group joined by ``Add`` merges). Under ``residual="tie"`` all
   of a stream's writers are in its group. Under ``residual="prefix"`` (the
   paper's PreCrop rule) the writer that creates the stream (a stem conv, a
@@ -99,9 +105,9 @@ class WalkContext:
     """The state handlers read and write while the graph is walked.
 
     Handlers declare through its methods only (``new_output``,
-    ``add_kernel``, ``add_term``, ``tie``, ``fix``, ``multiple_of``,
-    ``merge``, ``at_most``, ``note``) and read ``segments``/``find``; the
-    attributes behind them belong to the walker.
+    ``add_kernel``, ``add_term``, ``tie``, ``split``, ``fix``,
+    ``multiple_of``, ``merge``, ``at_most``, ``note``) and read
+    ``segments``/``find``; the attributes behind them belong to the walker.
     """
 
     def __init__(self, residual):
@@ -132,17 +138,22 @@ class WalkContext:
             self._parent[s], s = root, self._parent[s]
         return root
 
-    def union(self, a, b, where):
-        """Tie two segments to one width; ``where`` names the layer for errors."""
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
-        sa, sb = self.segments[ra], self.segments[rb]
-        if sa.width != sb.width:
+    def union(self, a, b, where, ratio=False):
+        """Tie two segments to one width; ``where`` names the layer for errors.
+
+        With ``ratio`` the segments may differ in width and keep their ratio
+        instead (a split's pieces and the tensor it splits).
+        """
+        sa, sb = self.segments[a], self.segments[b]
+        if not ratio and sa.width != sb.width:
             raise UnsupportedLayerError(
                 f"{where}: cannot couple channel axes of different widths "
                 f"({sa.name}: {sa.width} vs {sb.name}: {sb.width})."
             )
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return ra
+        sa, sb = self.segments[ra], self.segments[rb]
         # The older (shallower, then earlier) segment names the group.
         if (sb.depth, rb) < (sa.depth, ra):
             ra, rb, sa, sb = rb, ra, sb, sa
@@ -172,6 +183,22 @@ class WalkContext:
             return
         for p, q in zip(a, b):
             self.union(p.segment, q.segment, where)
+
+    def split(self, rec, channels: Channels, sizes) -> list:
+        """``channels`` cut into consecutive pieces of ``sizes`` channels, as ``rec`` splits them.
+
+        Each piece is a new segment in the group of the tensor split, keeping
+        its width's ratio to it, so a split keeps its proportions: into
+        ``n`` equal pieces, the input moves in multiples of ``n`` and each
+        piece is one ``n``-th of it. Returns one descriptor per piece.
+        """
+        src = as_part(channels, rec.path)
+        pieces = []
+        for i, size in enumerate(sizes):
+            seg = self.new_segment(size, f"{rec.path}:{i}")
+            self.union(src.segment, seg, rec.path, ratio=True)
+            pieces.append((Part(seg),))
+        return pieces
 
     def multiple_of(self, rec, channels: Channels, m):
         """Require each part of ``channels``, as ``rec`` sees it, to stay a multiple of ``m``.

@@ -4,9 +4,10 @@ This is the one table of layer classes. A handler describes its layer class
 for every part of the package: while the graph is walked it maps input
 channel descriptors to output descriptors and declares the layer's bilinear
 cost terms (``walk``); when the model is rebuilt it rewrites the layer's
-config for new widths (``configure``); for the pruning baselines it names the
-layer's maskable weights (``weight_specs``) and which input channel each
-output channel comes from (``channel_map``). Handlers are looked up along the
+config for new widths (``configure``), or re-creates a ``keras.ops``
+operation whose arguments name channels (``rebuild_op``); for the pruning
+baselines it names the layer's maskable weights (``weight_specs``) and which
+input channel each output channel comes from (``channel_map``). Handlers are looked up along the
 layer class's MRO, so subclasses of built-in layers inherit their rule;
 ``register_handler`` teaches the package a custom layer.
 """
@@ -111,6 +112,7 @@ class Handler:
       - ``ctx.add_term(rec, params, macs, a, b)``: any other cost bilinear in
         widths, ``ctx.tie(a, b, rec.path)``: channels that must stay equal,
         ``ctx.fix(channels)``: channels that must not change,
+        ``ctx.split(rec, channels, sizes)``: pieces of a tensor's channels,
         ``ctx.multiple_of(rec, channels, m)``: channels that move in
         multiples of ``m`` (groups), ``ctx.merge(rec, out, ins)``: a residual
         merge, ``ctx.at_most(a, b)``: a segment never wider than another,
@@ -127,7 +129,10 @@ class Handler:
       configuration the rule cannot describe.
     * ``configure(rec, config, width)`` returns the layer's config for new
       widths when the model is rebuilt; ``width(segment)`` is the new width of
-      a segment (e.g. ``rec.out_segment``).
+      a segment (e.g. ``rec.out_segment``). A stateless ``keras.ops``
+      operation has no config to rewrite and replays as recorded;
+      ``rebuild_op(rec, op, width)`` returns a new one when its arguments
+      name channels.
     * ``weight_specs`` names the maskable weights for the pruning baselines
       (``keras_precrop.pai``; ``specs_of(layer)`` when they depend on the
       layer's config) and ``channel_map(rec, node)`` says which input
@@ -190,15 +195,24 @@ class Handler:
         """Return ``config`` updated for new widths (``width(segment)``)."""
         return config
 
+    def rebuild_op(self, rec, op, width):
+        """The operation a rebuild replays for the stateless ``keras.ops`` op ``op``.
+
+        ``op`` itself by default (its arguments do not depend on widths);
+        override to return a new op for the new widths (``width(segment)``).
+        """
+        return op
+
     def channel_map(self, rec, node):
         """Which input channel each output channel of a call comes from.
 
         Returns a list with an int array per input tensor of ``node``, of the
-        output's channel count, naming the input channel each output channel
-        reads (``-1``: none of this input's), or ``None`` when every output
-        channel may depend on every input channel (the default, right for
-        kernels and opaque blocks). The pruning baselines follow channels
-        through layers with it.
+        output's channel count (of all outputs' together, in order, when
+        they are pieces of the channel axis, e.g. a split's), naming the
+        input channel each output channel reads (``-1``: none of this
+        input's), or ``None`` when every output channel may depend on every
+        input channel (the default, right for kernels and opaque blocks). The
+        pruning baselines follow channels through layers with it.
         """
         return None
 
@@ -666,6 +680,38 @@ class OpAxes(Handler):
         return [np.arange(input_shape(node)[-1])]
 
 
+class OpSplit(Handler):
+    """``keras.ops.split``: consecutive pieces of the channel axis that keep their proportions.
+
+    A split of another axis keeps the channels: every output has the
+    input's. A split of the channel axis makes each output a piece in the
+    input's group that keeps its share of the input's width
+    (``ctx.split``): into ``n`` equal sections (an int) the input moves in
+    multiples of ``n``, each piece is one ``n``-th of it, and the op replays
+    as recorded; at explicit indices each piece keeps its share and
+    ``rebuild_op`` moves the indices. Splitting a concatenation is refused.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        rank = len(input_shape(node))
+        if rec.layer.axis % rank != rank - 1:
+            return [ins[0]] * len(node.outputs)
+        if len(ins[0]) != 1:
+            _refuse_op(rec, node, "splits the channels of a concatenation")
+        return ctx.split(rec, ins[0], [t.shape[-1] for t in node.outputs])
+
+    def rebuild_op(self, rec, op, width):
+        pieces = rec.outputs[0]
+        if isinstance(op.indices_or_sections, int) or pieces[0] == rec.inputs[0][0]:
+            return op  # equal sections, or a split of another axis
+        ends = np.cumsum([channels_width(ch, width) for ch in pieces[:-1]])
+        return type(op)(tuple(int(e) for e in ends), axis=op.axis, name=op.name)
+
+    def channel_map(self, rec, node):
+        """Channel to channel: the pieces together are the input's channels in order."""
+        return [np.arange(input_shape(node)[-1])]
+
+
 _REGISTRY: dict[type, Handler] = {}
 
 
@@ -773,7 +819,8 @@ for _name in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Maximum",
         register_handler(getattr(_ops_np, _name), Broadcast())
 for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate", Concat()),
                      ("Mean", OpAxes()), ("Sum", OpAxes()), ("Max", OpAxes()),
-                     ("Min", OpAxes()), ("Squeeze", OpAxes()), ("ExpandDims", OpAxes())):
+                     ("Min", OpAxes()), ("Squeeze", OpAxes()), ("ExpandDims", OpAxes()),
+                     ("Split", OpSplit())):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), _rule)
 register_handler(_ops_core.Cast, Tie())

@@ -2,7 +2,9 @@
 
 The rebuild replays the walked graph node by node, the way
 ``keras.models.clone_model`` does, but every layer is re-created from its
-config with the widths a plan chose (``filters``/``units``/...), readers of a
+config with the widths a plan chose (``filters``/``units``/...), a stateless
+``keras.ops`` operation replays as recorded (or as its handler's
+``rebuild_op`` re-creates it, e.g. a split at moved indices), readers of a
 residual stream get a :class:`~keras_precrop.layers.ChannelSlice` in front,
 and an ``Add`` whose inputs end up with different widths becomes a
 :class:`~keras_precrop.layers.PrefixAdd`. Layer names are preserved; nested
@@ -31,7 +33,7 @@ class _Rebuilder:
 
     def width(self, seg):
         """New width of a segment's group."""
-        return int(self.widths[self.graph.group_variable(seg)])
+        return self.graph.new_width(seg, self.widths)
 
     def model(self, fn, tensors):
         """Replay functional ``fn`` on ``tensors`` (old id -> new tensor)."""
@@ -65,8 +67,9 @@ class _Rebuilder:
             rec = self.graph.record(op)
             config = rec.handler.configure(rec, op.get_config(), self.width)
             new = type(op).from_config({**config, "name": self.graph.traced.name(op)})
-        else:  # a stateless keras.ops operation recorded in the graph
-            new = op
+        else:  # a stateless keras.ops operation: as recorded, unless its handler re-creates it
+            rec = self.graph.record(op)
+            new = rec.handler.rebuild_op(rec, op, self.width)
         self.new_ops[id(op)] = new
         return new
 
@@ -96,7 +99,7 @@ class _Rebuilder:
         view = self.graph.view(rec, channels[0].segment)
         if len(channels) != 1 or view is None:
             return args
-        width = int(self.widths[view])
+        width = int(self.widths[view]) * self.graph.scale(channels[0].segment)
         x = args[0]
         if width >= x.shape[-1]:
             return args

@@ -146,6 +146,19 @@ class ModelGraph:
         """Index of the width variable of ``segment``'s group."""
         return self._structure.group_var[self._ctx.find(segment)]
 
+    def scale(self, segment):
+        """How many units of its group's variable segment ``segment`` is wide (1 for ``None``).
+
+        A variable counts the greatest common divisor of its group's widths,
+        so a segment keeps its ratio to the rest of the group (see
+        ``channels.py``): a tensor split into n equal pieces is n pieces wide.
+        """
+        return 1 if segment is None else _scale(self._ctx, self._structure.units, segment)
+
+    def new_width(self, segment, widths):
+        """Width of ``segment`` when the variables have ``widths`` (one per variable)."""
+        return int(widths[self.group_variable(segment)]) * self.scale(segment)
+
     def view(self, rec, segment):
         """Index of layer ``rec``'s view of the stream of ``segment``, or ``None``."""
         return self._structure.views.get((rec.path, self._ctx.find(segment)))
@@ -337,13 +350,14 @@ class _Structure:
     """Width variables and where every segment and reader maps to.
 
     ``group_var[root]`` is the variable of the group represented by segment
-    ``root``; ``views[(path, root)]`` is the variable a reader layer uses
-    instead of stream ``root``.
+    ``root`` and ``units[root]`` the width it counts in; ``views[(path,
+    root)]`` is the variable a reader layer uses instead of stream ``root``.
     """
 
     variables: list
     group_var: dict
     views: dict
+    units: dict
 
 
 def _resolve(ctx: WalkContext, residual) -> _Structure:
@@ -364,6 +378,8 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                 ctx.union(out, s, where)
     else:
         _resolve_streams(ctx, writers)
+    units = _units(ctx)
+    _check_bounds(ctx, units)
     streams = {ctx.find(out) for out, _, _ in ctx.merges}
     variables, group_var = [], {}
     for s in range(len(ctx.segments)):
@@ -372,7 +388,8 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
             seg = ctx.segments[root]
             kind = "stream" if root in streams else "channels"
             group_var[root] = len(variables)
-            variables.append(Variable(seg.name, seg.width, seg.fixed, kind))
+            name = seg.name if seg.width == units[root] else f"{seg.name}:1/{seg.width // units[root]}"
+            variables.append(Variable(name, units[root], seg.fixed, kind))
     for w, creator in writers.items():
         variables[group_var[w]].bound = group_var[ctx.find(creator)]
     for a, b in ctx.leq:
@@ -398,7 +415,7 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                 variables.append(Variable(
                     f"{rec.path}:in", stream.width, False, "view",
                     bound=group_var[root]))
-    _resolve_multiples(ctx, variables, group_var, views)
+    _resolve_multiples(ctx, variables, group_var, views, units)
     for rec in ctx.order:
         for term in rec.terms:
             for s in (term.a, term.b):
@@ -407,19 +424,56 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                     v = variables[views.get((rec.path, root), group_var[root])]
                     if rec.path not in v.layers:
                         v.layers.append(rec.path)
-    return _Structure(variables, group_var, views)
+    return _Structure(variables, group_var, views, units)
 
 
-def _resolve_multiples(ctx, variables, group_var, views):
+def _units(ctx):
+    """``{root: the greatest common divisor of its group's widths}``: what its variable counts."""
+    units = {}
+    for s, seg in enumerate(ctx.segments):
+        root = ctx.find(s)
+        units[root] = math.gcd(units.get(root, 0), seg.width)
+    return units
+
+
+def _scale(ctx, units, segment):
+    """How many of its group's units (``_units``) ``segment`` is wide."""
+    return ctx.segments[segment].width // units[ctx.find(segment)]
+
+
+def _check_bounds(ctx, units):
+    """Refuse a bound between segments of different scales (see ``ModelGraph.scale``).
+
+    A bound (a residual writer or view never wider than its stream, a slice
+    never wider than its source) compares two variables in their own units,
+    which holds only when both segments are as many units wide: a residual
+    add onto a piece of an unequal split, which its group counts in smaller
+    units, breaks it.
+    """
+    pairs = [(s, out, where) for out, ins, where in ctx.merges for s in ins]
+    pairs += [(a, b, ctx.segments[a].name) for a, b in ctx.leq]
+    for a, b, where in pairs:
+        free = not (ctx.segments[ctx.find(a)].fixed and ctx.segments[ctx.find(b)].fixed)
+        if free and _scale(ctx, units, a) != _scale(ctx, units, b):
+            split = ctx.segments[ctx.find(a if _scale(ctx, units, a) != 1 else b)].name
+            raise UnsupportedLayerError(
+                f"{where}: bounds {ctx.segments[a].name} by {ctx.segments[b].name}, but a "
+                f"split (keras.ops.split) of {split} into unequal pieces counts them in "
+                "different units of channels. Pass {ignore} to keep them fixed.",
+                ignore=[where.split("/")[-1]])
+
+
+def _resolve_multiples(ctx, variables, group_var, views, units):
     """Give each variable the multiple its readers need.
 
-    A bounded variable (view, writer) passes its multiple on to its bound, so
-    clipping it to the bound keeps it a multiple.
+    A segment ``k`` units wide needs its variable to be a multiple of
+    ``m / gcd(m, k)``. A bounded variable (view, writer) passes its multiple
+    on to its bound, so clipping it to the bound keeps it a multiple.
     """
     for rec, seg, m in ctx.multiples:
         root = ctx.find(seg)
         v = variables[views.get((rec.path, root), group_var[root])]
-        v.multiple = math.lcm(v.multiple, m)
+        v.multiple = math.lcm(v.multiple, m // math.gcd(m, _scale(ctx, units, seg)))
     for _ in range(len(variables)):
         changed = False
         for v in variables:
@@ -444,28 +498,30 @@ def _resolve_streams(ctx, writers):
         for s in ins:
             parent[find(ctx.find(s))] = find(ctx.find(out))
     merge_outs = {ctx.find(out) for out, _, _ in ctx.merges}
-    members: dict[int, set] = {}
+    members: dict[int, dict] = {}  # stream -> {group root: a segment of its merges}
     stream_merges: dict[int, list] = {}
     for out, ins, name in ctx.merges:
         key = find(ctx.find(out))
         stream_merges.setdefault(key, []).append((ins, name))
-        members.setdefault(key, set()).update(ctx.find(s) for s in [out, *ins])
+        for s in [out, *ins]:
+            members.setdefault(key, {}).setdefault(ctx.find(s), s)
 
     def order(s):  # the creator: the widest, then shallowest input
-        return -ctx.segments[s].width, ctx.segments[s].depth, s
+        root = ctx.find(s)
+        return -ctx.segments[s].width, ctx.segments[root].depth, root
 
-    for key, segs in members.items():
-        inputs = sorted(segs - merge_outs, key=order)
-        creator = inputs[0] if inputs else min(segs)
-        for s in sorted(segs - set(inputs[1:])):
-            creator = ctx.union(creator, s, stream_merges[key][0][1])
+    for key, group in members.items():
+        # Segments as the merges see them: a split's piece is narrower than its group's root.
+        inputs = sorted((s for r, s in group.items() if r not in merge_outs), key=order)
+        creator = inputs[0] if inputs else group[min(group)]
+        for s in sorted(set(group.values()) - set(inputs[1:])):
+            ctx.union(creator, s, stream_merges[key][0][1])
         # A merge's output is as wide as its widest input (PrefixAdd), so one
         # whose inputs are all writers (NASNet's cells add two branches that
         # both also feed other merges of the stream) would come out narrower
         # than the stream it stands for: its widest input is tied to it.
         for ins, name in stream_merges[key]:
-            roots = {ctx.find(s) for s in ins}
-            if creator not in roots:
-                creator = ctx.union(creator, min(roots, key=order), name)
-        for w in {ctx.find(w) for w in inputs[1:]} - {creator}:
-            writers[w] = creator
+            if ctx.find(creator) not in {ctx.find(s) for s in ins}:
+                ctx.union(creator, min(ins, key=order), name)
+        for w in {ctx.find(w) for w in inputs[1:]} - {ctx.find(creator)}:
+            writers[w] = ctx.find(creator)

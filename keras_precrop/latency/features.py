@@ -78,13 +78,14 @@ class Features:
                 for t, k in zip(tensors, keys):
                     pixels = math.prod(t.shape[1:-1])
                     for p in graph.tensor_channels[k]:
-                        add(f"{kind}:{key}", pixels * p.mult, var(rec, p.segment, kind == "in"),
-                            one, i)
+                        add(f"{kind}:{key}", pixels * p.mult * graph.scale(p.segment),
+                            var(rec, p.segment, kind == "in"), one, i)
             add("const", 1.0, one, one, i)
         for i, rec in enumerate(graph.layers):
             key = _class_key(rec)
             for t in rec.terms if key is not None else ():
-                add(f"macs:{key}", t.macs, var(rec, t.a, True), var(rec, t.b, True), i)
+                add(f"macs:{key}", t.macs * graph.scale(t.a) * graph.scale(t.b),
+                    var(rec, t.a, True), var(rec, t.b, True), i)
         col, mult, a, b, layer = np.array(terms, dtype=np.float64).reshape(-1, 5).T
         features = cls(list(index), col.astype(np.int64), mult, a.astype(np.int64),
                        b.astype(np.int64), layer.astype(np.int64))

@@ -30,7 +30,6 @@ import keras
 import numpy as np
 
 from keras_precrop.graph import walker as _graph
-from keras_precrop.graph.channels import Part
 from keras_precrop.pai import common
 from keras_precrop.pai.masks import check_masks
 
@@ -58,7 +57,7 @@ def _layer_masks(layer, masks):
     specs = common.weight_specs(layer)
     return {
         v.name: (specs[v.name], np.asarray(masks.get(v.path, np.ones(v.shape)), bool), v.path)
-        for v in layer.weights
+        for v in getattr(layer, "weights", ())  # a keras.ops operation has none
         if v.name in specs
     }
 
@@ -114,11 +113,28 @@ def _channel_maps(call):
     return call.record.handler.channel_map(call.record, call.node)
 
 
+def _pieces(call, sizes):
+    """Whether the call's channel maps describe its several outputs concatenated (a split)."""
+    maps = _channel_maps(call)
+    return len(sizes) > 1 and maps is not None and maps[0].size == sum(sizes)
+
+
+def _spread(out, sizes):
+    """A call's per-channel vector for each of its outputs, or ``None`` where it does not fit.
+
+    A vector over all outputs concatenated (a split's) is cut into their
+    pieces; otherwise each output of the vector's size gets all of it.
+    """
+    if len(sizes) > 1 and out.size == sum(sizes):
+        return np.split(out, np.cumsum(sizes)[:-1])
+    return [out if s == out.size else None for s in sizes]
+
+
 def _gather(maps, ins, size):
     """Per output channel: does any input channel it comes from hold ``True``."""
     if maps is None:
         return np.full(size, any(x.any() for x in ins))
-    out = np.zeros(size, bool)
+    out = np.zeros(maps[0].size, bool)
     for x, m in zip(ins, maps):
         out |= (m >= 0) & x[np.maximum(m, 0)]
     return out
@@ -161,16 +177,20 @@ def remove_detached(model, masks):
     for call in graph.calls:
         for k in call.outputs:
             size[k] = graph.width(graph.tensor_channels[k])
-        out = _forward(call, [alive[k] for k in call.inputs], masks, size[call.outputs[0]])
-        for k in call.outputs:
-            alive[k] = out if size[k] == out.size else np.full(size[k], out.any())
+        sizes = [size[k] for k in call.outputs]
+        out = _forward(call, [alive[k] for k in call.inputs], masks, sizes[0])
+        for k, a in zip(call.outputs, _spread(out, sizes)):
+            alive[k] = np.full(size[k], out.any()) if a is None else a
     useful = {k: np.ones(size[k], bool) for k in graph.outputs}
     kept = {p: np.zeros(m.shape, bool) for p, m in masks.items()}
     for call in reversed(graph.calls):
-        out_useful = np.zeros(size[call.outputs[0]], bool)
-        for k in call.outputs:
-            u = useful.get(k, np.zeros(size[k], bool))
-            out_useful |= u if u.size == out_useful.size else u.any()
+        us = [useful.get(k, np.zeros(size[k], bool)) for k in call.outputs]
+        if _pieces(call, [u.size for u in us]):
+            out_useful = np.concatenate(us)
+        else:
+            out_useful = np.zeros(us[0].size, bool)
+            for u in us:
+                out_useful |= u if u.size == out_useful.size else u.any()
         in_alive = [alive[k] for k in call.inputs]
         for k, u in zip(call.inputs, _backward(call, in_alive, out_useful, masks, kept)):
             useful[k] = useful.get(k, np.zeros(size[k], bool)) | u
@@ -252,9 +272,10 @@ def channel_priorities(model, rng):
         parts = []
         for p in channels:
             root = graph.find(p.segment)
-            if root not in ranks:
-                ranks[root] = rng.permutation(graph.width((Part(root),))).astype(np.float64)
-            parts.append(np.tile(ranks[root], p.mult))
+            if root not in ranks:  # one per unit of the group's variable, tiled per scale
+                unit = graph.variables[graph.group_variable(root)].width
+                ranks[root] = rng.permutation(unit).astype(np.float64)
+            parts.append(np.tile(ranks[root], p.mult * graph.scale(p.segment)))
         return np.concatenate(parts)
 
     prio = {k: of_groups(graph.tensor_channels[k]) for k in graph.inputs}
@@ -263,10 +284,10 @@ def channel_priorities(model, rng):
         first_calls.setdefault(id(call.record), call)
         maps = _channel_maps(call)
         followed = None if maps is None else _follow(maps, [prio[k] for k in call.inputs])
-        for k in call.outputs:
-            channels = graph.tensor_channels[k]
-            same = followed is not None and followed.size == graph.width(channels)
-            prio[k] = followed if same else of_groups(channels)
+        sizes = [graph.width(graph.tensor_channels[k]) for k in call.outputs]
+        pieces = [None] * len(sizes) if followed is None else _spread(followed, sizes)
+        for k, p in zip(call.outputs, pieces):
+            prio[k] = of_groups(graph.tensor_channels[k]) if p is None else p
     out = {}
     for call in first_calls.values():  # a shared layer's first call sets its priorities
         layer = call.record.layer
