@@ -299,3 +299,31 @@ def test_tensorflow_function_in_call_is_refused_and_ignore_keeps_the_block_whole
     assert new.get_layer("stem").filters == 6  # it feeds a block kept whole
     assert new.get_layer("first").filters < 16
     assert new.count_params() == new.precrop_plan.params
+
+
+def test_latency_budget_on_a_subclassed_model():
+    """A latency model fits on a traced model's variants; the plan meets its budget."""
+    from tests.test_latency import _synthetic_seconds, _timer
+
+    model = _resnet()
+    lm = kp.latency_model(model, batch_size=4, variants=12, timer=_timer(), verbose=0)
+    new = kp.precrop(model, latency=0.5, latency_model=lm)
+    assert_matches_plan(model, new.precrop_plan, new)
+    ratio = _synthetic_seconds(new) / _synthetic_seconds(trace.traced(model).functional)
+    assert ratio < 0.6
+
+
+def test_pruning_baselines_mask_the_models_own_weights():
+    """SynFlow scores every kernel inside the blocks, and its masks hold in the model itself."""
+    model = _resnet()
+    masks = kp.pai.synflow(model, 0.3, verbose=0)
+    kernels = {layer.kernel.path for layer in trace.traced(model).functional.layers
+               if isinstance(layer, (L.Conv2D, L.Dense))}
+    assert set(masks) == kernels and len(kernels) == 9
+    kp.pai.apply_masks(model, masks)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(np.random.default_rng(0).random((4, 16, 16, 3)).astype("float32"), np.arange(4),
+              epochs=1, verbose=0)
+    weights = {w.path: keras.ops.convert_to_numpy(w) for w in model.weights}
+    for path, mask in masks.items():
+        assert not weights[path][mask == 0].any(), path

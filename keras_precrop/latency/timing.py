@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import ArgumentError
+from keras_precrop.graph.trace import input_specs
 
 RUNTIMES = ("tf", "jax", "torch", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
 """Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step; ``"jax"`` and
@@ -33,10 +34,12 @@ _CALIBRATION = 16  # random examples that calibrate an int8 model's activation r
 
 
 def input_shape(model):
-    if len(model.inputs) != 1:
-        raise ValueError(f"Model {model.name!r} has {len(model.inputs)} inputs; latency "
+    """The one input shape of ``model`` (a subclassed model's: the one it was built with)."""
+    specs = input_specs(model)
+    if len(specs) != 1:
+        raise ValueError(f"Model {model.name!r} has {len(specs)} inputs; latency "
                          "models time single-input models.")
-    shape = tuple(model.inputs[0].shape[1:])
+    shape = tuple(specs[0][1][1:])
     if any(d is None for d in shape):
         raise ValueError(f"Model {model.name!r} has an undefined input shape {shape}; "
                          "timing needs a fixed one.")

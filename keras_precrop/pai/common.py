@@ -8,7 +8,7 @@ so they all keep exactly the same number of weights for a given density.
 import keras
 import numpy as np
 
-from keras_precrop.graph import handlers
+from keras_precrop.graph import handlers, trace
 
 
 def weight_specs(layer):
@@ -23,8 +23,12 @@ def weight_specs(layer):
 
 
 def iter_layers(model):
-    """Yields the layers of ``model`` in layer order, descending into nested models."""
-    for layer in model.layers:
+    """Yields the layers of ``model`` in layer order, descending into nested models.
+
+    A subclassed model or composite layer is read through its trace (the
+    traced graph shares the model's layers, so masks reach the model itself).
+    """
+    for layer in trace.traced(model).functional.layers:
         if isinstance(layer, keras.Model):
             yield from iter_layers(layer)
         else:

@@ -32,6 +32,7 @@ import numpy as np
 from keras import ops
 
 from keras_precrop import progress as _progress
+from keras_precrop.graph import trace
 from keras_precrop.pai import common, gradients
 
 # float32 is used while R stays in this range: 8 orders of magnitude of
@@ -74,12 +75,16 @@ def _usable_as_is(model, dtype):
     )
 
 
-def _clone_in(model, dtype):
-    """A structural copy of ``model`` computing in ``dtype``, with ReLU caps removed (see ``_capped``)."""
+def _clone_in(model, dtype, name):
+    """A structural copy of ``model`` computing in ``dtype``, with ReLU caps removed (see ``_capped``).
+
+    ``name(layer)`` names each copy (a traced model's layers by their place,
+    since two blocks' sublayers may share a name).
+    """
 
     def clone_layer(layer):
         config = layer.get_config()
-        config["dtype"] = dtype
+        config.update(dtype=dtype, name=name(layer))
         if _capped(layer):
             relu = isinstance(layer, keras.layers.ReLU)
             config.update({"max_value": None} if relu else {"activation": "relu"})
@@ -100,6 +105,12 @@ def _clone_in(model, dtype):
     return clone
 
 
+# The all-ones input has two identical rows and the flow is their mean, so it equals a
+# one-row flow: TensorFlow 2.21's oneDNN filter gradient of a 1x1 stride-2 convolution (a
+# ResNet projection shortcut) crashes the process on a batch of one.
+_ROWS = 2
+
+
 class _LinearizedModel:
     """The model with every weight replaced by ``|w|``, run in ``dtype``, scoring masked weights.
 
@@ -112,12 +123,15 @@ class _LinearizedModel:
     """
 
     def __init__(self, model, paths, input_shape, dtype):
+        traced = trace.traced(model)
+        model = traced.functional
         with gradients.precision(dtype):
-            target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype)
+            target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype, traced.name)
             source = {id(t): s for t, s in zip(target.variables, model.variables)}
             self._trainable = [self._abs(source[id(v)], v, dtype) for v in target.trainable_variables]
             self._non_trainable = [self._abs(source[id(v)], v, dtype) for v in target.non_trainable_variables]
-            self._inputs = [ops.ones((1, *_input_shape(t, input_shape)), dtype) for t in target.inputs]
+            self._inputs = [ops.ones((_ROWS, *_input_shape(t, input_shape)), dtype)
+                            for t in target.inputs]
         position = {id(source[id(v)]): i for i, v in enumerate(target.trainable_variables)}
         prunable = common.prunable_weights(model, include_bias=True, include_batchnorm=True)
         self.dtype = dtype
@@ -150,7 +164,7 @@ class _LinearizedModel:
             for i, value in zip(self._positions, masked):
                 values[i] = value
             outputs, _ = self._target.stateless_call(values, self._non_trainable, inputs, training=False)
-            return sum(ops.sum(ops.cast(o, self.dtype)) for o in keras.tree.flatten(outputs))
+            return sum(ops.sum(ops.cast(o, self.dtype)) for o in keras.tree.flatten(outputs)) / _ROWS
 
         flow, grads = gradients.value_and_grad(flow_of, masked)
         return flow, ops.concatenate([ops.reshape(ops.abs(w * g), [-1]) for w, g in zip(masked, grads)], 0)
