@@ -144,7 +144,7 @@ def _layers(model):
     """Layers of ``model`` with nested models' layers in place, by ``/`` path.
 
     A subclassed model or one holding composite layers is read through its
-    trace, whose layers are named by their place (``block_1.conv1``).
+    trace, whose layers are named by their place (``block1_conv1``).
     """
     traced = trace.traced(model)
     for layer in traced.functional.layers:

@@ -53,6 +53,7 @@ CORE_REST = [
     "tests/test_cli.py",
     "tests/test_solver.py",
     "tests/test_solve_models.py",
+    "tests/test_trace.py",
 ]
 
 

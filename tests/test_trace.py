@@ -170,6 +170,10 @@ def _input(model):
     return np.random.default_rng(1).standard_normal((2,) + tuple(shape[1:])).astype("float32")
 
 
+def _numpy(tensor):
+    return keras.ops.convert_to_numpy(tensor)
+
+
 # -- the checks -----------------------------------------------------------------
 
 
@@ -178,7 +182,8 @@ def test_profile_counts_match_keras_and_tensorflow(name):
     model = MODELS[name]()
     prof = kp.profile(model)
     assert prof.total_params == model.count_params()
-    assert prof.total_macs == tf_macs(model)
+    if keras.backend.backend() == "tensorflow":  # tests/test_backends.py runs this file without it
+        assert prof.total_macs == tf_macs(model)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -202,7 +207,8 @@ def test_identity_plan_reproduces_the_original_outputs(name):
         if layer.weights:
             new.get_layer(traced.name(layer)).set_weights(layer.get_weights())
     x = _input(model)
-    np.testing.assert_allclose(new(x, training=False), model(x, training=False), atol=1e-5)
+    np.testing.assert_allclose(_numpy(new(x, training=False)), _numpy(model(x, training=False)),
+                               atol=1e-5)
 
 
 def test_traced_names_say_where_each_layer_came_from_and_the_model_is_untouched():
@@ -210,11 +216,11 @@ def test_traced_names_say_where_each_layer_came_from_and_the_model_is_untouched(
     before = [layer.name for layer in model._flatten_layers()]
     new = kp.precrop(model, params=0.5)
     names = {layer.name for layer in new.layers}
-    assert {"stem", "block1.conv1", "block2.conv1", "block3.proj", "block3.bn2", "head"} <= names
+    assert {"stem", "block1_conv1", "block2_conv1", "block3_proj", "block3_bn2", "head"} <= names
     assert [layer.name for layer in model._flatten_layers()] == before
     lines = []
     kp.profile(model).summary(print_fn=lines.append)
-    assert "block3.conv1" in "\n".join(lines)
+    assert "block3_conv1" in "\n".join(lines)
 
 
 def test_pruned_traced_model_trains_saves_and_reloads(tmp_path):
@@ -226,13 +232,14 @@ def test_pruned_traced_model_trains_saves_and_reloads(tmp_path):
     path = tmp_path / "pruned.keras"
     new.save(path)
     loaded = keras.models.load_model(path)
-    np.testing.assert_allclose(loaded(x, training=False), new(x, training=False), atol=1e-6)
+    np.testing.assert_allclose(_numpy(loaded(x, training=False)), _numpy(new(x, training=False)),
+                               atol=1e-6)
 
 
 def test_ignore_names_a_layer_inside_a_block():
     model = _resnet()
-    new = kp.precrop(model, params=0.5, ignore=["block2.conv1"])
-    assert new.get_layer("block2.conv1").filters == 8
+    new = kp.precrop(model, params=0.5, ignore=["block2_conv1"])
+    assert new.get_layer("block2_conv1").filters == 8
 
 
 class Branchy(L.Layer):

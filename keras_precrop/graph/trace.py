@@ -11,8 +11,8 @@ composite layer's class is swapped for a function that runs the instance's
 ``call`` instead of adding a node for it, so composites inside composites
 dissolve too. Layers with handlers stay atomic, as do ignored layers.
 
-A composite's sublayers are named by their place: ``block_1.conv1`` is the
-sublayer ``conv1`` of the top-level layer ``block_1``. The names live in
+A composite's sublayers are named by their place: ``block1_conv1`` is the
+sublayer ``conv1`` of the top-level layer ``block1``. The names live in
 :attr:`Traced.names`, not on the layers: the user's model is left as it was
 (its layers' names are changed while the traced graph is built, so that two
 blocks' ``conv1`` do not clash, and restored afterwards). The walker reports
@@ -44,7 +44,7 @@ class Traced:
         functional: a Functional model whose nodes are layers the walker knows
             (or the model itself when nothing needed tracing).
         names: ``id(layer) -> name`` of every layer of a dissolved composite
-            (``"block_1.conv1"``); other layers keep their own names.
+            (``"block1_conv1"``); other layers keep their own names.
     """
 
     functional: keras.Model
@@ -166,9 +166,19 @@ def _collect(op, name, ignore, found, composites):
     taken = {n for _, n in found.values()}
     for sub in _sublayers(op):
         if id(sub) not in found:
-            sub_name = _unique(f"{name}.{sub.name}", taken)
+            sub_name = _unique(_place_name(name, sub.name), taken)
             found[id(sub)] = (sub, sub_name)
             _collect(sub, sub_name, ignore, found, composites)
+
+
+def _place_name(owner, name):
+    """``block1_conv1`` for sublayer ``conv1`` of ``block1``; a name that already
+    starts with its owner's (keras_hub's ``block_0_0_conv1``) is kept.
+
+    (Not ``/``, which Keras forbids in names, nor ``.``, which PyTorch forbids
+    in the variable paths made from them.)
+    """
+    return name if name.startswith(f"{owner}_") else f"{owner}_{name}"
 
 
 def _unique(name, taken):

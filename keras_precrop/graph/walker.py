@@ -69,7 +69,7 @@ def layer_names(fn, prefix="", name=lambda op: op.name):
     """Bare names and ``outer/inner`` paths of every operation of ``fn``.
 
     ``name`` gives an operation's name (a trace names the layers of dissolved
-    composites by their place, ``block_1.conv1``).
+    composites by their place, ``block1_conv1``).
     """
     for op in fn.operations:
         yield name(op)
