@@ -346,6 +346,20 @@ def _check_compare_measured(namespace, printed, cwd):
     assert "Measured: tf, batch 64, inference" in printed
 
 
+def _check_subclassed(namespace, printed, cwd):
+    """The subclassed net's trace: Keras' own counts, its blocks' layers named by place, and at
+    most half the MACs of TensorFlow's own trace of the subclassed call."""
+    import keras_precrop as kp
+
+    net, small = namespace["net"], namespace["small_net"]
+    assert kp.profile(net).total_params == net.count_params()
+    assert small.count_params() == small.precrop_plan.params < net.count_params()
+    assert _tf_macs(small) == small.precrop_plan.macs <= 0.5 * _tf_macs(net)
+    assert {"block1_conv1", "block2_bn1", "block2_conv2"} <= {layer.name for layer in small.layers}
+    assert printed.split() == [str(small.get_layer("block1_conv1").filters),
+                               str(small.count_params()), str(net.count_params())]
+
+
 # A distinctive line of each runnable block -> its check (see the module docstring).
 BLOCK_CHECKS = {
     "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
@@ -355,6 +369,7 @@ BLOCK_CHECKS = {
     'small.export("resnet20_small", verbose=False)': _check_deployment,
     "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
     "comparison = kp.compare(model, params=0.1103)": _check_compare,
+    "small_net = kp.precrop(net, flops=0.5)": _check_subclassed,
     "keras-precrop compare resnet20 --flops 0.5 --measure --batch_size 64": _check_compare_measured,
 }
 
