@@ -11,7 +11,9 @@
 # at SynExp's densities: not in the issue's list, so after all of it). Extra arguments go to run.py
 # (e.g. --commit).
 cd "$(dirname "$0")/.."
-# This turn's grids first (issue 27, against uniform width scaling): seed-major over both.
+# Issue 29's trained dense teachers first (two 10-epoch runs that every fine-tuning run needs),
+# then issue 27's grids (against uniform width scaling): seed-major over both.
+python experiments/run.py --grid experiments/grids/keep_weights_teacher.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_latency.json \
   --grid experiments/grids/uniform.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_mobilenet.json "$@" || exit
