@@ -229,7 +229,7 @@ class Handler:
         biases and scales.
         """
         specs = self.specs_of(rec.layer)
-        return [_spec_axes(specs.get(w.name)) for w in rec.layer.weights]
+        return [_spec_axes(specs.get(w.name)) for w in _weights(rec.layer)]
 
 
 def _spec_axes(spec):

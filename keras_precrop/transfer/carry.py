@@ -49,9 +49,12 @@ def check_options(weights, importance, data):
     if not (isinstance(importance, str) and importance in IMPORTANCE):
         raise ArgumentError(f"{{importance}} is unknown; use one of {list(IMPORTANCE)}.",
                             importance=importance)
-    if (importance == "taylor") != (data is not None):
-        raise ArgumentError("{importance} needs {data:=} (a few (x, y) batches) exactly when it is "
-                            "'taylor'.", importance=importance)
+    if importance == "taylor" and data is None:
+        raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to take the "
+                            "gradients on.", importance=importance)
+    if importance != "taylor" and data is not None:
+        raise ArgumentError("{data:=} is for {importance:taylor}; {importance} ranks channels by "
+                            "their weights alone.", importance=importance)
     return importance
 
 
@@ -70,15 +73,16 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
     Returns:
         ``{variable index: original channel of each new channel (-1: new)}``.
     """
-    selection = select(graph, widths, channel_scores(graph, importance, gradients, seed))
+    values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
+    selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
     new_graph = walk(new_model, ignore=[rec.path for rec in graph.layers if rec.ignored],
                      residual=graph.residual)
     old_calls = flow.indexed_calls(graph)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
     for path, (_, in_sel, out_sel) in _tensor_selections(graph, new_graph, selection, old_calls).items():
         old = old_calls.get((path, 0))
-        if old is not None and old.record.layer.weights:
-            _carry_layer(old, new_layers[path], in_sel, out_sel)
+        if old is not None and getattr(old.record.layer, "weights", None):
+            _carry_layer(old, new_layers[path], values, in_sel, out_sel)
     return selection
 
 
@@ -148,28 +152,31 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
             "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.layer.name])
 
 
-def _carry_layer(old, new_layer, in_sel, out_sel):
+def _carry_layer(old, new_layer, values, in_sel, out_sel):
     """Assign each weight of ``new_layer`` the kept slices of the original layer's."""
     rec = old.record
     width = input_shape(old.node)[-1]
     axes = rec.handler.channel_axes(rec, old.node)
     for w, new_w, roles in zip(rec.layer.weights, new_layer.weights, axes, strict=True):
-        init = keras.ops.convert_to_numpy(new_w)
-        carried = _sliced(keras.ops.convert_to_numpy(w), init, roles, in_sel, out_sel, width)
-        if carried.shape != init.shape:
+        carried = _sliced(values[id(w)], new_w, roles, in_sel, out_sel, width)
+        if carried.shape != tuple(new_w.shape):
             raise UnsupportedLayerError(
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
-                f"shape {init.shape}. Keep its channels with {{ignore}}.", ignore=[rec.layer.name])
+                f"shape {tuple(new_w.shape)}. Keep its channels with {{ignore}}.",
+                ignore=[rec.layer.name])
         new_w.assign(carried)
 
 
-def _sliced(value, init, roles, in_sel, out_sel, width):
-    """``value`` sliced along its channel axes (``roles``); new channels from ``init`` or zero."""
+def _sliced(value, new_w, roles, in_sel, out_sel, width):
+    """``value`` sliced along its channel axes (``roles``) for weight ``new_w``.
+
+    New channels (``-1``) take ``new_w``'s initial value, or zero where they are read.
+    """
     if not roles:
         return value
     spec = grouped(width, value) if "group_in" in roles.values() else None
     if spec is not None:  # gather over all inputs, zero across groups
-        value, init = spec.block_diagonal(value), spec.block_diagonal(init)
+        value = spec.block_diagonal(value)
     zero = fresh = np.zeros((1,) * value.ndim, bool)
     for axis, role in roles.items():
         index = out_sel if role == "out" else in_sel
@@ -184,5 +191,8 @@ def _sliced(value, init, roles, in_sel, out_sel, width):
             fresh = fresh | new
         else:
             zero = zero | new
-    carried = np.where(zero, 0, np.where(fresh, init, value)).astype(value.dtype)
-    return carried if spec is None else spec.group_local(carried)
+    if fresh.any():  # a layer that grows: its new channels start from the initializer
+        init = keras.ops.convert_to_numpy(new_w)
+        value = np.where(fresh, init if spec is None else spec.block_diagonal(init), value)
+    value = np.where(zero, 0, value).astype(value.dtype)
+    return value if spec is None else spec.group_local(value)

@@ -30,7 +30,6 @@ Moving statistics and other non-trainable weights are carried, not scored.
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 
 from keras_precrop.graph.channels import input_shape
@@ -40,11 +39,12 @@ from keras_precrop.transfer import flow
 IMPORTANCE = ("l1", "l2", "taylor", "random")
 
 
-def channel_scores(graph, importance, gradients=None, seed=0):
+def channel_scores(graph, values, importance, gradients=None, seed=0):
     """Importance of every original channel of every width variable that is a group.
 
     Args:
         graph: the walked original model.
+        values: ``{id(weight): numpy array}`` of the model's weights.
         importance: one of :data:`IMPORTANCE`.
         gradients: for ``"taylor"``: one ``{id(weight): loss gradient}`` per
             batch, for the trainable weights of ``graph.model``.
@@ -63,7 +63,7 @@ def channel_scores(graph, importance, gradients=None, seed=0):
     else:
         scores = np.zeros(total)
         for call, origin_in, origin_out in _origins(graph, offsets).values():
-            _score_layer(call, origin_in, origin_out, importance, gradients, scores)
+            _score_layer(call, origin_in, origin_out, values, (importance, gradients), scores)
     return {i: scores[offsets[i]:offsets[i] + variables[i].width] for i in groups}
 
 
@@ -72,7 +72,6 @@ def _origins(graph, offsets):
 
     A channel's id is ``offsets[v] + c``: channel ``c`` of width variable ``v``.
     """
-
     variables = graph.variables
 
     def ids(channels):
@@ -95,7 +94,7 @@ def _origins(graph, offsets):
     return flow.propagate(graph, lambda key: ids(graph.tensor_channels[key]), outputs)
 
 
-def _score_layer(call, origin_in, origin_out, importance, gradients, scores):
+def _score_layer(call, origin_in, origin_out, values, method, scores):
     """Add one layer's share to the scores of the channels it reads and writes.
 
     The layer's weights on the channels it writes (kernel filters, bias,
@@ -104,13 +103,15 @@ def _score_layer(call, origin_in, origin_out, importance, gradients, scores):
     the channel's ``sum activation x gradient``.
     """
     rec = call.record
+    importance, gradients = method
     width = input_shape(call.node)[-1]
     sides = {"in": [], "out": []}
-    for w, roles in zip(rec.layer.weights, rec.handler.channel_axes(rec, call.node)):
+    weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
+    for w, roles in zip(weights, rec.handler.channel_axes(rec, call.node)):
         grads = [g[id(w)] for g in gradients or () if id(w) in g]
         if not w.trainable or not roles or (importance == "taylor" and not grads):
             continue  # statistics, weights without channels, frozen weights
-        value = np.asarray(keras.ops.convert_to_numpy(w), np.float64)
+        value = values[id(w)].astype(np.float64)
         if "group_in" in roles.values():  # all inputs, zero across groups
             spec = grouped(width, value)
             value, grads = spec.block_diagonal(value), [spec.block_diagonal(g) for g in grads]
