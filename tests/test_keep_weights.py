@@ -14,20 +14,22 @@ import pytest
 
 import keras_precrop as kp
 from tests.conftest import assert_matches_plan, mixed_cnn
+from tests.test_applications import CONSTRUCTORS, MIN_SIZE
 
 L = keras.layers
 
 
 def randomize(model, seed=0, kernels=False):
     """Random values in the biases and BatchNormalization weights and statistics, which start out
-    constant, so a wrong copy shows; with ``kernels``, random values everywhere (too large to run)."""
+    constant, so a wrong copy shows. With ``kernels``, every float weight instead holds the numbers
+    1..size in a random order: distinct, so each value tells where it was (too large to run)."""
     rng = np.random.default_rng(seed)
     for w in model.weights:
         if "float" not in str(w.dtype) or w.path.startswith("normalization"):
             continue
         shape = tuple(w.shape)
         if kernels:
-            w.assign(rng.uniform(0.5, 1.5, shape).astype(w.dtype))
+            w.assign((rng.permutation(int(np.prod(shape))) + 1).reshape(shape).astype(w.dtype))
         elif w.name in ("moving_variance", "gamma"):
             w.assign(rng.uniform(0.5, 1.5, shape).astype(w.dtype))
         elif w.name in ("moving_mean", "beta", "bias"):
@@ -56,20 +58,37 @@ def _block_diagonal(kernel, groups):
     return full
 
 
+def _lookup(flat, values):
+    """Where each of ``values`` is in ``flat`` (a flat position) and whether it occurs there once.
+
+    Weights that ``randomize(kernels=True)`` filled hold 1..size, so an array of positions by
+    value finds them at once; other weights are sorted.
+    """
+    keys = flat.astype(np.int64)
+    if flat.size and (keys == flat).all() and keys.min() >= 1 and keys.max() <= flat.size:
+        where = np.zeros(flat.size + 1, np.int64)
+        where[keys] = np.arange(flat.size)
+        counts = np.bincount(keys, minlength=flat.size + 1)
+        asked = np.clip(values, 0, flat.size).astype(np.int64)
+        assert (asked == values).all() and counts[asked].all(), "a value that is not the original's"
+        return where[asked], counts[asked] == 1
+    sorted_values, first, counts = np.unique(flat, return_index=True, return_counts=True)
+    pos = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    assert (sorted_values[pos] == values).all(), "a value that is not the original's"
+    return first[pos], counts[pos] == 1
+
+
 def gathered_indices(old, new):
     """The index along each axis of ``old`` that each index of ``new`` was taken from.
 
-    Every value of ``new`` is looked up in ``old`` (the values are random and
-    distinct); the positions it was found at must be an outer product of one
-    index per position along each axis, ``new == old[np.ix_(*indices)]``.
-    Values that occur more than once in ``old`` are found but not placed.
+    Every value of ``new`` is looked up in ``old``; the positions it was found at must be an outer
+    product of one index per position along each axis, ``new == old[np.ix_(*indices)]``. Values
+    that occur more than once in ``old`` are found but not placed (``-1`` where none is placed).
     """
     old, new = np.asarray(old), np.asarray(new)
-    values, first, counts = np.unique(old.ravel(), return_index=True, return_counts=True)
-    pos = np.minimum(np.searchsorted(values, new.ravel()), len(values) - 1)
-    assert (values[pos] == new.ravel()).all(), "a value that is not the original's"
-    unique = (counts[pos] == 1).reshape(new.shape)
-    coords = np.unravel_index(first[pos], old.shape)
+    found, once = _lookup(old.ravel(), new.ravel())
+    unique = once.reshape(new.shape)
+    coords = np.unravel_index(found, old.shape)
     indices = []
     for axis in range(new.ndim):
         rows = np.moveaxis(coords[axis].reshape(new.shape), axis, 0).reshape(new.shape[axis], -1)
@@ -263,7 +282,7 @@ def _taylor_scores(model, x, y):
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the reference uses TF's tape")
 def test_taylor_keeps_the_channels_with_the_largest_activation_times_gradient():
-    model = randomize(_block_model(), kernels=True)
+    model = randomize(_block_model())
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(8, 6, 6, 3)).astype("float32"), rng.integers(0, 4, 8)
     first, stream = _taylor_scores(model, x, y)
@@ -281,3 +300,136 @@ def test_random_importance_is_seeded():
               for seed in (0, 0, 1, 2)]
     assert list(chosen[0]) == list(chosen[1])
     assert any(list(c) != list(chosen[0]) for c in chosen[2:])
+
+
+# -- grouped convolutions, growing layers, open input sizes, saving ------------------
+
+
+def _grouped_model():
+    """A grouped conv (4 groups) between a conv and a concatenation of both."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 3))
+    a = L.ReLU()(L.BatchNormalization(name="bn1")(L.Conv2D(8, 3, padding="same", name="c1")(x)))
+    g = L.Conv2D(12, 3, padding="same", groups=4, name="grouped")(a)
+    g = L.ReLU()(L.BatchNormalization(name="bn2")(g))
+    c = L.Concatenate()([a, g])
+    return keras.Model(x, L.Dense(3, name="fc")(L.GlobalAveragePooling2D()(c)))
+
+
+def test_a_grouped_conv_keeps_each_group_its_own_channels():
+    model = randomize(_grouped_model())
+    x = np.random.default_rng(1).normal(size=(3, 8, 8, 3)).astype("float32")
+    assert_same_function(model, kp.apply_plan(model, _identity_plan(model), weights="keep"), x)
+    small = kp.precrop(randomize(model, kernels=True), params=0.5, weights="keep")
+    assert_matches_plan(model, small.precrop_plan, small)
+    assert_sliced(model, small)
+    ins = gathered_indices(*(np.asarray(m.get_layer("c1").kernel) for m in (model, small)))[3]
+    outs = gathered_indices(*(np.asarray(m.get_layer("bn2").gamma) for m in (model, small)))[0]
+    for kept, width in ((ins, 8), (outs, 12)):  # new group j holds channels of original group j
+        assert len(kept) % 4 == 0 and len(kept) < width
+        new_group = np.arange(len(kept)) // (len(kept) // 4)
+        assert (np.asarray(kept) // (width // 4) == new_group).all()
+    rows = gathered_indices(*(np.asarray(m.get_layer("fc").kernel) for m in (model, small)))[0]
+    assert list(rows) == list(ins) + [8 + c for c in outs]  # the concatenation, part by part
+
+
+@pytest.mark.parametrize("build", [lambda: kp.models.get("resnet20"), mixed_cnn, _grouped_model],
+                         ids=["resnet20", "mixed_cnn", "grouped"])
+def test_widened_layers_start_silent(build):
+    """PreConfig with kept weights: new channels start from the initializer and the weights that
+    read them at zero, so the widened model computes the original's outputs."""
+    model = randomize(build())
+    size = model.input.shape[1]
+    wide = kp.reconfigure(model, params=1.5, mode="uniform", weights="keep")
+    assert all(v["new"] >= v["width"] for v in wide.precrop_plan.variables)
+    assert any(v["new"] > v["width"] for v in wide.precrop_plan.variables)
+    x = np.random.default_rng(1).normal(size=(3, size, size, 3)).astype("float32")
+    assert_same_function(model, wide, x)
+    assert_matches_plan(model, wide.precrop_plan, wide)
+
+
+def test_widening_into_a_normalization_over_channels_is_refused():
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 3))
+    h = L.LayerNormalization(name="ln")(L.Conv2D(8, 3, padding="same", name="c1")(x))
+    h = L.Conv2D(4, 3, padding="same", name="c3")(L.Conv2D(16, 3, padding="same", name="c2")(h))
+    model = keras.Model(x, L.Dense(3, name="fc")(L.GlobalAveragePooling2D()(h)))
+    with pytest.raises(kp.ArgumentError, match="weights='keep' cannot widen the channels of 'ln'") as err:
+        kp.reconfigure(model, params=1.0, flops=1.0, mode="layerwise", weights="keep")
+    assert err.value.arguments == {"weights": "keep", "ignore": ["ln"]}
+
+
+def test_an_open_input_size_keeps_the_weights_through_its_copies():
+    """``apply_plan`` plans a copy at a defined size and copies the result back to the open size."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((None, None, 3))
+    h = L.ReLU()(L.BatchNormalization(name="bn")(L.Conv2D(8, 3, padding="same", name="c1")(x)))
+    h = L.Conv2D(6, 3, padding="same", name="c2")(h)
+    model = randomize(keras.Model(x, L.Dense(3, name="fc")(L.GlobalAveragePooling2D()(h))))
+    rng = np.random.default_rng(1)
+    data = rng.normal(size=(4, 12, 12, 3)).astype("float32"), rng.integers(0, 3, 4)
+    same = kp.apply_plan(model, _identity_plan(model), weights="keep")
+    assert tuple(same.input.shape) == (None, None, None, 3)
+    assert_same_function(model, same, data[0])
+    for options in (dict(), dict(importance="taylor", data=data)):
+        small = kp.precrop(model, params=0.5, weights="keep", **options)
+        assert tuple(small.input.shape) == (None, None, None, 3)
+        assert_sliced(model, small)
+
+
+def test_a_model_with_kept_weights_saves_and_loads(tmp_path):
+    model = randomize(kp.models.get("resnet20"))
+    small = kp.precrop(model, params=0.5, weights="keep")
+    small.save(tmp_path / "small.keras")
+    loaded = keras.saving.load_model(tmp_path / "small.keras")
+    for a, b in zip(small.weights, loaded.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    x = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(outputs(loaded, x), outputs(small, x))
+
+
+# -- fine-tuning ----------------------------------------------------------------------
+
+
+def test_fine_tune_trains_the_student_alone_and_distilled():
+    teacher = randomize(_block_model())
+    student = kp.precrop(teacher, params=0.5, weights="keep")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 6, 6, 3)).astype("float32"), rng.integers(0, 4, 8)
+    teacher_weights = [np.asarray(w) for w in teacher.weights]
+    for options, logged in ((dict(), "loss"), (dict(teacher=teacher, alpha=0.3), "distillation_loss")):
+        before = [np.asarray(w) for w in student.trainable_weights]
+        history = kp.fine_tune(student, (x, y), epochs=1, batch_size=8, verbose=0, **options)
+        assert logged in history.history and np.isfinite(history.history["loss"][0])
+        assert any((np.asarray(w) != b).any() for w, b in zip(student.trainable_weights, before))
+    assert teacher.trainable  # Distiller froze it; fine_tune gives it back
+    for w, before in zip(teacher.weights, teacher_weights):
+        np.testing.assert_array_equal(np.asarray(w), before)
+    with pytest.raises(kp.ArgumentError, match="share variables"):
+        kp.fine_tune(teacher, (x, y), teacher=teacher)
+
+
+# -- every keras.applications constructor ----------------------------------------
+
+
+def _check_application(name):
+    """``weights="keep"`` at half the parameters: the plan's counts, each weight a slice of the original's."""
+    size = MIN_SIZE.get(name, 32)
+    keras.utils.set_random_seed(0)
+    model = getattr(keras.applications, name)(input_shape=(size, size, 3), weights=None)
+    randomize(model, kernels=True)
+    small = kp.precrop(model, params=0.5, mode="exact", weights="keep")
+    assert_matches_plan(model, small.precrop_plan, small)
+    assert_sliced(model, small)
+    keras.backend.clear_session()
+
+
+def test_kept_weights_of_an_application_sample():
+    """The default suite's sample: the smallest constructor."""
+    _check_application("MobileNetV3Small")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONSTRUCTORS)
+def test_kept_weights_of_every_application(name):
+    _check_application(name)
