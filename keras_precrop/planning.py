@@ -11,7 +11,8 @@ This module only orchestrates the wings below it: it turns the user's
 arguments into budgets by row name (``params``, ``macs``, ``latency``),
 profiles the model (graph wing), fits or reads a latency model (latency
 wing), solves (``budget.modes.solve``, where the translation modes live) and
-rebuilds (``graph.rebuild``), checking the result (``verify``).
+rebuilds (``graph.rebuild``), checking the result (``verify``); with
+``weights="keep"`` the transfer wing carries the trained weights over.
 """
 
 from __future__ import annotations

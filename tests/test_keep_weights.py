@@ -86,6 +86,9 @@ def gathered_indices(old, new):
     that occur more than once in ``old`` are found but not placed (``-1`` where none is placed).
     """
     old, new = np.asarray(old), np.asarray(new)
+    if new.ndim == 0:  # a scalar (a count) is copied as is
+        assert new == old
+        return []
     found, once = _lookup(old.ravel(), new.ravel())
     unique = once.reshape(new.shape)
     coords = np.unravel_index(found, old.shape)
@@ -185,6 +188,31 @@ def test_every_layout_keeps_its_function_and_slices():
     concat = list(stream) + [8 + c for c in kernels["sep_pointwise"][3]]
     assert list(kernels["tr"][3]) == concat
     assert list(kernels["fc"][0]) == [p * 5 + c for p in range(16) for c in kernels["tr"][2]]
+
+
+def test_a_flattened_stream_is_read_in_its_permuted_order():
+    """A dense layer behind a flatten reads each pixel's channels in the stream's new order."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((4, 4, 3))
+    s = L.ReLU()(L.BatchNormalization(name="bn")(L.Conv2D(6, 3, padding="same", name="c1")(x)))
+    s = L.Add()([s, L.Conv2D(6, 3, padding="same", name="c2")(s)])
+    s = L.Add()([s, L.Conv2D(6, 1, name="c3")(s)])
+    model = randomize(keras.Model(x, L.Dense(3, name="fc")(L.Flatten()(s))))
+    new = kp.apply_plan(model, _identity_plan(model), weights="keep")
+    perm = gathered_indices(*(np.asarray(m.get_layer("c1").kernel) for m in (model, new)))[3]
+    assert list(perm) != list(range(6))
+    assert_same_function(model, new, np.random.default_rng(1).normal(size=(2, 4, 4, 3)).astype("float32"))
+
+
+def test_a_pruned_model_prunes_again_with_its_weights():
+    """Its ChannelSlices and PrefixAdds keep prefixes of streams already narrower than their writers."""
+    once = kp.precrop(randomize(kp.models.get("resnet20")), flops=0.5, weights="keep")
+    assert {"ChannelSlice", "PrefixAdd"} <= {type(layer).__name__ for layer in once.layers}
+    x = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype("float32")
+    assert_same_function(once, kp.apply_plan(once, _identity_plan(once), weights="keep"), x)
+    twice = kp.precrop(randomize(once, kernels=True), params=0.5, weights="keep")
+    assert_matches_plan(once, twice.precrop_plan, twice)
+    assert_sliced(once, twice)
 
 
 # -- the kept channels are the best ones, by scores computed here -------------------
