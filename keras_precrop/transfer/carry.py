@@ -79,10 +79,16 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
                      residual=graph.residual)
     old_calls = flow.indexed_calls(graph)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
+    grows = any(w > v.width for w, v in zip(widths, graph.variables))
     for path, (_, in_sel, out_sel) in _tensor_selections(graph, new_graph, selection, old_calls).items():
         old = old_calls.get((path, 0))
-        if old is not None and getattr(old.record.layer, "weights", None):
-            _carry_layer(old, new_layers[path], values, in_sel, out_sel)
+        if old is None or not getattr(old.record.layer, "weights", None):
+            continue
+        if not grows and min(in_sel.min(initial=0), out_sel.min(initial=0)) < 0:
+            raise UnsupportedLayerError(  # a channel lost on the way: never carry a guess
+                f"{path}: cannot follow the kept channels to carry its weights. Keep its "
+                "channels with {ignore}.", ignore=[old.record.layer.name])
+        _carry_layer(old, new_layers[path], values, in_sel, out_sel)
     return selection
 
 
