@@ -4,7 +4,9 @@ Public API (everything else is private):
 
 * ``profile(model)``: per-layer parameters, MACs and width variables.
 * ``solve_densities`` / ``solve_widths``: the SynExp convex programs.
-* ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig.
+* ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig
+  (``weights="keep"``: prune or widen a trained model, keeping its weights).
+* ``fine_tune``: train such a model a little, distilled from the original or not.
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
 * ``compare``: the modes side by side, uniform width scaling included.
 * ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
@@ -15,7 +17,8 @@ Public API (everything else is private):
 
 The wings below this API: ``graph`` (channels, handlers, walk, rebuild),
 ``budget`` (costs, SynExp solvers, modes), ``latency`` (timing and fitted
-latency models), ``pai`` and ``training``; ``planning`` orchestrates them.
+latency models), ``transfer`` (kept weights), ``pai`` and ``training``;
+``planning`` orchestrates them.
 
 The core needs only Keras, NumPy and SciPy: ``pai``, ``data`` and ``train`` are
 imported on first use (``kp.pai``, ``from keras_precrop import data``).
@@ -54,6 +57,7 @@ from keras_precrop.graph import ChannelSlice, Handler, PrefixAdd, WeightSpec, re
 from keras_precrop.latency import LatencyModel, latency_model
 from keras_precrop.planning import Plan, apply_plan, plan, precrop, reconfigure
 from keras_precrop.training import constraints, optimizers  # noqa: F401 (registers serializables)
+from keras_precrop.training.finetune import fine_tune
 
 __version__ = "0.1.0"
 
@@ -94,6 +98,7 @@ __all__ = [
     "apply_plan",
     "compare",
     "data",
+    "fine_tune",
     "latency_model",
     "models",
     "pai",

@@ -11,12 +11,14 @@ This module only orchestrates the wings below it: it turns the user's
 arguments into budgets by row name (``params``, ``macs``, ``latency``),
 profiles the model (graph wing), fits or reads a latency model (latency
 wing), solves (``budget.modes.solve``, where the translation modes live) and
-rebuilds (``graph.rebuild``), checking the result (``verify``).
+rebuilds (``graph.rebuild``), checking the result (``verify``); with
+``weights="keep"`` the transfer wing carries the trained weights over.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from keras_precrop import _json, _tables
 from keras_precrop import latency as _latency
+from keras_precrop import transfer as _transfer
 from keras_precrop import verify as _verify
 from keras_precrop.budget import costs as _costs
 from keras_precrop.budget.modes import MODES, solve
@@ -464,8 +467,8 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
     )
 
 
-def apply_plan(model, plan):
-    """Build a freshly initialized copy of ``model`` with the plan's widths.
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
+    """Build a copy of ``model`` with the plan's widths: freshly initialized, or with its weights.
 
     Call it inside ``strategy.scope()`` to create the pruned model's variables
     there. The model must be the architecture the plan was made for (same
@@ -474,8 +477,31 @@ def apply_plan(model, plan):
     layer's parameters, MACs and output width, and the totals); a model that
     disagrees is never returned: :class:`RebuildMismatchError` names the
     first layer that differs.
+
+    Args:
+        model: the model the plan was made for (trained, for ``weights="keep"``).
+        plan: a :class:`Plan`.
+        weights: ``None``: fresh weights, as PreCrop prescribes. ``"keep"``:
+            every width variable keeps its most important channels, with
+            their trained weights (kernels, biases, normalization scales and
+            statistics); residual streams are permuted so their best
+            channels come first. Channels a layer gains (PreConfig) start
+            from the initializer and the weights that read them at zero, so
+            the widened model computes what ``model`` does.
+        importance: how channels are ranked with ``weights="keep"``:
+            ``"l1"`` (default: the L1 norm of the weights that produce and
+            consume a channel, each layer's share normalized), ``"l2"``,
+            ``"taylor"`` (``|activation x gradient|`` on ``data``) or
+            ``"random"`` (seeded by ``seed``).
+        data: for ``importance="taylor"``: an ``(x, y)`` batch or an
+            iterable of them (integer labels or one-hot; the model's outputs
+            are taken as logits).
+        seed: the seed of ``importance="random"``.
     """
+    importance = _transfer.check_options(weights, importance, data)
     defined = _defined_spatial(model, {})
+    if importance and defined is not model:
+        defined.set_weights(model.get_weights())
     graph = walk(defined, ignore=plan.ignore, residual=plan.residual)
     variables = graph.variables
     planned = {v["name"]: v for v in plan.variables}
@@ -502,12 +528,39 @@ def apply_plan(model, plan):
         raise RebuildMismatchError(
             f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
             f"disagrees with the plan: {mismatch}.")
+    if importance:
+        gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
+        _transfer.carry_weights(graph, new, widths, importance, gradients, seed)
     if defined is not model:  # back to the model's own, undefined spatial size
-        new = _with_inputs(new, input_specs(model))
+        clone = _with_inputs(new, input_specs(model))
+        if importance:  # a clone has new layers: carry the weights once more
+            clone.set_weights(new.get_weights())
+        new = clone
     return new
 
 
-def precrop(model, params=None, flops=None, **options):
+def _taylor_gradients(model, defined, data):
+    """The loss gradients of ``defined``'s trainable weights: ``{id(weight): array}`` per batch.
+
+    They are computed on ``model``, whose input size is the data's;
+    ``defined`` is ``model`` or its copy at a defined spatial size, with the
+    same weights in the same order. The gradient machinery of each backend
+    lives with the pruning baselines (``pai.gradients``), loaded here on use.
+    """
+    gradients = importlib.import_module("keras_precrop.pai.gradients")
+    ids = [id(w) for w in defined.trainable_weights]
+    return [dict(zip(ids, gradients.weight_gradients(_loss(gradients, model, x, y),
+                                                     model.trainable_weights)))
+            for x, y in gradients.batches(data)]
+
+
+def _loss(gradients, model, x, y):
+    """The cross-entropy of ``model``'s outputs (as logits) on one batch, as a function of nothing."""
+    return lambda: gradients.loss_value(model, None, x, y, training=False)
+
+
+def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=0,
+            **options):
     """PreCrop: a smaller, freshly initialized model meeting the budgets.
 
     Args:
@@ -520,13 +573,17 @@ def precrop(model, params=None, flops=None, **options):
             ``max_params``, ``max_macs``, ``mode``, ``round_to``,
             ``min_channels``, ``ignore``, ``residual``); e.g.
             ``precrop(model, latency=0.5)`` halves the predicted time.
+        weights, importance, data, seed: ``weights="keep"`` prunes a trained
+            model: the channels that survive keep their weights (see
+            :func:`apply_plan`).
 
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
+    _transfer.check_options(weights, importance, data)  # before the solve
     options.setdefault("upper", 1.0)
     the_plan = plan(model, params, flops, **options)
-    new = apply_plan(model, the_plan)
+    new = apply_plan(model, the_plan, weights, importance, data, seed)
     new.precrop_plan = the_plan
     return new
 
@@ -539,7 +596,8 @@ def reconfigure(model, params=None, flops=None, **options):
     the module docstring for why); e.g. ``reconfigure(model, params=0.8,
     flops=1.0)`` or ``reconfigure(model, params=0.8, latency=1.0)``. A latency model is
     fitted on narrower copies of the model, so widths beyond the original
-    are extrapolated.
+    are extrapolated. With ``weights="keep"`` the original channels keep their
+    weights and the new ones start out silent (see :func:`apply_plan`).
     """
     options.setdefault("upper", None)
     return precrop(model, params, flops, **options)

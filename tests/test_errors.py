@@ -142,3 +142,21 @@ def test_budgets_that_count_macs_need_the_spatial_size():
     assert err.value.arguments == {"flops": 0.5}
     assert str(err.value).startswith("flops=0.5 needs MACs or time, which depend on the spatial "
                                      "size, but model 'flex' has the undefined input shape")
+
+
+@pytest.mark.parametrize("options, message, arguments", [
+    (dict(weights="trained"), "weights='trained' must be None (fresh weights", {"weights": "trained"}),
+    (dict(weights="keep", importance="l3"), "importance='l3' is unknown; use one of ['l1', 'l2', "
+     "'taylor', 'random']", {"importance": "l3"}),
+    (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: a few (x, y) "
+     "batches", {"importance": "taylor"}),
+    (dict(weights="keep", data=(np.zeros((1, 16, 16, 3)), np.zeros(1))), "data= is for "
+     "importance='taylor'; importance='l1' ranks channels by their weights alone.", {"importance": "l1"}),
+    (dict(importance="l2"), "importance='l2' and data= choose the channels that keep their trained "
+     "weights; they need weights='keep'.", {"importance": "l2"}),
+])
+def test_weight_options_name_the_argument(options, message, arguments):
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.precrop(_cnn(), params=0.5, **options)
+    assert str(err.value).startswith(message)
+    assert err.value.arguments == arguments

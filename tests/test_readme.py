@@ -360,12 +360,32 @@ def _check_subclassed(namespace, printed, cwd):
                                str(small.count_params()), str(net.count_params())]
 
 
+def _check_keep_weights(namespace, printed, cwd):
+    """``small`` and ``taylor`` have at most half the parameters, exactly their plans', and every
+    kernel of ``taylor`` is the original's at the kept channels (its values are found in it;
+    ``small`` was fine-tuned since); ``wide`` has more channels and computes the original's
+    outputs; distillation ran and logged its loss."""
+    import numpy as np
+
+    model, small, taylor, wide, x = (namespace[k] for k in ("model", "small", "taylor", "wide", "x"))
+    for pruned in (small, taylor):
+        assert pruned.count_params() == pruned.precrop_plan.params <= 0.5 * model.count_params()
+    for layer in taylor.layers:
+        if hasattr(layer, "kernel"):
+            assert np.isin(np.asarray(layer.kernel), np.asarray(model.get_layer(layer.name).kernel)).all()
+    assert wide.count_params() > model.count_params()
+    np.testing.assert_allclose(np.asarray(wide(x, training=False)), np.asarray(model(x, training=False)),
+                               rtol=1e-4, atol=1e-4)
+    assert np.isfinite(namespace["history"].history["distillation_loss"]).all()
+
+
 # A distinctive line of each runnable block -> its check (see the module docstring).
 BLOCK_CHECKS = {
     "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
     "small = kp.precrop(model, params=0.5)": _check_python_api,
     "plan = kp.plan(model, params=0.5, flops=0.6, round_to=8)": _check_solve_once_build_later,
     "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
+    'small = kp.precrop(model, params=0.5, weights="keep")': _check_keep_weights,
     'small.export("resnet20_small", verbose=False)': _check_deployment,
     "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
     "comparison = kp.compare(model, params=0.1103)": _check_compare,

@@ -64,27 +64,28 @@ class WeightSpec:
     def block_diagonal(self, local):
         """A grouped kernel's ``(c_in / groups, c_out)`` channel matrix over all ``c_in`` inputs.
 
+        The matrix is the last two axes; leading (spatial) axes are kept.
         Entry ``[j * a + i, o]`` (``a = c_in / groups``) is ``local[i, o]`` when
         output ``o`` belongs to group ``j``, else ``False``: a group's outputs
         see only its own inputs. The identity for an ungrouped kernel.
         """
         if self.groups == 1:
             return local
-        a, n_out = local.shape
+        a, n_out = local.shape[-2:]
         b = n_out // self.groups
-        full = np.zeros((a * self.groups, n_out), local.dtype)
+        full = np.zeros(local.shape[:-2] + (a * self.groups, n_out), local.dtype)
         for j in range(self.groups):
-            full[j * a:(j + 1) * a, j * b:(j + 1) * b] = local[:, j * b:(j + 1) * b]
+            full[..., j * a:(j + 1) * a, j * b:(j + 1) * b] = local[..., :, j * b:(j + 1) * b]
         return full
 
     def group_local(self, full):
         """The inverse of :meth:`block_diagonal`: each output's own group's rows."""
         if self.groups == 1:
             return full
-        n_in, n_out = full.shape
+        n_in, n_out = full.shape[-2:]
         a, b = n_in // self.groups, n_out // self.groups
         rows = (np.arange(n_out) // b)[None, :] * a + np.arange(a)[:, None]
-        return full[rows, np.arange(n_out)[None, :]]
+        return full[..., rows, np.arange(n_out)[None, :]]
 
 
 _BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
@@ -137,6 +138,9 @@ class Handler:
       (``keras_precrop.pai``; ``specs_of(layer)`` when they depend on the
       layer's config) and ``channel_map(rec, node)`` says which input
       channel each output channel comes from.
+    * ``channel_axes(rec, node)`` says which axes of each weight index
+      channels, so a rebuild can carry trained weights over
+      (``weights="keep"``); the default reads ``specs_of``.
 
     Example: a 1x1 convolution written from ``keras.ops``, taught to the
     package in one place, then profiled, pruned and masked.
@@ -216,6 +220,43 @@ class Handler:
         """
         return None
 
+    def channel_axes(self, rec, node):
+        """Which axes of each of the layer's weights index channels, and which channels.
+
+        Keeping trained weights (``weights="keep"``) slices every weight along
+        these axes to the channels that survive (and, for layers that grow,
+        starts new channels from the initializer). Returns one dict per
+        weight of ``rec.layer.weights``, in order, mapping an axis to a role
+        (``node`` is the layer's first call; a weight with no entry is copied whole):
+
+        * ``"in"``: the input channels a kernel reads (a new input channel's
+          weights start at zero, so it does not change the layer's output);
+        * ``"group_in"``: a grouped convolution's input axis, holding the
+          channels of each output channel's own group (new ones start at zero);
+        * ``"mid"``: a separable convolution's channels between its two
+          kernels, each input channel's ``depth_multiplier`` channels in turn
+          (new ones start at zero);
+        * ``"channel"``: a depthwise kernel's slab of each input channel;
+        * ``"out"``: the output channels (kernels, biases, per-channel scales).
+
+        The default reads :meth:`specs_of`: a kernel's ``in_axis`` and
+        ``out_axis``, a depthwise kernel's ``in_axis``, the last axis of
+        biases and scales.
+        """
+        specs = self.specs_of(rec.layer)
+        return [_spec_axes(specs.get(w.name)) for w in _weights(rec.layer)]
+
+
+def _spec_axes(spec):
+    """The channel axes (see ``Handler.channel_axes``) of a weight described by ``spec``."""
+    if spec is None:
+        return {}
+    if spec.kind == "kernel":
+        return {spec.in_axis: "group_in" if spec.groups > 1 else "in", spec.out_axis: "out"}
+    if spec.kind == "depthwise":
+        return {spec.in_axis: "channel"}
+    return {-1: "out"}
+
 
 def _weights(op):
     """An operation's weights (plain ``keras.ops`` operations have none)."""
@@ -256,6 +297,13 @@ class Tie(Handler):
 
     def channel_map(self, rec, node):
         return _elementwise_map(node)
+
+    def channel_axes(self, rec, node):
+        """The last axis of every float weight that follows the channels (gamma, statistics, ...)."""
+        shape = input_shape(node)
+        per_channel = _acts_on_channels(rec.layer, len(shape))
+        return [{-1: "out"} if per_channel and tuple(w.shape)[-1:] == shape[-1:]
+                and "float" in str(w.dtype) else {} for w in _weights(rec.layer)]
 
 
 class BatchNorm(Tie):
@@ -387,6 +435,11 @@ class Conv(_Source):
             return [np.repeat(np.arange(channels), rec.layer.filters // channels)]
         return None
 
+    def channel_axes(self, rec, node):
+        if _depthwise_groups(rec.layer, input_shape(node)[-1]):  # kernel (..., 1, filters)
+            return [{-1: "out"} for _ in rec.layer.weights]
+        return super().channel_axes(rec, node)
+
 
 def _depthwise_groups(layer, channels):
     """Whether a grouped conv has one input channel per group (a depthwise conv)."""
@@ -447,6 +500,13 @@ class Separable(_Source):
     weight_specs = {"depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
                     "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
                     **_BIAS}
+
+    def channel_axes(self, rec, node):
+        axes = super().channel_axes(rec, node)
+        for w, roles in zip(rec.layer.weights, axes):
+            if w.name == "pointwise_kernel":
+                roles[-2] = "mid"
+        return axes
 
     def walk(self, ctx, rec, node, ins):
         out = self._out(ctx, rec)

@@ -1,0 +1,85 @@
+"""Fine-tuning a pruned model that kept its trained weights, alone or distilled from the original.
+
+``fine_tune(student, data)`` trains with plain ``fit``; with ``teacher=``
+the student also learns the teacher's softened outputs through
+``keras.distillation.Distiller`` and ``LogitsDistillation``. Two facts of
+Keras 3.15 shape it (docs/research/issue29_keep_weights.md): the default
+``LogitsDistillation`` loss skips the softmax, so ``KLDivergence()`` is
+passed explicitly, and ``Distiller`` freezes the teacher for good, so the
+teacher's ``trainable`` is restored afterwards and a student that shares its
+variables (which would be frozen too) is refused. A model that
+``precrop(..., weights="keep")`` built owns its variables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+
+from keras_precrop.errors import ArgumentError
+
+
+def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=1e-3,
+              distill_temperature=4.0, alpha=0.5, loss=None, batch_size=None,
+              validation_data=None, verbose="auto"):
+    """Train ``student`` in place for a few epochs at a small learning rate, distilled or not.
+
+    Args:
+        student: the model to train (its outputs are logits unless ``loss``
+            says otherwise), e.g. a pruned model with kept weights.
+        train_data: an ``(x, y)`` pair of arrays or anything ``fit`` takes
+            as ``x`` (a ``tf.data.Dataset`` of ``(x, y)`` batches, a
+            ``keras.utils.PyDataset``, ...).
+        teacher: the original model (logits out, same output shape); None
+            for plain fine-tuning.
+        epochs: epochs of training.
+        learning_rate: of SGD with momentum 0.9: small, as the weights are
+            trained already.
+        distill_temperature: the softmax temperature of the distillation.
+        alpha: the weight of the supervised loss; ``1 - alpha`` goes to
+            the distillation loss (``Distiller``'s ``student_loss_weight``).
+        loss: the supervised loss; default sparse categorical cross-entropy
+            from logits.
+        batch_size: with array data (``fit``'s default: 32).
+        validation_data, verbose: as for ``fit``.
+
+    Returns:
+        The ``History`` of ``fit``.
+    """
+    _check(student, teacher, epochs, learning_rate, distill_temperature, alpha)
+    loss = loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = train_data if isinstance(train_data, tuple) else (train_data, None)
+    model, frozen = student, None
+    if teacher is not None:
+        frozen = teacher.trainable
+        model = keras.distillation.Distiller(
+            teacher=teacher, student=student, student_loss_weight=alpha,
+            distillation_losses=keras.distillation.LogitsDistillation(
+                temperature=distill_temperature, loss=keras.losses.KLDivergence()))
+    try:
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9), loss=loss,
+                      metrics=["accuracy"])
+        return model.fit(x, y, batch_size=batch_size, epochs=epochs,
+                         validation_data=validation_data, verbose=verbose)
+    finally:
+        if teacher is not None:
+            teacher.trainable = frozen
+
+
+def _check(student, teacher, epochs, learning_rate, temperature, alpha):
+    """Checks :func:`fine_tune`'s arguments, naming the one at fault."""
+    for name, value in (("learning_rate", learning_rate), ("distill_temperature", temperature)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ArgumentError(f"{{{name}}} must be a positive number.", **{name: value})
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ArgumentError("{epochs} must be a positive integer.", epochs=epochs)
+    if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+        raise ArgumentError("{alpha} must be a weight in [0, 1].", alpha=alpha)
+    if teacher is not None:
+        shared = {id(w) for w in teacher.weights} & {id(w) for w in student.weights}
+        if shared:
+            raise ArgumentError(
+                "{teacher:=} and the student share variables; distillation freezes the teacher, "
+                "and with it the student. Give the student its own weights "
+                "(kp.precrop(..., weights='keep') builds such a model).")

@@ -1,0 +1,204 @@
+"""Carrying the surviving channels' trained weights into a rebuilt model.
+
+The rebuilt model is walked too, and every tensor of it gets the original
+channel each of its channels stands for: a tensor of a plain width variable
+takes the variable's selection (``selection.py``); a tensor built by a layer
+that moves channels (a concatenation, a flatten, a depthwise multiplier)
+follows the original and the rebuilt layer's channel maps, copy by copy; a
+``ChannelSlice`` the rebuild put in front of a reader keeps a prefix of its
+input. Each layer's weights are then sliced along the axes its handler names
+(``Handler.channel_axes``) to the channels of its first input and output.
+
+New channels (a layer that grows) start from the rebuilt layer's
+initializer, except the weights that read them (a kernel's input slice, a
+separable conv's pointwise rows), which start at zero: the model computes
+what the original did until training moves them.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_precrop.errors import ArgumentError, UnsupportedLayerError
+from keras_precrop.graph.channels import input_shape
+from keras_precrop.graph.walker import walk
+from keras_precrop.transfer import flow
+from keras_precrop.transfer.importance import IMPORTANCE, channel_scores, grouped
+from keras_precrop.transfer.selection import select
+
+
+def check_options(weights, importance, data):
+    """Checks the weight options of ``apply_plan`` and ``precrop``.
+
+    Returns:
+        The importance to choose channels by, or ``None`` for fresh weights.
+
+    Raises:
+        ArgumentError: naming the argument at fault.
+    """
+    if weights is None:
+        if importance is not None or data is not None:
+            raise ArgumentError("{importance} and {data:=} choose the channels that keep their "
+                                "trained weights; they need {weights:keep}.", importance=importance)
+        return None
+    if not (isinstance(weights, str) and weights == "keep"):
+        raise ArgumentError("{weights} must be None (fresh weights, as PreCrop prescribes) or 'keep' "
+                            "(the channels that survive keep their trained weights).", weights=weights)
+    importance = "l1" if importance is None else importance
+    if not (isinstance(importance, str) and importance in IMPORTANCE):
+        raise ArgumentError(f"{{importance}} is unknown; use one of {list(IMPORTANCE)}.",
+                            importance=importance)
+    if importance == "taylor" and data is None:
+        raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to take the "
+                            "gradients on.", importance=importance)
+    if importance != "taylor" and data is not None:
+        raise ArgumentError("{data:=} is for {importance:taylor}; {importance} ranks channels by "
+                            "their weights alone.", importance=importance)
+    return importance
+
+
+def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0):
+    """Copy the trained weights of the channels that survive from ``graph.model`` into ``new_model``.
+
+    Args:
+        graph: the walked original model.
+        new_model: the model ``graph.rebuild(graph, widths)`` built; its
+            weights are overwritten.
+        widths: the new width of every variable of ``graph.variables``.
+        importance: how channels are chosen (see ``importance.py``).
+        gradients: for ``"taylor"``, one ``{id(weight): gradient}`` per batch.
+        seed: the seed of ``"random"``.
+
+    Returns:
+        ``{variable index: original channel of each new channel (-1: new)}``.
+    """
+    values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
+    selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
+    new_graph = walk(new_model, ignore=[rec.path for rec in graph.layers if rec.ignored],
+                     residual=graph.residual)
+    old_calls = flow.indexed_calls(graph)
+    new_layers = {rec.path: rec.layer for rec in new_graph.layers}
+    grows = any(w > v.width for w, v in zip(widths, graph.variables))
+    for path, (_, in_sel, out_sel) in _tensor_selections(graph, new_graph, selection, old_calls).items():
+        old = old_calls.get((path, 0))
+        if old is None or not getattr(old.record.layer, "weights", None):
+            continue
+        if not grows and min(in_sel.min(initial=0), out_sel.min(initial=0)) < 0:
+            raise UnsupportedLayerError(  # a channel lost on the way: never carry a guess
+                f"{path}: cannot follow the kept channels to carry its weights. Keep its "
+                "channels with {ignore}.", ignore=[old.record.layer.name])
+        _carry_layer(old, new_layers[path], values, in_sel, out_sel)
+    return selection
+
+
+def _tensor_selections(graph, new_graph, selection, old_calls):
+    """Each rebuilt layer's first call, with the original channels of its first input and output."""
+
+    def outputs(call, index, ins):
+        rec = call.record
+        maps = rec.handler.channel_map(rec, call.node)
+        old = old_calls.get((rec.path, index))
+        if old is None:  # a ChannelSlice the rebuild put in front of a reader
+            return [ins[0][maps[0]]]
+        _refuse_mixing_new_channels(graph, old, maps, ins)
+        return [_selected(graph, selection, old, key, maps, ins) for key in old.outputs]
+
+    return flow.propagate(
+        new_graph, lambda key: np.arange(new_graph.width(new_graph.tensor_channels[key])), outputs)
+
+
+def _selected(graph, selection, old, key, maps, ins):
+    """The original channels of the rebuilt counterpart of ``old``'s output tensor ``key``."""
+    channels = graph.tensor_channels[key]
+    v = flow.plain_variable(graph, channels)
+    if v is not None:
+        return selection[v]
+    old_maps = old.record.handler.channel_map(old.record, old.node)
+    if maps is None or old_maps is None:
+        return flow.same_as_input(graph, old, channels, ins)
+
+    def value(i, o, c):  # the copy of the same input channel, by its rank among copies
+        return _nth(old_maps[i], ins[i][c], _ranks(maps[i])[o])
+
+    return flow.through_maps(maps, ins, value)
+
+
+def _ranks(m):
+    """For each position of ``m``, how many earlier positions hold the same value."""
+    order = np.argsort(m, kind="stable")
+    ranks = np.empty(len(m), np.int64)
+    ranks[order] = np.arange(len(m)) - np.searchsorted(m[order], m[order])
+    return ranks
+
+
+def _nth(m, values, ranks):
+    """The position of the ``ranks``-th occurrence of each of ``values`` in ``m`` (``-1``: none)."""
+    order = np.argsort(m, kind="stable")
+    ordered = m[order]
+    pos = np.searchsorted(ordered, values) + ranks
+    found = (values >= 0) & (pos < len(m))
+    pos = np.where(found, pos, 0)
+    found &= ordered[pos] == values
+    return np.where(found, order[pos], -1)
+
+
+def _refuse_mixing_new_channels(graph, old, maps, ins):
+    """Refuse new channels into a layer that mixes channels without weights of its own per pair.
+
+    A normalization over the channel axis (LayerNormalization, GroupNormalization, a
+    softmax) would see the new channels and change the trained channels' outputs.
+    """
+    rec = old.record
+    if (maps is None and (ins[0] < 0).any()
+            and graph.tensor_channels[old.outputs[0]] == graph.tensor_channels[old.inputs[0]]):
+        raise ArgumentError(
+            f"{{weights}} cannot widen the channels of {rec.path!r} ({rec.class_name}): it "
+            "normalizes over the channel axis, so new channels would change what the trained "
+            "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.layer.name])
+
+
+def _carry_layer(old, new_layer, values, in_sel, out_sel):
+    """Assign each weight of ``new_layer`` the kept slices of the original layer's."""
+    rec = old.record
+    width = input_shape(old.node)[-1]
+    axes = rec.handler.channel_axes(rec, old.node)
+    for w, new_w, roles in zip(rec.layer.weights, new_layer.weights, axes, strict=True):
+        carried = _sliced(values[id(w)], new_w, roles, in_sel, out_sel, width)
+        if carried.shape != tuple(new_w.shape):
+            raise UnsupportedLayerError(
+                f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
+                f"shape {tuple(new_w.shape)}. Keep its channels with {{ignore}}.",
+                ignore=[rec.layer.name])
+        new_w.assign(carried)
+
+
+def _sliced(value, new_w, roles, in_sel, out_sel, width):
+    """``value`` sliced along its channel axes (``roles``) for weight ``new_w``.
+
+    New channels (``-1``) take ``new_w``'s initial value, or zero where they are read.
+    """
+    if not roles:
+        return value
+    spec = grouped(width, value) if "group_in" in roles.values() else None
+    if spec is not None:  # gather over all inputs, zero across groups
+        value = spec.block_diagonal(value)
+    zero = fresh = np.zeros((1,) * value.ndim, bool)
+    for axis, role in roles.items():
+        index = out_sel if role == "out" else in_sel
+        if role == "mid":  # each input channel's depth_multiplier channels in turn
+            m = value.shape[axis] // width
+            index = np.where(in_sel[:, None] >= 0, in_sel[:, None] * m + np.arange(m), -1).ravel()
+        value = np.take(value, np.maximum(index, 0), axis=axis)
+        shape = [1] * value.ndim
+        shape[axis] = len(index)
+        new = (index < 0).reshape(shape)
+        if role in ("out", "channel"):
+            fresh = fresh | new
+        else:
+            zero = zero | new
+    if fresh.any():  # a layer that grows: its new channels start from the initializer
+        init = keras.ops.convert_to_numpy(new_w)
+        value = np.where(fresh, init if spec is None else spec.block_diagonal(init), value)
+    value = np.where(zero, 0, value).astype(value.dtype)
+    return value if spec is None else spec.group_local(value)

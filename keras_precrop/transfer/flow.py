@@ -1,0 +1,89 @@
+"""Following channels through a walked graph, one integer array per tensor.
+
+Both halves of keeping weights label every channel of every tensor: the
+importance scores with the channel's width variable and index in it (on the
+original graph), the copy with the original channel each channel of the
+rebuilt model stands for (on the rebuilt graph). :func:`propagate` visits the
+calls in topological order; :func:`through_maps` follows the layers that move
+channels (concatenations, flattens, depthwise multipliers, prefix adds) with
+their handler's ``channel_map``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_precrop.errors import UnsupportedLayerError
+
+
+def propagate(graph, start, outputs):
+    """An integer array per tensor of ``graph``, computed call by call.
+
+    Args:
+        graph: a walked model (``graph.walker.ModelGraph``).
+        start: ``start(key)``: the array of a model input's tensor key.
+        outputs: ``outputs(call, index, ins)``: the arrays of a call's output
+            tensors, from its input tensors' arrays ``ins``; ``index`` counts
+            the layer's earlier calls.
+
+    Returns:
+        ``{layer path: (first call, array of its first input, of its first
+        output)}``: each layer's first call, where its weights are read.
+    """
+    arrays = {key: start(key) for key in graph.inputs}
+    first = {}
+    for (path, index), call in indexed_calls(graph).items():
+        ins = [arrays[key] for key in call.inputs]
+        outs = outputs(call, index, ins)
+        arrays.update(zip(call.outputs, outs))
+        if index == 0:
+            first[path] = (call, ins[0], outs[0])
+    return first
+
+
+def indexed_calls(graph):
+    """``{(layer path, index of the call): call}`` of every call of ``graph``, in topological order."""
+    out, counts = {}, {}
+    for call in graph.calls:
+        path = call.record.path
+        counts[path] = counts.get(path, -1) + 1
+        out[(path, counts[path])] = call
+    return out
+
+
+def through_maps(maps, ins, value):
+    """An output array from a call's channel maps (see ``Handler.channel_map``).
+
+    Each output channel ``o`` reads channel ``maps[i][o]`` of input ``i``;
+    the widest input that it reads from decides (a prefix add's narrower
+    writers and a broadcast gate agree with it, or say less).
+
+    Args:
+        maps: one int array per input, of the output's width (``-1``: none).
+        ins: the inputs' arrays.
+        value: ``value(i, o, c)``: the output's entries at positions ``o``
+            that read channels ``c`` of input ``i``.
+    """
+    out = np.full(len(maps[0]), -1, np.int64)
+    done = np.zeros(len(maps[0]), bool)
+    for i in sorted(range(len(ins)), key=lambda i: -len(ins[i])):
+        o = np.flatnonzero((maps[i] >= 0) & ~done)
+        out[o] = value(i, o, maps[i][o])
+        done[o] = True
+    return out
+
+
+def plain_variable(graph, channels):
+    """The width variable of a plain descriptor (one part, no multiplier), else ``None``."""
+    if len(channels) == 1 and channels[0].mult == 1:
+        return graph.group_variable(channels[0].segment)
+    return None
+
+
+def same_as_input(graph, call, channels, ins):
+    """The first input's array, for a layer whose output channels are its input's (no channel map)."""
+    if channels != graph.tensor_channels[call.inputs[0]]:
+        raise UnsupportedLayerError(
+            f"{call.record.path}: cannot follow its channels to carry weights (its handler has no "
+            "channel map). Keep its channels with {ignore}.", ignore=[call.record.layer.name])
+    return ins[0]
