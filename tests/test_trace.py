@@ -334,3 +334,16 @@ def test_pruning_baselines_mask_the_models_own_weights():
     weights = {w.path: keras.ops.convert_to_numpy(w) for w in model.weights}
     for path, mask in masks.items():
         assert not weights[path][mask == 0].any(), path
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_kept_weights_carry_through_the_trace(name):
+    """weights='keep' reads the blocks' own variables: all channels kept gives the same function."""
+    model = MODELS[name]()
+    _randomize(model)
+    same = kp.precrop(model, params=1.0, weights="keep")
+    x = _input(model)
+    np.testing.assert_allclose(_numpy(same(x, training=False)), _numpy(model(x, training=False)),
+                               atol=1e-5)
+    half = kp.precrop(model, params=0.5, weights="keep")
+    assert_matches_plan(model, half.precrop_plan, half)
