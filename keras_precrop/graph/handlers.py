@@ -281,17 +281,29 @@ class BatchNorm(Tie):
                     "beta": WeightSpec("beta_constraint", "bias")}
 
 
+# Lambdas of optional libraries that equal a named Keras activation, by qualified
+# name: keras_hub's MobileNetV5 ``ConvNormAct`` builds
+# ``Activation(lambda x: keras.activations.gelu(x, approximate=False))``, which is
+# ``"gelu"`` (its default is ``approximate=False``).
+_NAMED_LAMBDAS = {
+    "keras_hub.src.models.mobilenetv5.mobilenetv5_layers.ConvNormAct.__init__.<locals>.<lambda>":
+        "gelu",
+}
+
+
 class Activation(Tie):
     """``keras.layers.Activation``: tied channels; the rebuild reuses its function.
 
-    The function object itself goes to the new layer, so a lambda (keras_hub's
-    MobileNetV5 builds ``Activation(lambda x: gelu(x, approximate=False))``)
-    needs no deserialization; a model holding one loads from ``.keras`` with
-    ``safe_mode=False``, as any Keras model with a lambda does.
+    The function object itself goes to the new layer, so a lambda needs no
+    deserialization. Keras 3.15 cannot load an ``Activation`` holding a
+    lambda from a ``.keras`` file, so a lambda known to equal a named
+    activation (``_NAMED_LAMBDAS``) is rebuilt as that name.
     """
 
     def configure(self, rec, config, width):
-        return {**config, "activation": rec.layer.activation}
+        fn = rec.layer.activation
+        name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        return {**config, "activation": _NAMED_LAMBDAS.get(name, fn)}
 
 
 class Normalize(Tie):
