@@ -13,7 +13,11 @@ TensorFlow-based ``keras_precrop.data`` uses it.
 ``[litert]`` and ``[onnx]`` add the runtimes a latency model can time
 besides the backend's own (LiteRT also runs on TensorFlow's ``tf.lite``).
 The ``[test]`` extra installs all three backends and ONNX Runtime so the
-suite checks each;
+suite checks each, and what ``import keras_hub`` needs (``regex``, ``rich``,
+``packaging``): keras_hub itself is installed with ``pip install --no-deps
+keras-hub tokenizers``, since its own requirements pull ``tensorflow-text``
+and with it a second TensorFlow (``kagglehub`` only downloads presets, which
+the tests do not use);
 it pins ``torch==2.13.0`` because that is the CPU build this project's
 machines have on disk: an unpinned ``torch`` resolves to a newer CUDA build
 of several GB there.
@@ -64,6 +68,11 @@ setup(
             "ipython",
             "importlib_resources",
             "matplotlib>=3.5",
+            # What `import keras_hub` needs besides Keras and TensorFlow; keras_hub itself
+            # is installed with --no-deps (see README's test command).
+            "regex",
+            "rich",
+            "packaging",
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },

@@ -10,6 +10,9 @@ Public API (everything else is private):
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
 * ``compare``: the modes side by side, uniform width scaling included.
 * ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
+* ``hub``: ``keras_hub`` task models pruned through their backbone, the task
+  re-created around it (``kp.hub.precrop(task, params=0.5)``); it does not
+  import ``keras_hub``.
 * Subpackages ``models`` (model zoo), ``pai`` (unstructured baselines),
   ``data`` and ``train`` (tfds pipelines and ``model.fit`` under strategies,
   from the ``training`` wing).
@@ -23,7 +26,7 @@ latency models), ``transfer`` (kept weights), ``pai`` and ``training``;
 The core needs only Keras, NumPy and SciPy: ``pai``, ``data`` and ``train`` are
 imported on first use (``kp.pai``, ``from keras_precrop import data``).
 Importing the package registers its Keras-serializable objects
-(``ChannelSlice``, ``PrefixAdd``, ``MaskConstraint``, ``SGDWithL2``), so
+(``ChannelSlice``, ``PrefixAdd``, ``PrunedBackbone``, ``MaskConstraint``, ``SGDWithL2``), so
 ``keras.models.load_model`` reads rebuilt models, masked models and training
 checkpoints.
 """
@@ -34,7 +37,7 @@ from keras_precrop import _startup
 
 _startup.quiet_command()  # before Keras is imported (see _startup.py)
 
-from keras_precrop import models  # noqa: F401
+from keras_precrop import hub, models  # noqa: F401 (hub registers PrunedBackbone)
 from keras_precrop.budget import (
     ModelProfile,
     SolveResult,
@@ -99,6 +102,7 @@ __all__ = [
     "compare",
     "data",
     "fine_tune",
+    "hub",
     "latency_model",
     "models",
     "pai",

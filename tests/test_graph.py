@@ -13,7 +13,7 @@ from keras import layers as L
 from keras import ops
 
 import keras_precrop as kp
-from tests.conftest import tf_macs  # the TensorFlow-graph MAC reference
+from tests.conftest import assert_matches_plan, tf_macs  # TensorFlow-graph MAC reference
 
 IMG = "input:img"  # the group of a keras.Input named "img"
 
@@ -505,6 +505,20 @@ def test_shared_layer_ties_the_inputs_of_its_calls():
     assert {g.name for g in prof.variables} == {IMG, "pre", "head"}
     _assert_unchanged(prof, model)
     _assert_costs_match(prof, {"pre": 4}, _recurrent_stub(c=4))
+
+
+def test_shared_add_writing_into_two_streams_rebuilds_as_one_prefix_add():
+    """keras_hub's feature pyramid merges every level with one ``Add``; pruned, each call adds
+    a narrower input into a stream, and the rebuild keeps one (prefix) add for both calls."""
+    x = keras.Input((8, 8, 3), name="img")
+    merge = L.Add(name="merge")
+    stream = L.Conv2D(8, 3, padding="same", name="stream")(x)
+    h = merge([stream, L.Conv2D(8, 3, padding="same", name="c1")(stream)])
+    h = merge([h, L.Conv2D(8, 3, padding="same", name="c2")(h)])
+    model = keras.Model(x, _head(h))
+    new = kp.precrop(model, params=0.5)
+    assert_matches_plan(model, new.precrop_plan, new)
+    assert [type(layer).__name__ for layer in new.layers if layer.name == "merge"] == ["PrefixAdd"]
 
 
 # ---------------------------------------------------------------------------

@@ -30,13 +30,13 @@ def test_profiling_loads_no_pipeline_or_baseline_and_subpackages_load_on_use():
         "import keras_precrop as kp\n"
         "kp.profile(kp.models.get('resnet20'))\n"
         "names = ('tensorflow_datasets', 'keras_precrop.data', 'keras_precrop.train',\n"
-        "         'keras_precrop.pai', 'keras_precrop.pai.synflow')\n"
+        "         'keras_precrop.pai', 'keras_precrop.pai.synflow', 'keras_hub')\n"
         "loaded = {n: n in sys.modules for n in names}\n"
         "from keras_precrop import data\n"
         "used = [callable(kp.pai.synflow), kp.train.SGDWithL2.__name__, data is kp.data,\n"
         "        'pai' in dir(kp)]\n"
         "print(json.dumps([loaded, used]))\n"))
-    assert loaded == dict.fromkeys(loaded, False) and len(loaded) == 5
+    assert loaded == dict.fromkeys(loaded, False) and len(loaded) == 6
     assert used == [True, "SGDWithL2", True, True]
 
 

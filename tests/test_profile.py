@@ -12,6 +12,7 @@ import json
 import re
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
@@ -234,11 +235,30 @@ def test_register_handler_teaches_a_custom_layer():
     assert (params, macs) == (narrow.count_params(), tf_macs(narrow))
 
 
+class _NamedScale(_ChannelScale):
+    """Registered by its qualified name, the way an optional library's layer is (no import)."""
+
+
+def test_register_handler_by_qualified_name_and_its_rebuild_with_a_lambda_activation():
+    kp.register_handler(f"{__name__}._NamedScale", "tie")
+    model = _custom_model(_NamedScale)
+    # keras_hub's MobileNetV5 builds Activation(lambda ...): the rebuild reuses the function.
+    out = L.Activation(lambda t: t * 0.5, name="half")(model.output)
+    model = keras.Model(model.input, out)
+    assert kp.profile(model).total_params == model.count_params()
+    new = kp.precrop(model, params=0.5)
+    assert new.get_layer("scale").weights[0].shape == (new.get_layer("c0").filters,)
+    x = np.ones((1, 8, 8, 3), "float32")
+    assert np.allclose(new.get_layer("half")(x), 0.5 * x)
+
+
 def test_register_handler_rejects_unknown_rules():
     with pytest.raises(ValueError, match="'sideways'"):
         kp.register_handler(_ChannelScale, "sideways")
     with pytest.raises(TypeError, match="Handler"):
         kp.register_handler(_ChannelScale, 3)
+    with pytest.raises(TypeError, match="layer_class"):
+        kp.register_handler(_ChannelScale(), "tie")
 
 
 class _Subclassed(keras.Model):

@@ -379,6 +379,15 @@ def _check_keep_weights(namespace, printed, cwd):
     assert np.isfinite(namespace["history"].history["distillation_loss"]).all()
 
 
+def _check_keras_hub_task(namespace, printed, cwd):
+    """The pruned task is still a ``ResNetImageClassifier``, compiled (with the task's defaults) and
+    ready to train, whose backbone is the plan's: at most half the parameters, by Keras' count."""
+    task, small, backbone = (namespace[k] for k in ("task", "small", "backbone"))
+    assert type(small) is type(task) and small.compiled
+    assert small.backbone.count_params() == small.precrop_plan.params <= 0.5 * backbone.count_params()
+    assert f"ResNetImageClassifier {small.backbone.count_params():,} / {backbone.count_params():,}" in printed
+
+
 # A distinctive line of each runnable block -> its check (see the module docstring).
 BLOCK_CHECKS = {
     "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
@@ -390,6 +399,9 @@ BLOCK_CHECKS = {
     "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
     "comparison = kp.compare(model, params=0.1103)": _check_compare,
     "small_net = kp.precrop(net, flops=0.5)": _check_subclassed,
+
+
+    "small = kp.hub.precrop(task, params=0.5)": _check_keras_hub_task,
     "keras-precrop compare resnet20 --flops 0.5 --measure --batch_size 64": _check_compare_measured,
 }
 

@@ -347,3 +347,42 @@ def test_kept_weights_carry_through_the_trace(name):
                                atol=1e-5)
     half = kp.precrop(model, params=0.5, weights="keep")
     assert_matches_plan(model, half.precrop_plan, half)
+
+
+class Transposing(L.Layer):
+    """A conv, then a transpose that moves the channels: refused until ignored."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(6, 3, padding="same", name="conv")
+
+    def call(self, x):
+        return ops.transpose(self.conv(x), (0, 3, 1, 2))
+
+
+def test_ops_inside_a_block_are_named_by_place_and_ignore_names_them():
+    """An op's own name counts every op of its kind in the process (``transpose_7``); by place it
+    is the same in every trace, so the name in the error is the one ``ignore`` accepts."""
+    x = keras.Input((8, 8, 3))
+    h = Transposing(name="block")(L.Conv2D(4, 3, name="stem")(x))
+    model = keras.Model(x, L.Dense(2, name="head")(L.Flatten()(h)))
+    with pytest.raises(kp.UnsupportedLayerError, match=r"'block_transpose'.*ignore=\['block_transpose'\]"):
+        kp.profile(model)
+    new = kp.precrop(model, params=0.8, ignore=["block_transpose"])
+    assert_matches_plan(model, new.precrop_plan, new)
+    assert new.get_layer("block_conv").filters == 6  # it feeds the op kept whole
+    assert new.get_layer("stem").filters < 4
+
+
+def test_nested_model_built_for_any_size_is_traced_at_the_size_it_is_called_on():
+    """A nested encoder with an undefined input size (keras_hub's inside DeepLabV3) is dissolved:
+    its layers get the outer model's sizes, which their MACs need."""
+    e = keras.Input((None, None, 3))
+    encoder = keras.Model(e, L.Conv2D(12, 3, strides=2, name="enc")(L.Conv2D(8, 3, name="enc0")(e)),
+                          name="encoder")
+    x = keras.Input((16, 16, 3))
+    model = keras.Model(x, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(encoder(x))))
+    assert kp.profile(model).total_macs == tf_macs(model)
+    new = kp.precrop(model, flops=0.5)
+    assert_matches_plan(model, new.precrop_plan, new)
+    assert "encoder_enc" in {layer.name for layer in new.layers}

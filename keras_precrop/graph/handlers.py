@@ -15,12 +15,13 @@ layer class's MRO, so subclasses of built-in layers inherit their rule;
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 import numpy as np
 from keras import layers as L
+from keras.src.activations import activations as _activations
 from keras.src.ops import core as _ops_core
+from keras.src.ops import image as _ops_image
 from keras.src.ops import nn as _ops_nn
 from keras.src.ops import numpy as _ops_np
 
@@ -275,7 +276,22 @@ class Tie(Handler):
     Weights whose last axis is the channel axis (BN's gamma and statistics,
     LayerNorm's gamma, PReLU's alpha) scale with the width; others are
     constants.
+
+    Args:
+        width_key: the config entry that holds the layer's channel count, for
+            layers that create their per-channel weights from it rather than
+            from the input's shape (ConvNeXt's ``LayerScale`` has
+            ``projection_dim``, keras_hub's ``RmsNorm2d`` ``dim``); the
+            rebuild sets it to the new width.
     """
+
+    def __init__(self, width_key=None):
+        self.width_key = width_key
+
+    def configure(self, rec, config, width):
+        if self.width_key is not None:
+            config[self.width_key] = channels_width(rec.inputs[0][0], width)
+        return config
 
     def walk(self, ctx, rec, node, ins):
         if getattr(rec.layer, "data_format", None) == "channels_first":
@@ -311,6 +327,31 @@ class BatchNorm(Tie):
 
     weight_specs = {"gamma": WeightSpec("gamma_constraint", "scale"),
                     "beta": WeightSpec("beta_constraint", "bias")}
+
+
+# Lambdas of optional libraries that equal a named Keras activation, by qualified
+# name: keras_hub's MobileNetV5 ``ConvNormAct`` builds
+# ``Activation(lambda x: keras.activations.gelu(x, approximate=False))``, which is
+# ``"gelu"`` (its default is ``approximate=False``).
+_NAMED_LAMBDAS = {
+    "keras_hub.src.models.mobilenetv5.mobilenetv5_layers.ConvNormAct.__init__.<locals>.<lambda>":
+        "gelu",
+}
+
+
+class Activation(Tie):
+    """``keras.layers.Activation``: tied channels; the rebuild reuses its function.
+
+    The function object itself goes to the new layer, so a lambda needs no
+    deserialization. Keras 3.15 cannot load an ``Activation`` holding a
+    lambda from a ``.keras`` file, so a lambda known to equal a named
+    activation (``_NAMED_LAMBDAS``) is rebuilt as that name.
+    """
+
+    def configure(self, rec, config, width):
+        fn = rec.layer.activation
+        name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        return {**config, "activation": _NAMED_LAMBDAS.get(name, fn)}
 
 
 class Normalize(Tie):
@@ -668,14 +709,6 @@ class GroupNorm(Normalize):
         return config
 
 
-class LayerScale(Tie):
-    """ConvNeXt's LayerScale: a per-channel scale whose config names its width."""
-
-    def configure(self, rec, config, width):
-        config["projection_dim"] = channels_width(rec.inputs[0][0], width)
-        return config
-
-
 def _channel_kept(node):
     """Whether an op leaves the channel count unchanged and on the last axis."""
     return input_shape(node)[-1] == output_shape(node)[-1]
@@ -772,7 +805,7 @@ class OpSplit(Handler):
         return [np.arange(input_shape(node)[-1])]
 
 
-_REGISTRY: dict[type, Handler] = {}
+_REGISTRY: dict[type | str, Handler] = {}
 
 
 def register_handler(layer_class, rule):
@@ -782,7 +815,11 @@ def register_handler(layer_class, rule):
     baselines alike (see :class:`Handler` for a worked example).
 
     Args:
-        layer_class: a ``keras.layers.Layer`` (or ``keras.Operation``) subclass.
+        layer_class: a ``keras.layers.Layer`` (or ``keras.Operation``) subclass,
+            or its qualified name ``"module.Class"`` (e.g.
+            ``"keras_hub.src.models.hgnetv2.hgnetv2_layers.HGNetV2LearnableAffineBlock"``):
+            a name registers a class of an optional library without importing
+            it, and matches once that library's class is met.
         rule: ``"tie"`` (output channels = input channels, per-channel weights
             scale with width), ``"fixed"`` (opaque, channels never change),
             ``"broadcast"`` (element-wise op over several inputs), or a
@@ -795,14 +832,18 @@ def register_handler(layer_class, rule):
         rule = named[rule]()
     if not isinstance(rule, Handler):
         raise TypeError(f"rule must be a string or a Handler instance, got {rule!r}")
+    if not isinstance(layer_class, (type, str)):
+        raise TypeError(f"layer_class must be a class or a 'module.Class' name, got {layer_class!r}")
     _REGISTRY[layer_class] = rule
 
 
 def handler_of(op):
-    """The handler registered for ``op``'s class or a base class, or ``None``."""
+    """The handler registered for ``op``'s class or a base class (by the class or
+    by its qualified name), or ``None``."""
     for cls in type(op).__mro__:
-        if cls in _REGISTRY:
-            return _REGISTRY[cls]
+        for key in (cls, f"{cls.__module__}.{cls.__qualname__}"):
+            if key in _REGISTRY:
+                return _REGISTRY[key]
     return None
 
 
@@ -843,15 +884,19 @@ for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
 register_handler(L.GroupNormalization, GroupNorm())
-# keras.applications' own layers: ConvNeXt's per-channel LayerScale, and
-# InceptionResNetV2's ``x + scale * r`` (a residual add whose inputs it ties).
-for _module, _name, _rule in (
-    ("keras.src.applications.convnext", "LayerScale", LayerScale()),
-    ("keras.src.applications.inception_resnet_v2", "CustomScaleLayer", Broadcast()),
+# Layers of keras.applications and keras_hub, by name (nothing is imported):
+# ConvNeXt's per-channel LayerScale, InceptionResNetV2's ``x + scale * r`` (a
+# residual add whose inputs it ties), HGNetV2's scalar affine, MobileNetV5's
+# per-channel layer scale, RMS norm over channels and per-example drop path.
+for _name, _rule in (
+    ("keras.src.applications.convnext.LayerScale", Tie("projection_dim")),
+    ("keras.src.applications.inception_resnet_v2.CustomScaleLayer", Broadcast()),
+    ("keras_hub.src.models.hgnetv2.hgnetv2_layers.HGNetV2LearnableAffineBlock", Tie()),
+    ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.LayerScale2d", Tie("dim")),
+    ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.RmsNorm2d", Normalize("dim")),
+    ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.DropPath", Tie()),
 ):
-    _cls = getattr(importlib.import_module(_module), _name, None)
-    if _cls is not None:
-        register_handler(_cls, _rule)
+    register_handler(_name, _rule)
 register_handler(L.Flatten, Flatten())
 register_handler(L.Reshape, Reshape())
 register_handler(_custom.ChannelSlice, Slice())
@@ -859,7 +904,7 @@ register_handler(L.BatchNormalization, BatchNorm())
 for _cls in (L.LayerNormalization, L.UnitNormalization, L.RMSNormalization, L.Softmax):
     register_handler(_cls, Normalize())
 for _cls in (
-    L.Activation, L.ReLU, L.LeakyReLU, L.ELU, L.PReLU,
+    L.ReLU, L.LeakyReLU, L.ELU, L.PReLU,
     L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
     L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D,
     L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
@@ -883,15 +928,22 @@ for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate",
                      ("Split", OpSplit())):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), _rule)
-register_handler(_ops_core.Cast, Tie())
+# A nested model that a trace dissolves converts its inputs (``Functional.call``).
+for _op in (_ops_core.Cast, _ops_core.ConvertToTensor):
+    register_handler(_op, Tie())
 for _module, _names in (
     (_ops_np, ("Abs", "Absolute", "Negative", "Square", "Sqrt", "Exp", "Log",
                "Clip", "Tanh", "Sign")),
     (_ops_nn, ("Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu",
                "Swish", "HardSwish", "Gelu", "Elu", "Selu", "LeakyRelu",
                "Softplus", "Softsign", "Mish")),
+    (_activations, ("ReLU", "Mish")),  # keras.activations.relu(x) on a symbolic tensor
 ):
     for _name in _names:
         if hasattr(_module, _name):
             register_handler(getattr(_module, _name), Tie())
 register_handler(_ops_nn.Softmax, Normalize())
+register_handler(L.Activation, Activation())
+# keras.ops spatial resampling of channels-last images (keras_hub's MobileNetV5 fusion adapter).
+for _op in (_ops_image.Resize, _ops_nn.AveragePool, _ops_nn.MaxPool):
+    register_handler(_op, Tie())

@@ -51,7 +51,7 @@ class _Rebuilder:
                 self.calls[id(op)] = call + 1
                 args = self._slice_readers(rec, call, args)
                 if isinstance(op, (keras.layers.Add, _layers.PrefixAdd)):
-                    new_op = self._merge(op, args)
+                    new_op = self._merge(op, rec)
                 outs = new_op(*args, **kwargs)
             for t, new in zip(node.outputs, keras.tree.flatten(outs)):
                 tensors[id(t)] = new
@@ -85,7 +85,7 @@ class _Rebuilder:
             inputs.append(x)
         outputs = self.model(fn, tensors)
         return keras.Model(inputs if len(inputs) > 1 else inputs[0], outputs,
-                           name=model.name)
+                           name=self.graph.traced.name(model))
 
     def _new_width_of_old_tensor(self, t):
         channels = self.graph.tensor_channels[id(t)]
@@ -106,12 +106,19 @@ class _Rebuilder:
         name = self._unique(f"{self.graph.traced.name(rec.layer)}_slice")
         return (_layers.ChannelSlice(width, name=name)(x),) + tuple(args[1:])
 
-    def _merge(self, op, args):
-        """An Add whose inputs differ in width becomes a PrefixAdd."""
-        inputs = args[0]
-        if len({x.shape[-1] for x in inputs}) == 1:
-            return self.new_ops[id(op)]
-        return _layers.PrefixAdd(name=self.graph.traced.name(op))
+    def _merge(self, op, rec):
+        """An Add whose inputs differ in width (in any of its calls) becomes a PrefixAdd.
+
+        One for all its calls: a shared Add (keras_hub's feature pyramid adds
+        every level with one ``merge_op``) stays one layer.
+        """
+        key = ("merge", id(op))
+        if key not in self.new_ops:
+            differ = any(len({channels_width(ch, self.width) for ch in ins}) > 1
+                         for ins in rec.inputs)
+            self.new_ops[key] = (_layers.PrefixAdd(name=self.graph.traced.name(op)) if differ
+                                 else self.new_ops[id(op)])
+        return self.new_ops[key]
 
     def _unique(self, name):
         base, i = name, 1

@@ -12,7 +12,8 @@ composite layer's class is swapped for a function that runs the instance's
 dissolve too. Layers with handlers stay atomic, as do ignored layers.
 
 A composite's sublayers are named by their place: ``block1_conv1`` is the
-sublayer ``conv1`` of the top-level layer ``block1``. The names live in
+sublayer ``conv1`` of the top-level layer ``block1``, and ``block1_add`` the
+first ``keras.ops.add`` its ``call`` records. The layers' names live in
 :attr:`Traced.names`, not on the layers: the user's model is left as it was
 (its layers' names are changed while the traced graph is built, so that two
 blocks' ``conv1`` do not clash, and restored afterwards). The walker reports
@@ -28,9 +29,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
+import warnings
 import weakref
 
 import keras
+from keras.src.utils.naming import to_snake_case
 
 from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.graph import handlers
@@ -99,10 +103,10 @@ def _trace(model, ignore) -> Traced:
         return Traced(fn)
     if fn is None:
         composites[id(model)] = model
-    names = {i: name for i, (_, name) in found.items() if i not in composites}
-    with _renamed(found, composites), _dissolving(composites, found):
+    names = {i: name for i, (_, name) in found.items()}
+    with _renamed(found, composites), _dissolving(composites, names):
         functional = _retrace(model, fn)
-    return Traced(functional, names)
+    return Traced(functional, {i: name for i, name in names.items() if i not in composites})
 
 
 def _graph_of(model):
@@ -135,8 +139,11 @@ def _own_variables(layer):
 def is_composite(op) -> bool:
     """Whether ``op`` is dissolved by a trace: a layer with no handler that
     holds sublayers and no variables of its own, or a nested model that
-    contains such a layer. (A layer without sublayers and without a handler
-    stays whole, and the walker refuses it by name.)
+    contains such a layer or whose inputs leave a size undefined (a
+    ``keras_hub`` image encoder built for any image size, inside a
+    DeepLabV3 or RetinaNet backbone: dissolved, its layers see the sizes
+    they are called on, which the MACs need). (A layer without sublayers and
+    without a handler stays whole, and the walker refuses it by name.)
 
     (*) ``keras.layers.Identity`` dissolves too: keras_hub builds it with a
     ``DTypePolicy`` object, which its ``get_config`` cannot serialize (Keras
@@ -146,8 +153,10 @@ def is_composite(op) -> bool:
         return False
     if type(op) is keras.layers.Identity:  # computes nothing; and may not serialize (*)
         return True
-    if _graph_of_or_none(op) is not None:
-        return any(is_composite(s) for s in _graph_of_or_none(op).operations)
+    graph = _graph_of_or_none(op)
+    if graph is not None:
+        undefined = any(None in tuple(t.shape)[1:] for t in graph.inputs)
+        return undefined or any(is_composite(s) for s in graph.operations)
     return handlers.handler_of(op) is None and not _own_variables(op) and bool(_sublayers(op))
 
 
@@ -203,15 +212,21 @@ def _renamed(found, composites):
 
 
 @contextlib.contextmanager
-def _dissolving(composites, found):
-    """Swap ``__call__`` of the composites' classes for one that runs ``call`` in place."""
+def _dissolving(composites, names):
+    """Swap ``__call__`` of the composites' classes for one that runs ``call`` in place.
+
+    ``names`` (``id -> name by place``) gains the ``keras.ops`` operations
+    each composite's ``call`` records.
+    """
     classes = {type(op) for op in composites.values()}
     original = {cls: cls.__call__ for cls in classes}
 
     def call_in_place(self, *args, **kwargs):
         if id(self) not in composites:
             return original[type(self)](self, *args, **kwargs)
-        return _run_call(self, found.get(id(self), (self, self.name))[1], args, kwargs)
+        outputs = _run_call(self, names.get(id(self), self.name), args, kwargs)
+        _name_ops(outputs, (args, kwargs), names.get(id(self)), names)
+        return outputs
 
     saved = {cls: cls.__dict__.get("__call__") for cls in classes}
     for cls in classes:
@@ -234,7 +249,11 @@ def _run_call(layer, name, args, kwargs):
         accepted = {p.name for p in parameters}
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     try:
-        return call(layer, *args, **kwargs)
+        with warnings.catch_warnings():
+            # A nested model built on a list of one input, called on a tensor:
+            # Keras unpacks the tensor, but warns when it is symbolic.
+            warnings.filterwarnings("ignore", "The structure of `inputs` doesn't match")
+            return call(layer, *args, **kwargs)
     except UnsupportedLayerError:
         raise
     except Exception as e:  # any failure of a symbolic run: refuse, never guess
@@ -247,6 +266,41 @@ def _run_call(layer, name, args, kwargs):
             "layer whole with {ignore} (its channels then stay fixed) or describe it with "
             f"keras_precrop.register_handler({type(layer).__name__}, ...).",
             ignore=[name]) from e
+
+
+def _name_ops(outputs, inputs, name, names):
+    """Name the ``keras.ops`` operations between a composite's inputs and outputs by place.
+
+    An operation's recorded name carries a global counter (``transpose_7``),
+    which differs from one trace to the next; ``block1_transpose`` (a
+    numbered suffix for a later one of the same kind in the block) names the
+    same operation in every trace, so ``ignore`` can name it. The operations
+    are the trace's own (the user's model never holds them), so they take the
+    name, and a rebuild that replays them keeps it. ``name`` is the
+    composite's name by place, ``None`` for the traced model itself.
+    """
+    stop = {id(t) for t in keras.tree.flatten(inputs) if isinstance(t, keras.KerasTensor)}
+    stack = [t for t in keras.tree.flatten(outputs) if isinstance(t, keras.KerasTensor)]
+    seen, found = set(), {}
+    while stack:
+        t = stack.pop()
+        if id(t) in stop or id(t) in seen:
+            continue
+        seen.add(id(t))
+        op, node_index, _ = t._keras_history
+        if id(op) not in names and not isinstance(op, keras.layers.Layer):
+            found[id(op)] = op
+        stack.extend(op._inbound_nodes[node_index].input_tensors)
+    taken = set(names.values())
+    for op in sorted(found.values(), key=_creation_order):
+        kind = to_snake_case(type(op).__name__)
+        op.name = names[id(op)] = _unique(_place_name(name, kind) if name else kind, taken)
+
+
+def _creation_order(op):
+    """The counter Keras appended to an operation's automatic name (``transpose_7``: 7)."""
+    suffix = re.search(r"_(\d+)$", op.name)
+    return int(suffix.group(1)) if suffix else 0
 
 
 def _first_line(error):

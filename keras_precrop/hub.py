@@ -1,0 +1,134 @@
+"""keras_hub task models: prune the backbone, keep the task.
+
+A ``keras_hub`` task (``ResNetImageClassifier``, ``DeepLabV3ImageSegmenter``,
+``RetinaNetObjectDetector``, ``BASNetImageSegmenter``, ...) is its
+``backbone`` plus a head that the task class builds from its own config, and
+what makes it a task lives outside the graph: ``compile()`` defaults, the
+loss (RetinaNet encodes boxes onto anchors in ``compute_loss``, BASNet sums a
+loss over every output of its backbone), the preprocessor, box decoding in
+``predict``. Pruning the task's functional graph as a whole would return a
+plain ``keras.Model`` without any of that, and the task class could not take
+it back: its head is built from its config (RetinaNet's prediction heads
+have 256 filters, written in its constructor).
+
+So the functions here prune the **backbone** (for DeepLabV3 that includes
+the atrous spatial pyramid pooling and decoder, for RetinaNet the feature
+pyramid, for BASNet the prediction and refinement modules: everything of the
+task but its last layers) and re-create the task from its config around the
+rebuilt backbone, a :class:`PrunedBackbone`. The budgets are ratios of the
+backbone's parameters and MACs; the backbone's output widths stay as they
+are, so the head the task class builds fits them, and keeps its widths.
+
+Nothing here imports ``keras_hub``: the task's own class re-creates it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+
+from keras_precrop import planning
+
+
+@keras.saving.register_keras_serializable(package="keras_precrop")
+class PrunedBackbone(keras.Model):
+    """A rebuilt backbone: a functional model with the attributes tasks read.
+
+    A ``keras_hub`` ``Backbone`` saves the arguments of its constructor, which
+    describe the original widths, so a pruned one is a functional model. Task
+    classes read attributes of their backbone (RetinaNet: ``image_shape``,
+    ``min_level``, ``max_level``; HGNetV2's classifier: ``stage_names`` and
+    ``hidden_sizes[-1]``, the output width, which pruning keeps;
+    MobileNetV5's: ``use_msfa``, ``norm_layer``, ``act_layer``), so this
+    model keeps every attribute the backbone's class added with a plain value
+    (numbers, strings, lists of them), through ``.keras`` save and load too.
+    Widths among them describe the original backbone; the graph is what the
+    pruned one computes.
+
+    Args:
+        *args: ``inputs`` and ``outputs``, as for a functional ``keras.Model``.
+        attributes: ``{name: value}`` set on the model and saved with it.
+        **kwargs: further ``keras.Model`` arguments (``name``).
+    """
+
+    def __init__(self, *args, attributes=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._attributes = dict(attributes or {})
+        for key, value in self._attributes.items():
+            if not hasattr(type(self), key):  # EfficientNet's input_shape is the model's own
+                setattr(self, key, value)
+
+    def get_config(self):
+        return {**super().get_config(), "attributes": dict(self._attributes)}
+
+
+def precrop(model, params=None, flops=None, **options):
+    """:func:`keras_precrop.precrop` of a keras_hub task's backbone; the task rebuilt around it.
+
+    Args:
+        model: a keras_hub task (a model with a ``backbone``), or a backbone.
+        params: parameter budget as a ratio of the backbone's parameters.
+        flops: MAC budget as a ratio of the backbone's MACs.
+        **options: as for :func:`keras_precrop.precrop` (``mode``,
+            ``round_to``, ``ignore``: names of the backbone's layers, ...).
+
+    Returns:
+        A new task of ``model``'s class and config (compiled with the task's
+        defaults, as its constructor does), whose ``backbone`` is a
+        :class:`PrunedBackbone`; or, for a backbone, the
+        :class:`PrunedBackbone`. Its ``.precrop_plan`` is the backbone's plan.
+    """
+    return _rewrapped(model, planning.precrop(backbone_of(model), params, flops, **options))
+
+
+def reconfigure(model, params=None, flops=None, **options):
+    """:func:`keras_precrop.reconfigure` of a task's backbone (layers may widen); see :func:`precrop`."""
+    return _rewrapped(model, planning.reconfigure(backbone_of(model), params, flops, **options))
+
+
+def apply_plan(model, plan):
+    """The task (or backbone) with the widths of ``plan``, a plan of its backbone.
+
+    Plan with ``kp.plan(backbone_of(task), ...)``; see :func:`precrop`.
+    """
+    new = planning.apply_plan(backbone_of(model), plan)
+    new.precrop_plan = plan
+    return _rewrapped(model, new)
+
+
+def backbone_of(model):
+    """``model.backbone`` for a task, ``model`` itself otherwise."""
+    backbone = getattr(model, "backbone", None)
+    return backbone if isinstance(backbone, keras.Model) else model
+
+
+def _attributes(backbone, new):
+    """What ``backbone``'s class adds to a functional model (``new``), with plain values.
+
+    A JSON round trip turns tuples into lists, as a ``.keras`` file does, so
+    the attributes read the same before and after a save.
+    """
+    if isinstance(backbone, PrunedBackbone):
+        return dict(backbone._attributes)
+    own = set(vars(backbone)) - set(vars(new))
+    return {key: json.loads(json.dumps(value)) for key, value in vars(backbone).items()
+            if key in own and not key.startswith("_") and _plain(value)}
+
+
+def _plain(value):
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _rewrapped(model, new):
+    """The rebuilt backbone ``new`` as a :class:`PrunedBackbone`, inside a new ``model`` task."""
+    backbone = backbone_of(model)
+    pruned = PrunedBackbone(new.input, new.output, name=new.name, attributes=_attributes(backbone, new))
+    result = pruned
+    if backbone is not model:
+        config = {**model.get_config(), "backbone": pruned, "preprocessor": model.preprocessor}
+        result = type(model).from_config(config)
+    result.precrop_plan = new.precrop_plan
+    return result
