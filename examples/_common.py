@@ -7,6 +7,13 @@ actually trained, train with the seed paper's recipe, and write
 ``results.json`` into ``--model_dir``. A killed run restarted with the same
 flags resumes after its last finished epoch.
 
+A trained model (``--init_model``) can be the reference instead: pruned with
+``--keep_weights`` (its most important channels keep their weights,
+``--importance``) and fine-tuned with the same loop, for ``--epochs`` at
+``--learning_rate``, alone or distilled from it (``--distill``). Its test
+accuracy is taken before training as well (``pruned_accuracy``), and after
+every epoch as for any run.
+
 The flags are the same on every Keras backend; pick one with the
 ``KERAS_BACKEND`` environment variable (``tensorflow``, ``jax`` or
 ``torch``). The input pipelines are tf.data (TensorFlow Datasets) on all of
@@ -14,6 +21,7 @@ them; ``--strategy`` is a ``tf.distribute`` strategy on TensorFlow and Keras'
 ``DataParallel`` distribution on JAX (see ``keras_precrop.train.get_strategy``).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -30,10 +38,13 @@ import tensorflow as tf  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
 from keras_precrop import data, pai, train  # noqa: E402
+from keras_precrop.training.finetune import distiller  # noqa: E402
 
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig", "precrop_plan")
 UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
 METHODS = ("baseline", *UNSTRUCTURED, *STRUCTURED)
+# Training examples whose gradients rank channels for --importance=taylor (whole batches, rounded up).
+TAYLOR_EXAMPLES = 512
 
 FLAGS = flags.FLAGS
 
@@ -122,6 +133,39 @@ def define_flags(default_model):
         "--model_dir/init_model.keras with init.json (everything results.json records before "
         "training), and exit: to train it elsewhere, e.g. on another backend without TensorFlow.",
     )
+    flags.DEFINE_float(
+        "learning_rate",
+        None,
+        "Initial learning rate at the recipe's batch size (scaled linearly with --batch_size and "
+        "decayed as the recipe says, to 0 over --epochs on CIFAR-10); default: the recipe's (0.1 on "
+        "CIFAR-10). To fine-tune an --init_model, e.g. 0.01: the rate its last epoch trained at.",
+    )
+    flags.DEFINE_string(
+        "init_model",
+        None,
+        "A trained model (.keras, e.g. a run's final_model.keras) to start from instead of a fresh "
+        "--model; its architecture must be --model's. The structured methods prune it with "
+        "--keep_weights; the masked methods score its trained weights; baseline trains it on.",
+    )
+    flags.DEFINE_bool(
+        "keep_weights",
+        False,
+        "Structured methods on an --init_model: keep each width's most important channels with "
+        "their trained weights (weights='keep'), to fine-tune rather than train from scratch.",
+    )
+    flags.DEFINE_enum(
+        "importance",
+        None,
+        ["l1", "l2", "taylor", "random"],
+        f"--keep_weights: how channels are ranked; default l1. taylor: |activation x gradient| on "
+        f"{TAYLOR_EXAMPLES} training examples; random (seeded by --seed): the control.",
+    )
+    flags.DEFINE_bool(
+        "distill",
+        False,
+        "Train with the --init_model as the teacher (keras.distillation.Distiller: logits KL at "
+        "temperature 4, weight 0.5 beside the labels' loss; kp.fine_tune's defaults).",
+    )
     flags.DEFINE_integer(
         "verbose",
         1,
@@ -173,6 +217,33 @@ def _check_flags():
     if method != "random" and (FLAGS.densities is not None or FLAGS.granularity != "weight"):
         raise app.UsageError(
             f"--densities and --granularity apply to --method=random, not --method={method}.")
+    _check_transfer_flags()
+
+
+def _check_transfer_flags():
+    """Raises ``app.UsageError`` for inconsistent --init_model, --keep_weights, --importance, --distill."""
+    method = FLAGS.method
+    if FLAGS.learning_rate is not None and not FLAGS.learning_rate > 0:
+        raise app.UsageError(f"--learning_rate must be positive, got {FLAGS.learning_rate}.")
+    if FLAGS.init_model is None:
+        for name in ("keep_weights", "distill"):
+            if getattr(FLAGS, name):
+                raise app.UsageError(f"--{name} needs --init_model: the trained model whose weights "
+                                     f"{'it keeps' if name == 'keep_weights' else 'teach'}.")
+    elif not tf.io.gfile.exists(FLAGS.init_model):
+        raise app.UsageError(f"--init_model {FLAGS.init_model}: no such file.")
+    if FLAGS.keep_weights and method not in STRUCTURED:
+        raise app.UsageError(f"--keep_weights applies to {'/'.join(STRUCTURED)}, not --method={method}; "
+                             "the other methods keep the --init_model's weights anyway.")
+    if FLAGS.init_model and method in STRUCTURED and not FLAGS.keep_weights:
+        raise app.UsageError(f"--method={method} on --init_model needs --keep_weights: without it the "
+                             "pruned model starts from fresh weights and the trained ones go unused.")
+    if FLAGS.importance is not None and not FLAGS.keep_weights:
+        raise app.UsageError(f"--importance={FLAGS.importance} ranks the channels that --keep_weights "
+                             "keeps; add --keep_weights.")
+    if FLAGS.distill and FLAGS.export_init:
+        raise app.UsageError("--distill trains with the --init_model as teacher; --export_init trains "
+                             "nothing (drop one).")
 
 
 _PLAN_FLAGS = ("mode", "balance", "round_to", "residual")
@@ -247,15 +318,84 @@ def _copy_of(reference):
     return model
 
 
-def _builder(reference, train_ds, num_classes, batch_size):
-    """Returns ``(build_model, masks)``; ``build_model`` runs inside the strategy scope."""
+def _keep_options(train_ds, batch_size):
+    """``apply_plan``'s weight options: ``{}`` (fresh weights), or those of ``--keep_weights``."""
+    if not FLAGS.keep_weights:
+        return {}
+    importance = FLAGS.importance or "l1"
+    taylor = train_ds.take(math.ceil(TAYLOR_EXAMPLES / batch_size)) if importance == "taylor" else None
+    return dict(weights="keep", importance=importance, data=taylor, seed=FLAGS.seed)
+
+
+def _student_builder(reference, train_ds, num_classes, batch_size):
+    """Returns ``(build_model, masks)`` of the model to train; ``build_model`` runs inside the scope."""
     if FLAGS.method in STRUCTURED:
-        plan = _plan(reference)
-        return (lambda: kp.apply_plan(reference, plan)), None
+        plan, keep = _plan(reference), _keep_options(train_ds, batch_size)
+        return (lambda: kp.apply_plan(reference, plan, **keep)), None
     if FLAGS.method in UNSTRUCTURED:
         masks = _masks(reference, train_ds, num_classes, batch_size)
         return (lambda: pai.apply_masks(_copy_of(reference), masks)), masks
     return (lambda: _copy_of(reference)), None
+
+
+def _builder(reference, train_ds, num_classes, batch_size):
+    """Returns ``(build_model, masks)``; ``build_model`` runs inside the strategy scope.
+
+    With ``--distill`` it builds a ``Distiller`` (``kp.fine_tune``'s) around the
+    model to train, with a copy of the reference (the ``--init_model``) as teacher.
+    """
+    build, masks = _student_builder(reference, train_ds, num_classes, batch_size)
+    if FLAGS.distill:
+        return (lambda: distiller(build(), _copy_of(reference))), masks
+    return build, masks
+
+
+def _student(model):
+    """The model being trained: ``model`` itself, or the student of a ``Distiller``."""
+    return model.student if isinstance(model, keras.distillation.Distiller) else model
+
+
+def _init_model(zoo):
+    """The ``--init_model``, loaded, once its layers and weight shapes are ``zoo``'s (``--model``'s)."""
+    try:
+        model = keras.models.load_model(FLAGS.init_model, compile=False)
+    except (ValueError, OSError) as err:
+        raise app.UsageError(f"--init_model {FLAGS.init_model} is not a Keras model: {err}") from None
+
+    def layout(m):
+        return [(type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for layer in m.layers]
+
+    ours, theirs = layout(zoo), layout(model)
+    differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if differ is None and len(ours) == len(theirs) and zoo.input_shape == model.input_shape:
+        return model
+    if differ is None:
+        why = (f"it has {len(theirs)} layers and input shape {model.input_shape}, "
+               f"--model {FLAGS.model} {len(ours)} and {zoo.input_shape}")
+    else:
+        why = (f"its layer {differ} ({model.layers[differ].name}) is a {theirs[differ][0]} with weights "
+               f"{theirs[differ][1]}, --model {FLAGS.model}'s a {ours[differ][0]} with {ours[differ][1]}")
+    raise app.UsageError(f"--init_model {FLAGS.init_model} is not a {FLAGS.model} of this dataset: "
+                         f"{why}. Give the --model it was trained as.")
+
+
+def _transfer_record(model, eval_ds, base_lr):
+    """What ``results.json`` records of the starting point and the fine-tuning flags.
+
+    ``pruned_accuracy`` is the test accuracy of the model to train (pruned,
+    masked or as loaded), before any training: epoch 0 of a fine-tuning.
+    """
+    record = {"init_model": FLAGS.init_model, "keep_weights": FLAGS.keep_weights,
+              "importance": (FLAGS.importance or "l1") if FLAGS.keep_weights else None,
+              "distill": None, "base_lr": base_lr, "pruned_accuracy": None}
+    if FLAGS.distill:
+        record["distill"] = {"temperature": model.distillation_losses[0].temperature,
+                             "alpha": model.student_loss_weight}
+    if FLAGS.init_model:
+        scores = model.evaluate(eval_ds, steps=FLAGS.eval_steps, return_dict=True, verbose=0)
+        record["pruned_accuracy"] = scores["accuracy"]
+        print(f"Test accuracy before training: {scores['accuracy']:.4f}")
+    return record
 
 
 def _masked_costs(profile, masks):
@@ -342,10 +482,14 @@ def run(dataset):
     keras.utils.set_random_seed(FLAGS.seed)
     info = data.get_info(dataset)
     recipe = train.get_recipe(dataset, FLAGS.model)
+    if FLAGS.learning_rate is not None:
+        recipe = dataclasses.replace(recipe, base_lr=FLAGS.learning_rate)
     epochs = FLAGS.epochs or recipe.epochs
     batch_size = FLAGS.batch_size or recipe.batch_size
 
     reference = kp.models.get(FLAGS.model, input_shape=info.input_shape, num_classes=info.num_classes)
+    if FLAGS.init_model:
+        reference = _init_model(reference)
     pipeline = dict(data_dir=FLAGS.data_dir, normalize=not data.model_rescales_inputs(reference))
     train_ds = data.load(dataset, info.train_split, batch_size, seed=FLAGS.seed, **pipeline)
     # TPUs and data-parallel JAX need whole global batches: skip the last partial test batch.
@@ -369,7 +513,7 @@ def run(dataset):
         strategy=strategy,
         steps_per_execution=FLAGS.steps_per_execution,
     )
-    costs = _costs(model, reference, masks)
+    costs = _costs(_student(model), reference, masks)
     commit, dirty = _git_commit()
     record = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -394,6 +538,7 @@ def run(dataset):
         "seed": FLAGS.seed,
         "normalize": pipeline["normalize"],
         **costs,
+        **_transfer_record(model, eval_ds, recipe.base_lr),
     }
     if FLAGS.export_init:
         _export_init(model, record)
@@ -408,7 +553,9 @@ def run(dataset):
         eval_steps=FLAGS.eval_steps,
         verbose=FLAGS.verbose,
     )
-    if FLAGS.save_model:
+    if FLAGS.save_model and FLAGS.distill:  # the student alone, not the Distiller with its teacher
+        result.model.student.save(os.path.join(result.model_dir, "final_model.keras"))
+    elif FLAGS.save_model:
         tf.io.gfile.copy(
             os.path.join(result.model_dir, "last.keras"),
             os.path.join(result.model_dir, "final_model.keras"),

@@ -82,10 +82,9 @@ def _entries(grid_name, runs):
     """Per grid entry: label, flags, finished results (one per seed) and the seeds pending."""
     path = GRIDS / f"{grid_name}.json"
     entries = {}
-    for flags in _run.load_grid(path):
-        key = tuple(sorted((k, v) for k, v in flags.items() if k not in ("seed", "save_model", "code")))
+    for flags in _run.load_grid(path):  # an entry's seeds differ in the seed (and values made of it)
         entry = entries.setdefault(
-            key, {"flags": flags, "label": _label(flags), "results": [], "pending": []}
+            flags["entry"], {"flags": flags, "label": _label(flags), "results": [], "pending": []}
         )
         name = _run.run_id(flags)
         if name in runs:
@@ -1316,6 +1315,131 @@ def _long(entries, core, thm):
     ]
 
 
+# Issue 29 (grid keep_weights): each pruning point, the flags that pick its entries there, and its
+# from-scratch twin (grid, flags of its entry). The FLOPs point is planned in the library's default
+# mode, which under a FLOPs budget is layerwise (modes.auto_mode; the tests check the pick).
+_KEEP_PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_auto.json"
+_KEEP_POINTS = (
+    ("latency 0.5", {"plan_file": _KEEP_PLAN}, "uniform_latency", {"plan_file": _KEEP_PLAN}),
+    ("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
+     {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}),
+)
+# How a pruned model is trained on (row label, flags of its entry), the control last.
+_KEEP_WAYS = (
+    ("fine-tuned (l1 channels)", {"importance": "l1", "distill": None}),
+    ("distilled (l1 channels)", {"importance": "l1", "distill": True}),
+    ("random channels, fine-tuned (control)", {"importance": "random", "distill": None}),
+)
+_KEEP_GOAL = ("at latency=0.5, pruned and fine-tuned within 1 pp of the dense model after at most 3 "
+              "epochs, and above the from-scratch 10-epoch model")
+_KEEP_GOAL_PP, _KEEP_GOAL_EPOCHS = 1.0, 3
+
+
+def _epoch_stats(entry):
+    """``{fine-tuning epoch: (mean, std)}`` of an entry's test accuracy (%) over its finished seeds,
+    from each run's history (one row per epoch, as ``history.csv`` logged it); epoch 0 is the
+    pruned model's before training (``pruned_accuracy``). Empty while no seed has finished."""
+    results = entry["results"]
+    if not results:
+        return {}
+    epochs = min(len(r["history"]) for r in results)
+    stats = {e + 1: _mean_std([100 * r["history"][e]["val_accuracy"] for r in results])
+             for e in range(epochs)}
+    pruned = [100 * r["pruned_accuracy"] for r in results if r.get("pruned_accuracy") is not None]
+    if len(pruned) == len(results):
+        stats[0] = _mean_std(pruned)
+    return stats
+
+
+def _keep_n(entry):
+    """The *n* cell: finished seeds, and the pending ones."""
+    pending = f" (seeds {', '.join(map(str, entry['pending']))} pending)" if entry["pending"] else ""
+    return f"{len(entry['results'])}{pending}"
+
+
+def _keep_row(point, label, entry, columns):
+    """A row of the table; ``columns`` maps fine-tuning epochs (0-3) or ``10`` to ``(mean, std)``."""
+    if entry is None or not entry["results"]:
+        n = "0" if entry is None else _keep_n(entry)
+        return f"| {point} | {label} | | not yet trained | | | | | {n} |"
+    macs = statistics.mean(r["macs_ratio"] for r in entry["results"])
+    cells = [f"{columns[k][0]:.2f} ± {columns[k][1]:.2f}" if k in columns else "" for k in (0, 1, 2, 3, 10)]
+    return f"| {point} | {label} | {macs:.4f} | {' | '.join(cells)} | {_keep_n(entry)} |"
+
+
+def _final(summary):
+    """``{10: (mean, std)}`` of a from-scratch summary's final accuracy, the table's last column."""
+    return {} if summary is None else {10: (summary["acc"], summary["std"])}
+
+
+def _keep_goal(teacher, scratch, ways):
+    """The goal's verdict at the latency point: ``(verdict, why)``.
+
+    Met when a way of fine-tuning (``ways``: ``{label: entry}``) that has
+    finished all its seeds (2 or more) has, after some epoch up to the third,
+    a mean accuracy at most 1 pp below the dense teacher's and above the
+    from-scratch model's; not met when all ways have finished and none does.
+    The dense and from-scratch means count with 2 or more seeds.
+    """
+    waiting = [name for name, s in (("the dense teacher", teacher), ("the from-scratch model", scratch))
+               if s is None or s["n"] < 2]
+    done = {label: _epoch_stats(e) for label, e in ways.items()
+            if len(e["results"]) >= 2 and not e["pending"]}
+    waiting += [label for label in ways if label not in done]
+    if teacher is None or scratch is None or teacher["n"] < 2 or scratch["n"] < 2:
+        return "not yet measured", f"waiting for {', '.join(waiting)}"
+    points = sorted(((stats[epoch][0], label, epoch) for label, stats in done.items()
+                     for epoch in range(1, _KEEP_GOAL_EPOCHS + 1) if epoch in stats),
+                    key=lambda point: (point[2], -point[0]))  # earliest epoch first, best way first
+    for acc, label, epoch in points:
+        if acc >= teacher["acc"] - _KEEP_GOAL_PP and acc > scratch["acc"]:
+            return "met", (f"{label} after {epoch} epoch(s): {acc:.2f} vs dense {teacher['acc']:.2f} "
+                           f"and from scratch {scratch['acc']:.2f}")
+    if not points:
+        return "not yet measured", f"waiting for {', '.join(waiting) or 'grid keep_weights'}"
+    if waiting:
+        return "not yet measured", f"not met so far; waiting for {', '.join(waiting)}"
+    acc, label, epoch = max(points)
+    return "not met", (f"best: {label} after {epoch} epoch(s), {acc:.2f} vs dense {teacher['acc']:.2f} "
+                       f"({acc - teacher['acc']:+.2f} pp) and from scratch {scratch['acc']:.2f}")
+
+
+def _keep_weights(runs, entries):
+    """Section "Pruning a trained model (issue 29)": test accuracy against fine-tuning epochs for each
+    pruning point and way of fine-tuning (grid keep_weights), beside the dense teacher (grid
+    keep_weights_teacher) and the same widths trained from scratch; and the goal's verdict."""
+    keep, teachers = _entries("keep_weights", runs), _entries("keep_weights_teacher", runs)
+    teacher = _summary(teachers[0]) if teachers else None
+    lines = [
+        "## Pruning a trained model (issue 29)", "",
+        json.loads((GRIDS / "keep_weights.json").read_text())["description"], "",
+        "Test accuracy % (mean ± std over seeds, n finished): *pruned* right after pruning, before any "
+        "training; *1-3* after each epoch of one 3-epoch fine-tuning run (each run's `history.csv`); *10* "
+        "after 10 epochs of the recipe from scratch: the dense teacher (the models pruned) and the same "
+        "widths' PreCrop model (grids uniform_latency and core, seeds 0-1). MACs ratio of the trained model.",
+        "",
+        "| pruning point | model | MACs ratio | pruned | 1 | 2 | 3 | 10 | n |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher)),
+    ]
+    goal = None
+    for point, flags, grid, twin_flags in _KEEP_POINTS:
+        ways = {}
+        for label, way in _KEEP_WAYS:
+            found = _find(keep, **flags, **way)
+            ways[label] = found[0][0] if found else None
+            lines.append(_keep_row(point, label, ways[label], _epoch_stats(ways[label] or {"results": []})))
+        twin = _find(entries[grid], **twin_flags)
+        scratch = twin[0][1] if twin else None
+        lines.append(_keep_row(point, f"from scratch (grid {grid})", twin[0][0] if twin else None,
+                               _final(scratch)))
+        if goal is None:  # the first point is the goal's (latency 0.5), fine-tuned or distilled
+            goal = _keep_goal(teacher, scratch, {label: ways[label] for label, _ in _KEEP_WAYS[:2]
+                                                 if ways[label] is not None})
+    verdict, why = goal
+    return lines + ["", f"Goal: {_KEEP_GOAL}: **{verdict}** ({why}).", ""]
+
+
 # The report's grid sections, in page order: (title, grid, its figures as _section takes them).
 _SECTIONS = (
     ("Figures 2-3 (cifar-a, cifar-b) and the dense baseline", "core", (
@@ -1352,6 +1476,7 @@ def main():
             lines += _against_uniform(entries["uniform"], entries["core"]) + _speed(runs, speed, plans)
         elif grid == "uniform_latency":
             lines += _equal_time(entries[grid], entries["core"], speed, plans)
+    lines += _keep_weights(runs, entries)
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
     if _plot_curves(long_entries, FIGURES / "long_curves.png", "Longer schedule: test accuracy per epoch"):

@@ -10,7 +10,12 @@ A grid (``experiments/grids/<name>.json``) lists runs of
               {"method": "precrop_params", "params": 0.308, "mode": "exact"}]}
 
 An entry's own ``seeds`` (optional) replace the grid's for it: above, a
-third seed for SynFlow at 0.3 where a claim is close.
+third seed for SynFlow at 0.3 where a claim is close. ``{seed}`` in a text
+value is the run's seed: ``"init_model":
+"experiments/runs/resnet20-baseline-ep10-s{seed}/final_model.keras"`` prunes,
+at each seed, the model that the baseline of that seed saved. A run whose
+``init_model`` does not exist yet waits (``--dry_run`` says so; training skips
+it until the run that saves it has finished).
 
 ``code`` (optional) pins the commit whose ``examples/`` and ``keras_precrop/``
 train the grid's runs: the driver checks it out once as a detached git
@@ -73,8 +78,17 @@ _ID_FLAGS = (
     "batch_size",
     "steps_per_epoch",
     "plan_file",
+    "init_model",
+    "keep_weights",
+    "importance",
+    "distill",
+    "learning_rate",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
+# Flags that name a file of this checkout (relative to it), passed to the training script as absolute paths.
+_PATH_FLAGS = ("plan_file", "init_model")
+# Short names of flags in a run id; switches (True) appear as their name alone.
+_SHORT = {"learning_rate": "lr"}
 _COMMITTED = ("results.json", "history.csv", "train.log", "final_model.keras")
 
 
@@ -83,14 +97,27 @@ def _fmt(value):
 
 
 def _id_part(key, value):
-    """A run id's part for one flag: ``params0.3``; a plan file by its name (``planresnet20_lat0.5``)."""
-    return f"plan{Path(value).stem}" if key == "plan_file" else f"{key}{_fmt(value)}"
+    """A run id's part for one flag: ``params0.3``, ``lr0.01``, ``distill`` (a switch that is on); a
+    plan file by its name (``planresnet20_lat0.5``), an init model by its run's directory
+    (``initresnet20-baseline-ep10-s3`` for ``.../resnet20-baseline-ep10-s3/final_model.keras``) or
+    else its name."""
+    if key == "plan_file":
+        return f"plan{Path(value).stem}"
+    if key == "init_model":
+        path = Path(value)
+        return f"init{path.parent.name if path.name == 'final_model.keras' else path.stem}"
+    if value is True:
+        return key
+    return f"{_SHORT.get(key, key)}{_fmt(value)}"
 
 
 def run_id(flags):
-    """A directory name made of the run's flags: ``resnet20-synflow-params0.3-ep10-s0``."""
+    """A directory name made of the run's flags: ``resnet20-synflow-params0.3-ep10-s0``.
+
+    Unset flags and switches that are off (False, their default) are left out.
+    """
     parts = [flags["model"], flags["method"]]
-    parts += [_id_part(key, flags[key]) for key in _ID_FLAGS[1:] if flags.get(key) is not None]
+    parts += [_id_part(key, flags[key]) for key in _ID_FLAGS[1:] if flags.get(key) not in (None, False)]
     parts += [f"ep{flags['epochs']}", f"s{flags['seed']}"]
     return "-".join(parts)
 
@@ -139,11 +166,17 @@ def load_grid(path):
                 raise ValueError(f"{path}: run {index} ({entry}) sets no {key!r}, nor do the defaults.")
         runs.append((flags, seeds))
     return [
-        {**flags, "seed": seed, "grid": grid["name"], "entry": index, "code": grid.get("code")}
+        {**_with_seed(flags, seed), "seed": seed, "grid": grid["name"], "entry": index,
+         "code": grid.get("code")}
         for seed in sorted({s for _, seeds in runs for s in seeds})
         for index, (flags, seeds) in enumerate(runs)
         if seed in seeds
     ]
+
+
+def _with_seed(flags, seed):
+    """``flags`` with ``{seed}`` in a text value replaced by the run's seed (an init model per seed)."""
+    return {k: v.replace("{seed}", str(seed)) if isinstance(v, str) else v for k, v in flags.items()}
 
 
 def code_dir_of(commit, default):
@@ -166,6 +199,12 @@ def code_dir_of(commit, default):
     return path
 
 
+def _missing_input(flags):
+    """The run's ``init_model`` while no such file exists yet (another run saves it), else None."""
+    path = flags.get("init_model")
+    return path if path is not None and not (REPO / path).exists() else None
+
+
 def train_command(flags, model_dir, data_dir, code_dir):
     """The ``examples/train_cifar.py`` command line of ``code_dir`` that trains one run's flags."""
     command = [sys.executable, str(code_dir / "examples" / "train_cifar.py"), f"--model_dir={model_dir}"]
@@ -176,8 +215,8 @@ def train_command(flags, model_dir, data_dir, code_dir):
             continue
         if isinstance(value, bool):
             command.append(f"--{key}" if value else f"--no{key}")
-        elif key == "plan_file":  # committed beside the grids, read from this checkout
-            command.append(f"--plan_file={REPO / value}")
+        elif key in _PATH_FLAGS:  # committed beside the grids, or trained here: read from this checkout
+            command.append(f"--{key}={REPO / value}")
         else:
             command.append(f"--{key}={_fmt(value)}")
     return command
@@ -272,6 +311,7 @@ def main(argv=None):
     if args.dry_run:
         for name, flags in todo:
             state = "done" if name in done else ("started" if (RUNS / name).exists() else "todo")
+            state = "waiting" if state != "done" and _missing_input(flags) else state
             print(f"{state:8s} {flags['grid']:12s} {name}")
         return 0
     (RUNS / "driver.pid").write_text(f"{os.getpgrp()}\n")
@@ -282,6 +322,11 @@ def main(argv=None):
             continue
         if args.max_runs is not None and trained >= args.max_runs:
             break
+        missing = _missing_input(flags)
+        if missing:
+            print(f"[run.py] {name} waits for --init_model {missing}; train the run that saves it first",
+                  flush=True)
+            continue
         run_dir.mkdir(exist_ok=True)
         code_dir = code_dir_of(flags["code"], args.code_dir)
         command = train_command(flags, run_dir, args.data_dir, code_dir)

@@ -6,6 +6,7 @@ Examples::
     keras-precrop precrop resnet20 --params 0.3 --out small.keras
     keras-precrop reconfigure efficientnet_b0 --params 0.8 --flops 1.0 --plan plan.json
     keras-precrop precrop model.keras --apply plan.json --out small.keras
+    keras-precrop precrop trained.keras --params 0.5 --keep_weights --out small.keras
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
 
@@ -27,6 +28,7 @@ from keras_precrop.budget.modes import MODES
 from keras_precrop.comparison import DEFAULT_MODES
 from keras_precrop.errors import NAME_ONLY, spelled
 from keras_precrop.latency.timing import RUNTIMES
+from keras_precrop.transfer import IMPORTANCE
 
 
 def _parser(defaults=True):
@@ -134,6 +136,13 @@ def _planner_args(p, default):
     p.add_argument("--out", help="save the rebuilt model here (.keras)")
     p.add_argument("--plan", help="write the plan as JSON here")
     p.add_argument("--apply", help="apply this plan JSON instead of solving")
+    p.add_argument("--keep_weights", action="store_true",
+                   help="MODEL.keras is trained: the model --out saves keeps each width's most "
+                   "important channels with their weights, to fine-tune (default: fresh weights)")
+    p.add_argument("--importance", choices=IMPORTANCE,
+                   help="--keep_weights: how channels are ranked (default l1; random: the control; "
+                   "taylor needs training data, which only the Python API takes)")
+    p.add_argument("--seed", type=int, default=default(0), help="seed of --importance random")
     _all_arg(p, "unchanged ones")
 
 
@@ -185,6 +194,7 @@ def _no_effect(args):
     elif args.command == "compare" and not args.measure and args.latency is None:
         rules.append((_TIMING, "without --latency or --measure: nothing is timed"))
     if args.command in _PLANNERS:
+        rules += _keep_effect(args)
         if args.apply:
             rules.append((_SOLVING, "with --apply: the plan fixes the widths"))
         elif args.latency_model:
@@ -192,6 +202,32 @@ def _no_effect(args):
         elif args.latency is None:
             rules.append((_TIMING, "without --latency: nothing is timed"))
     return rules
+
+
+def _keep_effect(args):
+    """The ``_no_effect`` rules of the weight flags of ``precrop``/``reconfigure``."""
+    if not args.keep_weights:
+        return [(("importance", "seed"), "without --keep_weights: the model starts from fresh "
+                 "weights")]
+    rules = [] if args.out else [(("keep_weights",), "without --out: the plan is the same, only "
+                                  "the saved model keeps weights")]
+    if args.importance != "random":
+        rules.append((("seed",), "without --importance random: nothing is drawn at random"))
+    return rules
+
+
+def _keep(args, model):
+    """``apply_plan``'s weight options from ``--keep_weights`` and ``--importance`` (``{}``: fresh)."""
+    if not args.keep_weights:
+        return {}
+    if not _is_file(args.model):
+        raise ValueError(f"--keep_weights keeps a trained model's weights, and {args.model} is a zoo "
+                         "model with fresh ones; give a trained .keras file.")
+    if args.importance == "taylor":
+        raise ValueError("--importance taylor ranks channels by gradients on training data, which the "
+                         "command line does not load; use l1, l2 or random here, or in Python "
+                         "kp.precrop(model, ..., weights='keep', importance='taylor', data=(x, y)).")
+    return dict(weights="keep", importance=args.importance or "l1", seed=args.seed)
 
 
 def _refuse_unused(args):
@@ -302,6 +338,7 @@ def _run_compare(args, model):
 
 
 def _run_planner(args, model):
+    keep = _keep(args, model)  # before the solve: a refusal prints nothing else
     if args.apply:
         the_plan = _read(kp.Plan, "apply", args)
         _check_against_plan(args, the_plan)
@@ -313,9 +350,10 @@ def _run_planner(args, model):
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")
     if args.out:
-        new = kp.apply_plan(model, the_plan)
+        new = kp.apply_plan(model, the_plan, **keep)
         new.save(args.out)
-        print(f"Model written to {args.out} ({new.count_params():,} params)")
+        kept = f"; trained weights of the channels {keep['importance']} ranks first" if keep else ""
+        print(f"Model written to {args.out} ({new.count_params():,} params{kept})")
 
 
 # The subcommands that plan widths, and their help.
@@ -328,10 +366,11 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # fields (``kp.ArgumentError.arguments``); the command line shows these as the
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "round_to",
-          "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate", *_TIMING)
+          "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate",
+          "importance", "seed", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore and --residual are checked against the plan instead.)
-_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual"))
+_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "importance", "seed"))
 # The command that fits a latency model, as error messages advise it.
 _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 # Options that name a JSON file the command reads: what it holds, and how to get one.

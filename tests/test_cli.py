@@ -11,7 +11,7 @@ import pytest
 import keras_precrop as kp
 from keras_precrop import _startup, cli
 from keras_precrop.cli import main
-from tests.conftest import run_python
+from tests.conftest import run_python, saved_trained_model
 
 # What pip writes for the entry point keras-precrop=keras_precrop.cli:main.
 CONSOLE_SCRIPT = """\
@@ -337,6 +337,74 @@ def test_profile_table_counts_the_layers_it_hides(capsys):
 def test_reconfigure_may_grow_where_precrop_may_not(capsys):
     assert main(["reconfigure", "resnet20", "--params", "1.5"]) == 0
     assert "Params: 274,042 -> " in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small trained classifier saved as .keras, to prune with kept weights."""
+    path = tmp_path_factory.mktemp("trained") / "trained.keras"
+    saved_trained_model(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("flags, options", [
+    ([], dict(importance="l1")),
+    (["--importance", "l2"], dict(importance="l2")),
+    (["--importance", "random", "--seed", "3"], dict(importance="random", seed=3)),
+])
+def test_keep_weights_saves_the_library_s_model_with_the_trained_channels(flags, options, trained,
+                                                                           tmp_path, capsys):
+    out = tmp_path / "small.keras"
+    assert main(["precrop", trained, "--params", "0.5", "--keep_weights", *flags, "--out", str(out)]) == 0
+    assert f"trained weights of the channels {options['importance']} ranks first" in capsys.readouterr().out
+    model = keras.models.load_model(trained, compile=False)
+    expected = kp.precrop(model, params=0.5, weights="keep", **options)
+    small = keras.models.load_model(out, compile=False)
+    assert [w.shape for w in small.weights] == [w.shape for w in expected.weights]
+    for got, want in zip(small.get_weights(), expected.get_weights()):
+        assert (got == want).all()
+    fresh = kp.precrop(model, params=0.5)
+    assert not all((a == b).all() for a, b in zip(small.get_weights(), fresh.get_weights()))
+
+
+def test_keep_weights_applies_a_plan_too(trained, tmp_path, capsys):
+    plan, out = str(tmp_path / "plan.json"), tmp_path / "small.keras"
+    assert main(["precrop", trained, "--flops", "0.5", "--plan", plan]) == 0
+    assert main(["precrop", trained, "--apply", plan, "--keep_weights", "--out", str(out)]) == 0
+    capsys.readouterr()
+    model = keras.models.load_model(trained, compile=False)
+    expected = kp.apply_plan(model, kp.Plan.from_json(plan), weights="keep")
+    for got, want in zip(keras.models.load_model(out, compile=False).get_weights(), expected.get_weights()):
+        assert (got == want).all()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--params", "0.5", "--keep_weights"],
+     "--keep_weights has no effect without --out: the plan is the same, only the saved model keeps "
+     "weights."),
+    (["--params", "0.5", "--importance", "l2", "--out", "OUT"],
+     "--importance l2 has no effect without --keep_weights: the model starts from fresh weights."),
+    (["--params", "0.5", "--keep_weights", "--seed", "3", "--out", "OUT"],
+     "--seed 3 has no effect without --importance random: nothing is drawn at random."),
+    (["--params", "0.5", "--keep_weights", "--importance", "taylor", "--out", "OUT"],
+     "--importance taylor ranks channels by gradients on training data, which the command line does "
+     "not load; use l1, l2 or random here, or in Python kp.precrop(model, ..., weights='keep', "
+     "importance='taylor', data=(x, y))."),
+])
+def test_keep_weights_flags_are_refused_where_they_would_do_nothing(argv, message, trained, tmp_path,
+                                                                    capsys):
+    out = tmp_path / "small.keras"
+    argv = [str(out) if a == "OUT" else a for a in argv]
+    assert _error_line(["precrop", trained, *argv], capsys) == message
+    assert not out.exists()
+
+
+def test_keep_weights_needs_a_trained_model_file(tmp_path, capsys):
+    out = tmp_path / "small.keras"
+    assert _error_line(["precrop", "resnet20", "--params", "0.5", "--keep_weights", "--out", str(out)],
+                       capsys) == ("--keep_weights keeps a trained model's weights, and resnet20 is a "
+                                   "zoo model with fresh ones; give a trained .keras file.")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("argv,match", [

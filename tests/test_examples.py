@@ -21,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 # Importing the package registers PrefixAdd, MaskConstraint and SGDWithL2, which checkpoints use.
+import keras_precrop as kp  # noqa: E402
 from keras_precrop import models, profile  # noqa: E402
 from keras_precrop.training import constraints  # noqa: E402
 
@@ -74,6 +75,10 @@ def _check_results(results, epochs):
 
 
 _SHORT = ["--epochs=2", "--batch_size=32"]
+# An existing file in place of a trained model, for the flag checks (which do not load it).
+_INIT = f"--init_model={REPO / 'README.md'}"
+# The latency plan that grid keep_weights prunes to.
+_PLAN = REPO / "experiments" / "plans" / "resnet20_tf_b64_latency0.5_auto.json"
 
 
 def test_cifar_baseline(tmp_path):
@@ -182,6 +187,21 @@ def common():
          "--method=synflow keeps --params of the weights whatever their FLOPs; drop --flops"),
         (["--method=random", "--params=0.1", "--flops=0.5", "--granularity=filter"],
          "only --method=random with --densities=synexp takes it"),
+        (["--method=precrop_params", "--params=0.3", "--keep_weights"],
+         "--keep_weights needs --init_model: the trained model whose weights it keeps."),
+        (["--method=baseline", "--distill"], "--distill needs --init_model: the trained model whose "
+         "weights teach."),
+        (["--method=baseline", "--init_model=/no/such.keras"], "--init_model /no/such.keras: no such file."),
+        (["--method=synflow", "--params=0.1", _INIT, "--keep_weights"],
+         "--keep_weights applies to precrop_params/precrop_flops/preconfig/precrop_plan, not "
+         "--method=synflow"),
+        (["--method=precrop_params", "--params=0.3", _INIT],
+         "--method=precrop_params on --init_model needs --keep_weights: without it the pruned model "
+         "starts from fresh weights"),
+        (["--method=precrop_params", "--params=0.3", "--importance=l2"],
+         "--importance=l2 ranks the channels that --keep_weights keeps; add --keep_weights."),
+        (["--method=baseline", _INIT, "--distill", "--export_init"], "--export_init trains nothing"),
+        (["--method=baseline", "--learning_rate=0"], "--learning_rate must be positive, got 0.0."),
     ],
 )
 def test_inconsistent_flags_are_refused(common, flags, message):
@@ -204,6 +224,11 @@ def test_consistent_flags_pass(common):
         ["--method=precrop_params", "--params=0.1", "--balance=2"],
         ["--method=preconfig", "--flops=1", "--balance=2"],  # mode auto: exact with a balance
         ["--method=random", "--params=0.05", "--flops=0.06", "--densities=synexp"],  # paper's figure 5
+        ["--method=precrop_plan", f"--plan_file={_PLAN}", _INIT, "--keep_weights", "--distill",
+         "--importance=random", "--learning_rate=0.01"],
+        ["--method=precrop_flops", "--flops=0.2734", _INIT, "--keep_weights", "--importance=taylor"],
+        ["--method=magnitude", "--params=0.1", _INIT, "--distill"],  # masks of the trained weights
+        ["--method=baseline", _INIT],  # trains the trained model on
     ):
         FLAGS.unparse_flags()
         FLAGS(["train_cifar.py", "--model_dir=/unused", *flags])
@@ -239,6 +264,76 @@ def test_the_experiments_know_the_scripts_methods(common):
     finally:
         sys.path.pop(0)
     assert (run.MASKED, run.STRUCTURED) == (common.UNSTRUCTURED, common.STRUCTURED)
+
+
+def test_init_model_must_be_the_models_architecture(common, tmp_path):
+    from absl import app
+    from absl.flags import FLAGS
+
+    other = tmp_path / "resnet20_100.keras"
+    models.get("resnet20", num_classes=100).save(other)
+    (tmp_path / "junk.keras").write_text("not a model")
+    FLAGS.unparse_flags()
+    FLAGS(["train_cifar.py", "--model_dir=/unused", "--method=baseline", f"--init_model={other}"])
+    with pytest.raises(app.UsageError, match=re.escape(
+            f"--init_model {other} is not a resnet20 of this dataset: its layer 74 (classifier) is a Dense "
+            "with weights [(64, 100), (100,)], --model resnet20's a Dense with [(64, 10), (10,)]. Give the "
+            "--model it was trained as.")):
+        common._init_model(models.get("resnet20"))
+    FLAGS.unparse_flags()
+    FLAGS(["train_cifar.py", "--model_dir=/unused", "--method=baseline",
+           f"--init_model={tmp_path / 'junk.keras'}"])
+    with pytest.raises(app.UsageError, match=re.escape(f"--init_model {tmp_path / 'junk.keras'} is not a "
+                                                       "Keras model")):
+        common._init_model(models.get("resnet20"))
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A ResNet-20 saved as .keras: the trained model of the --init_model runs (its weights are
+    seeded, not trained: what is checked is where they go)."""
+    keras.utils.set_random_seed(7)
+    path = tmp_path_factory.mktemp("teacher") / "final_model.keras"
+    models.get("resnet20").save(path)
+    return path
+
+
+def test_cifar_keep_weights_prunes_the_init_model_as_the_library_does(tmp_path, teacher):
+    """--keep_weights at a plan file: the model to train is apply_plan(weights="keep") of the
+    --init_model, weight for weight (--export_init writes it untrained)."""
+    flags = ["--method=precrop_plan", f"--plan_file={_PLAN}", f"--init_model={teacher}", "--keep_weights",
+             "--export_init", "--verbose=0", f"--model_dir={tmp_path}", *_SHORT]
+    proc = _run("train_cifar.py", flags, mock_examples=64)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    record = json.loads((tmp_path / "init.json").read_text())
+    assert (record["init_model"], record["keep_weights"], record["importance"], record["distill"]) == (
+        str(teacher), True, "l1", None)
+    assert 0 <= record["pruned_accuracy"] <= 1 and "Test accuracy before training" in proc.stdout
+    pruned = keras.saving.load_model(tmp_path / "init_model.keras", compile=False)
+    expected = kp.apply_plan(keras.saving.load_model(teacher, compile=False), kp.Plan.from_json(str(_PLAN)),
+                             weights="keep")
+    assert record["params"] == pruned.count_params() == expected.count_params()
+    for got, want in zip(pruned.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, teacher):
+    """--distill with taylor importance: the Distiller trains in the script's loop (history per epoch,
+    test accuracy every epoch, the recipe's schedule from --learning_rate) and --save_model keeps the
+    student alone."""
+    results, _ = _train(tmp_path, "train_cifar.py", [
+        "--method=precrop_flops", "--flops=0.2734", f"--init_model={teacher}", "--keep_weights",
+        "--importance=taylor", "--distill", "--learning_rate=0.01", "--save_model", "--verbose=0",
+        *_SHORT])
+    _check_results(results, epochs=2)
+    assert results["distill"] == {"temperature": 4.0, "alpha": 0.5}
+    assert (results["importance"], results["base_lr"]) == ("taylor", 0.01)
+    lr0 = 0.01 * 32 / 128
+    assert [row["learning_rate"] for row in results["history"]] == pytest.approx([lr0, lr0 / 2])
+    assert "distillation_loss" in results["history"][0] and 0 <= results["pruned_accuracy"] <= 1
+    student = keras.saving.load_model(tmp_path / "final_model.keras", compile=False)
+    assert not isinstance(student, keras.distillation.Distiller)
+    assert student.count_params() == results["params"] and results["macs_ratio"] <= 0.2734
 
 
 @pytest.mark.parametrize(

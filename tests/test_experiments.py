@@ -70,6 +70,15 @@ if re.search(os.environ.get("FAKE_TRAIN_FAILS", "(?!)"), model_dir.name):
         (dict(model="resnet20", method="synflow", params=0.3, batch_size=64, steps_per_epoch=3,
               epochs=1, seed=0),
          "resnet20-synflow-params0.3-batch_size64-steps_per_epoch3-ep1-s0"),
+        # Fine-tuning a trained model: the init model by its run's directory, switches by name.
+        (dict(model="resnet20", method="precrop_flops", flops=0.2734, epochs=3, seed=3, keep_weights=True,
+              init_model="experiments/runs/resnet20-baseline-ep10-s3/final_model.keras", importance="l1",
+              distill=True, learning_rate=0.01),
+         "resnet20-precrop_flops-flops0.2734-initresnet20-baseline-ep10-s3-keep_weights-importancel1-"
+         "distill-lr0.01-ep3-s3"),
+        (dict(model="resnet20", method="baseline", epochs=1, seed=0, init_model="/tmp/dense.keras",
+              keep_weights=False, distill=False),
+         "resnet20-baseline-initdense-ep1-s0"),
         # Flags that do not change what is trained, and unset ones, are not in the id.
         (dict(model="resnet20", method="synflow", params=0.3, mode=None, save_model=True, eval_steps=5,
               epochs=10, seed=0, grid="core", code="b78e90a"),
@@ -300,6 +309,34 @@ def test_dry_run_lists_each_runs_state_and_trains_nothing(fake, tmp_path, capsys
     assert _calls() == []
     assert sorted(p.name for p in runs.iterdir()) == ["resnet20-baseline-ep1-s0",
                                                       "resnet20-synflow-params0.3-ep1-s0"]
+
+
+def test_a_run_waits_for_the_init_model_of_its_seed(fake, tmp_path, monkeypatch, capsys):
+    """``{seed}`` in a grid's value is the run's seed; a run whose --init_model is not saved yet
+    waits (dry run: "waiting"), and trains, given the path in this checkout, once it exists."""
+    monkeypatch.setattr(run, "REPO", tmp_path)
+    grid = _write_grid(tmp_path, "k", [{"method": "precrop_params", "params": 0.5, "keep_weights": True,
+                                        "importance": "l1", "distill": True, "learning_rate": 0.01}],
+                       defaults={"model": "resnet20", "epochs": 3,
+                                 "init_model": "runs/resnet20-baseline-ep1-s{seed}/final_model.keras"})
+    ids = [f"resnet20-precrop_params-params0.5-initresnet20-baseline-ep1-s{seed}-keep_weights-importancel1-"
+           f"distill-lr0.01-ep3-s{seed}" for seed in (0, 1)]
+    assert [run.run_id(flags) for flags in run.load_grid(grid)] == ids
+    assert _drive(fake, grid, args=["--dry_run"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["waiting", "waiting"]
+    assert _drive(fake, grid) == 0
+    out = capsys.readouterr().out
+    assert f"[run.py] {ids[0]} waits for --init_model runs/resnet20-baseline-ep1-s0/final_model.keras" in out
+    assert _calls() == []
+
+    saved = tmp_path / "runs" / "resnet20-baseline-ep1-s0" / "final_model.keras"
+    saved.parent.mkdir(parents=True)
+    saved.write_text("a trained model")
+    assert _drive(fake, grid) == 0
+    assert [c["run"] for c in _calls()] == [ids[0]]  # seed 1's model is not saved yet
+    argv = _calls()[0]["argv"]
+    assert {f"--init_model={saved}", "--keep_weights", "--importance=l1", "--distill",
+            "--learning_rate=0.01", "--seed=0"} <= set(argv)
 
 
 # ------------------------------------------------------------------ git: --commit and pinned code

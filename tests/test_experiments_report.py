@@ -20,6 +20,7 @@ Figures are compared by name, not pixels (matplotlib's output differs between
 versions).
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,104 @@ def test_runs_committed_since_the_page(regenerated):
     if newer:
         pytest.skip(f"{PAGE} predates {len(newer)} committed run(s), e.g. {newer[0]}; "
                     "`python experiments/report.py` adds them")
+
+
+# ------------------------------------------------------------------ issue 29: pruning a trained model
+
+
+def _fake_run(runs, name, accuracies, macs_ratio=0.2, pruned=None):
+    """A finished run's ``results.json`` in ``runs/name``: test accuracy ``accuracies[e]`` after epoch e."""
+    history = [{"epoch": e, "accuracy": a, "val_accuracy": a} for e, a in enumerate(accuracies)]
+    result = {"final_accuracy": accuracies[-1], "history": history, "macs_ratio": macs_ratio,
+              "params": 1000, "params_ratio": 0.2, "epochs": len(accuracies), "train_time_s": 60.0,
+              "pruned_accuracy": pruned}
+    (runs / name).mkdir(parents=True)
+    (runs / name / "results.json").write_text(json.dumps(result))
+
+
+def _keep_section(tmp_path, monkeypatch, keep):
+    """The section report.py writes of these runs: the dense teachers at 0.80/0.82, the latency
+    point's from-scratch model at 0.75/0.77, the FLOPs point's at 0.78/0.78, and ``keep``:
+    ``{(grid entry, seed): per-epoch accuracies}`` of grid keep_weights."""
+    runs = tmp_path / "runs"
+    for seed, acc in ((3, 0.80), (4, 0.82)):
+        _fake_run(runs, f"resnet20-baseline-ep10-s{seed}", [0.5, acc], macs_ratio=1.0)
+    for seed, acc in ((0, 0.75), (1, 0.77)):
+        _fake_run(runs, f"resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_auto-ep10-s{seed}", [0.5, acc])
+        _fake_run(runs, f"resnet20-precrop_flops-flops0.2734-modelayerwise-ep10-s{seed}", [0.5, 0.78])
+    grid = report._run.load_grid(report.GRIDS / "keep_weights.json")
+    for flags in grid:
+        if (flags["entry"], flags["seed"]) in keep:
+            _fake_run(runs, report._run.run_id(flags), keep[flags["entry"], flags["seed"]], pruned=0.3)
+    monkeypatch.setattr(report, "HERE", tmp_path)
+    loaded = report._load_runs()
+    entries = {name: report._entries(name, loaded) for name in ("core", "uniform_latency")}
+    lines = report._keep_weights(loaded, entries)
+    return [line for line in lines if line.startswith("| ")], lines[-2]
+
+
+def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_path, monkeypatch):
+    # Entries 0-2: the latency point fine-tuned, distilled, random channels; 3-5 the FLOPs point's.
+    keep = {(0, 3): [0.70, 0.78, 0.795], (0, 4): [0.72, 0.79, 0.805],  # 3 epochs: 80.0, within 1 pp of 81
+            (1, 3): [0.60, 0.70, 0.75]}  # distilled: seed 4 not finished
+    rows, goal = _keep_section(tmp_path, monkeypatch, keep)
+    assert rows[1] == "| - | dense teacher, from scratch | 1.0000 |  |  |  |  | 81.00 ± 1.41 | 2 |"
+    assert rows[2] == ("| latency 0.5 | fine-tuned (l1 channels) | 0.2000 | 30.00 ± 0.00 | 71.00 ± 1.41 "
+                       "| 78.50 ± 0.71 | 80.00 ± 0.71 |  | 2 |")
+    assert rows[3] == ("| latency 0.5 | distilled (l1 channels) | 0.2000 | 30.00 ± 0.00 | 60.00 ± 0.00 "
+                       "| 70.00 ± 0.00 | 75.00 ± 0.00 |  | 1 (seeds 4 pending) |")
+    assert rows[4] == ("| latency 0.5 | random channels, fine-tuned (control) | | not yet trained | | | | "
+                       "| 0 (seeds 3, 4 pending) |")
+    assert rows[5] == ("| latency 0.5 | from scratch (grid uniform_latency) | 0.2000 |  |  |  |  "
+                       "| 76.00 ± 1.41 | 2 |")
+    assert rows[9] == "| flops 0.2734 | from scratch (grid core) | 0.2000 |  |  |  |  | 78.00 ± 0.00 | 2 |"
+    assert rows[0].startswith("| pruning point |") and len(rows) == 10
+    # Met at the third epoch by fine-tuning alone, though distillation has not finished.
+    assert goal == (f"Goal: {report._KEEP_GOAL}: **met** (fine-tuned (l1 channels) after 3 epoch(s): "
+                    "80.00 vs dense 81.00 and from scratch 76.00).")
+
+
+@pytest.mark.parametrize("keep, verdict", [
+    ({}, "**not yet measured** (waiting for fine-tuned (l1 channels), distilled (l1 channels))"),
+    # Within 1 pp of the teacher only on one seed so far: the way counts once both seeds finished.
+    ({(0, 3): [0.70, 0.79, 0.81]}, "**not yet measured** (waiting for fine-tuned (l1 channels), "
+     "distilled (l1 channels))"),
+    # Both ways finished, neither within 1 pp by the third epoch: the best is named.
+    ({(0, 3): [0.70, 0.75, 0.78], (0, 4): [0.70, 0.75, 0.78], (1, 3): [0.70, 0.76, 0.79],
+      (1, 4): [0.70, 0.76, 0.79]},
+     "**not met** (best: distilled (l1 channels) after 3 epoch(s), 79.00 vs dense 81.00 (-2.00 pp) and "
+     "from scratch 76.00)"),
+    # One way finished and short, the other not: not measured yet, not met so far.
+    ({(0, 3): [0.70, 0.75, 0.78], (0, 4): [0.70, 0.75, 0.78], (1, 3): [0.7, 0.8, 0.81]},
+     "**not yet measured** (not met so far; waiting for distilled (l1 channels))"),
+    # The earliest epoch that meets it is named.
+    ({(1, 3): [0.80, 0.81, 0.81], (1, 4): [0.80, 0.81, 0.81], (0, 3): [0.7, 0.7, 0.7],
+      (0, 4): [0.7, 0.7, 0.7]},
+     "**met** (distilled (l1 channels) after 1 epoch(s): 80.00 vs dense 81.00 and from scratch 76.00)"),
+])
+def test_keep_weights_goal_verdict(keep, verdict, tmp_path, monkeypatch):
+    _, goal = _keep_section(tmp_path, monkeypatch, keep)
+    assert goal == f"Goal: {report._KEEP_GOAL}: {verdict}."
+
+
+def test_keep_weights_goal_needs_the_dense_and_from_scratch_models():
+    entry = {"results": [{"history": [{"val_accuracy": 0.9}]}] * 2, "pending": []}  # would meet it
+    assert report._keep_goal(None, {"acc": 76.0, "n": 2}, {"fine-tuned": entry}) == (
+        "not yet measured", "waiting for the dense teacher")
+    assert report._keep_goal({"acc": 81.0, "n": 2}, {"acc": 76.0, "n": 2}, {"fine-tuned": entry})[0] == "met"
+    assert report._keep_goal({"acc": 81.0, "n": 2}, {"acc": 76.0, "n": 1}, {}) == (
+        "not yet measured", "waiting for the from-scratch model")
+
+
+def test_keep_weights_points_are_the_grids_and_their_twins_the_default_modes():
+    """Every entry of grid keep_weights is a row of the section, and the FLOPs point's from-scratch
+    twin is in the mode that the library's default picks under a FLOPs budget (which
+    tests/test_experiments.py checks against kp.plan for every grid's FLOPs budget)."""
+    entries = report._run.load_grid(report.GRIDS / "keep_weights.json")
+    for flags in entries:
+        points = [p for p in report._KEEP_POINTS if all(flags.get(k) == v for k, v in p[1].items())]
+        ways = [w for _, w in report._KEEP_WAYS if all(flags.get(k) == v for k, v in w.items())]
+        assert len(points) == len(ways) == 1, flags
+        assert "mode" not in flags
+    twins = [twin for _, _, _, twin in report._KEEP_POINTS if "flops" in twin]
+    assert twins and all(t["mode"] == dict(report._AUTO_PICKS)["a FLOPs budget"] for t in twins)

@@ -2,7 +2,9 @@
 
 ``fine_tune(student, data)`` trains with plain ``fit``; with ``teacher=``
 the student also learns the teacher's softened outputs through
-``keras.distillation.Distiller`` and ``LogitsDistillation``. Two facts of
+``keras.distillation.Distiller`` and ``LogitsDistillation``, which
+``distiller(student, teacher)`` builds for a training loop of one's own
+(``examples/_common.py`` compiles it with the paper's recipe). Two facts of
 Keras 3.15 shape it (docs/research/issue29_keep_weights.md): the default
 ``LogitsDistillation`` loss skips the softmax, so ``KLDivergence()`` is
 passed explicitly, and ``Distiller`` freezes the teacher for good, so the
@@ -53,10 +55,7 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=1e-3
     model, frozen = student, None
     if teacher is not None:
         frozen = teacher.trainable
-        model = keras.distillation.Distiller(
-            teacher=teacher, student=student, student_loss_weight=alpha,
-            distillation_losses=keras.distillation.LogitsDistillation(
-                temperature=distill_temperature, loss=keras.losses.KLDivergence()))
+        model = distiller(student, teacher, distill_temperature=distill_temperature, alpha=alpha)
     try:
         model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9), loss=loss,
                       metrics=["accuracy"])
@@ -67,13 +66,46 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=1e-3
             teacher.trainable = frozen
 
 
+def distiller(student, teacher, *, distill_temperature=4.0, alpha=0.5):
+    """The ``keras.distillation.Distiller`` that :func:`fine_tune` trains with ``teacher=``.
+
+    For a training loop of one's own (callbacks, a learning-rate schedule):
+    compile it with the supervised loss and fit it; its ``student`` is the
+    model being trained, and its metrics are the student's. It freezes
+    ``teacher`` (``trainable = False``) for good.
+
+    Args:
+        student: the model to train (logits out).
+        teacher: the original model (logits out, same output shape), with
+            variables of its own: a student that shares them is refused.
+        distill_temperature, alpha: as for :func:`fine_tune`.
+
+    Returns:
+        A ``Distiller`` with one ``LogitsDistillation`` (``KLDivergence``
+        of the softened outputs) weighted ``1 - alpha``.
+    """
+    _check_distillation(student, teacher, distill_temperature, alpha)
+    return keras.distillation.Distiller(
+        teacher=teacher, student=student, student_loss_weight=alpha,
+        distillation_losses=keras.distillation.LogitsDistillation(
+            temperature=distill_temperature, loss=keras.losses.KLDivergence()))
+
+
 def _check(student, teacher, epochs, learning_rate, temperature, alpha):
     """Checks :func:`fine_tune`'s arguments, naming the one at fault."""
-    for name, value in (("learning_rate", learning_rate), ("distill_temperature", temperature)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ArgumentError(f"{{{name}}} must be a positive number.", **{name: value})
+    if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate)
+            and learning_rate > 0):
+        raise ArgumentError("{learning_rate} must be a positive number.", learning_rate=learning_rate)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ArgumentError("{epochs} must be a positive integer.", epochs=epochs)
+    _check_distillation(student, teacher, temperature, alpha)
+
+
+def _check_distillation(student, teacher, temperature, alpha):
+    """Checks the distillation's arguments (``teacher`` None: only the numbers), naming the one at fault."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ArgumentError("{distill_temperature} must be a positive number.",
+                            distill_temperature=temperature)
     if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
         raise ArgumentError("{alpha} must be a weight in [0, 1].", alpha=alpha)
     if teacher is not None:
