@@ -10,6 +10,7 @@ summaries.
 """
 
 import collections
+import importlib.metadata
 import os
 import pathlib
 import platform
@@ -19,35 +20,91 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_precrop import latency
 
 
-def machine_info():
-    """CPU model, core count, library versions and TF thread settings."""
-    cpu = platform.processor() or platform.machine()
+def cpu_name():
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
     except OSError:
-        pass
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _threads():
+    """Thread settings of the Keras backend's runtime (TensorFlow only imported under its own)."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        return {"torch_threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default (active)")}
+    if backend != "tensorflow":
+        return {}
+    import tensorflow as tf
+
     threading = tf.config.threading
+    # 0 means TensorFlow's default: one thread per usable core.
+    return {"intra_op_threads": threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": threading.get_inter_op_parallelism_threads(),
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)")}
+
+
+def machine_info():
+    """CPU model, core count, Keras backend, library versions and the backend's thread settings."""
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),
-        "tensorflow": tf.__version__,
+        "backend": keras.backend.backend(),
+        "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
         "keras": keras.__version__,
         "numpy": np.__version__,
-        # 0 means TensorFlow's default: one thread per usable core.
-        "intra_op_threads": threading.get_intra_op_parallelism_threads(),
-        "inter_op_threads": threading.get_inter_op_parallelism_threads(),
-        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
+        **{p: _version(p) for p in ("jax", "torch", "onnxruntime", "ai-edge-litert")},
+        **_threads(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def device(runtime):
+    """What ``runtime`` runs on here: the backend's accelerator, else the CPU.
+
+    The interpreters (LiteRT, ONNX Runtime) run on the CPU; ``"tf"``,
+    ``"jax"``, ``"torch"`` (and a ``"train"`` step) on the backend's first device.
+    """
+    accelerator = None
+    if runtime in ("tf", "jax", "torch", "train"):
+        accelerator = _accelerator(keras.backend.backend())
+    return accelerator or f"CPU: {cpu_name()}"
+
+
+def _accelerator(backend):
+    """The name of the backend's first accelerator, or None on a CPU-only machine."""
+    if backend == "jax":
+        import jax
+
+        first = jax.devices()[0]
+        return None if first.platform == "cpu" else first.device_kind
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") \
+        if gpus else None
 
 
 def plan_error(error):
@@ -94,6 +151,7 @@ def interleaved(fns, repeats, warmup=2, target_s=0.2):
 
 def _profile_ops(fn, calls):
     """Per-op-type kernel time of ``calls`` calls of ``fn`` (ms per call), one profiler session."""
+    import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     with tempfile.TemporaryDirectory() as logdir:

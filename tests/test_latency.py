@@ -519,3 +519,63 @@ def test_a_backend_runtime_names_the_backend_it_needs():
     with pytest.raises(kp.ArgumentError, match=r"runtime='jax' times the model under "
                                                r"KERAS_BACKEND=jax; this process runs 'tensorflow'"):
         kp.latency.runner(_small_cnn(), 4, runtime="jax")
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_litert_names_the_tensorflow_backend_it_needs(monkeypatch, backend):
+    # Under another backend the converter called the model on TensorFlow tensors and failed
+    # with a NotImplementedError deep inside it.
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    for runtime in ("litert", "tflite", "litert_int8"):
+        with pytest.raises(kp.ArgumentError, match=rf"runtime='{runtime}' times the model under "
+                                                   rf"KERAS_BACKEND=tensorflow; this process runs "
+                                                   rf"'{backend}'"):
+            kp.latency.timing.check_settings(4, runtime, False)
+    kp.latency.timing.check_settings(4, "tf", False)  # the backend's own step
+
+
+def test_missing_names_a_runtimes_packages(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "tf2onnx") else real(name, *a))
+    timing = kp.latency.timing
+    assert timing.missing("torch") == "torch: pip install 'keras-precrop[torch]'"
+    assert timing.missing("onnx_int8") == "tf2onnx: pip install 'keras-precrop[onnx]'"
+    assert timing.missing("tf") is None and timing.missing("litert") is None
+    assert (timing.missing("jax") is None) == (real("jax") is not None)
+
+
+def test_calibration_tries_the_narrowest_plan_when_a_budget_is_below_it():
+    # The latency model predicts a plan at half the time, which measures 1.7x that (0.85); the
+    # corrected budget (0.29) is under the narrowest plan's predicted time (0.3), which measures
+    # 0.51: within the slack. Calibration used to stop at the infeasible budget with 0.85, and
+    # to refuse a first budget the latency model called infeasible without measuring.
+    row = kp.latency.ROW
+
+    def solve(budgets):
+        if budgets[row] < 0.3:
+            raise kp.InfeasibleBudgetError("latency below the narrowest plan", limit={row: 0.3})
+        return np.array([budgets[row]]), {}
+
+    widths, info = kp.latency.calibrated(solve, lambda w: 1.7 * w[0], lambda w: w[0],
+                                         {row: 0.5}, target=0.5, rounds=2)
+    calibration = info["latency_calibration"]
+    assert [r["budget"] for r in calibration["rounds"]] == pytest.approx([0.5, 0.3])
+    assert calibration["met"] and calibration["measured"] == pytest.approx(0.51)
+    # The narrowest plan is planned once: another correction below it ends the rounds.
+    widths, info = kp.latency.calibrated(solve, lambda w: 2.0 * w[0], lambda w: w[0],
+                                         {row: 0.5}, target=0.5, rounds=5)
+    calibration = info["latency_calibration"]
+    assert [r["budget"] for r in calibration["rounds"]] == pytest.approx([0.5, 0.3])
+    assert not calibration["met"] and calibration["measured"] == pytest.approx(0.6)
+    # A first budget under the narrowest plan: that plan is measured, and kept where it meets it.
+    widths, info = kp.latency.calibrated(solve, lambda w: 0.5 * w[0], lambda w: w[0],
+                                         {row: 0.2}, target=0.2, rounds=2)
+    rounds = info["latency_calibration"]["rounds"]
+    assert [(r["budget"], r["measured"]) for r in rounds] == [pytest.approx((0.3, 0.15)),
+                                                              pytest.approx((0.4, 0.2))]
+    with pytest.raises(kp.InfeasibleBudgetError, match="below the narrowest"):  # else refused
+        kp.latency.calibrated(solve, lambda w: w[0], lambda w: w[0], {row: 0.2}, target=0.2,
+                              rounds=2)

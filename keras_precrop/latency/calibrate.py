@@ -7,6 +7,8 @@ latency budget by the measured ratio of each round's plan.
 
 from __future__ import annotations
 
+import math
+
 from keras_precrop.errors import InfeasibleBudgetError
 from keras_precrop.latency.model import ROW
 
@@ -22,7 +24,11 @@ def calibrated(solve, measure, predicted, budgets, target, rounds):
     measured`` (a multiplicative correction of the latency model's bias near
     the plan), up to ``rounds`` times, until the measured ratio is within
     ``CALIBRATION_SLACK`` of ``target``, the latency budget no longer binds
-    (another budget does) or a corrected budget is infeasible. Returns the
+    (another budget does) or a corrected budget is infeasible. A budget under
+    the narrowest plan's predicted time is first raised to that time, once:
+    the fastest plan the latency model makes may still measure within
+    ``target`` (the model can overrate narrow plans); in the first round, the
+    error is raised if it does not. Returns the
     plan meeting ``target`` with the largest measured ratio (the least
     pruned), else the fastest one, and the rounds in its info.
     """
@@ -30,12 +36,15 @@ def calibrated(solve, measure, predicted, budgets, target, rounds):
     original = budgets[ROW] / target
     for k in range(rounds + 1):
         try:
-            widths, info = solve(budget)
+            previous = history[-1]["budget"] * original if history else math.inf
+            widths, info, refused = _solve_at_least_narrowest(solve, budget, previous)
         except InfeasibleBudgetError:
             if k == 0:
                 raise
             break
         ratio = measure(widths)
+        if refused is not None and k == 0 and ratio > target * (1 + CALIBRATION_SLACK):
+            raise refused  # the latency model was right: even the narrowest plan is too slow
         history.append({"budget": float(budget[ROW] / original), "measured": float(ratio)})
         plans.append((ratio, widths, info))
         slack = predicted(widths) < budget[ROW] * (1 - 0.01)
@@ -46,3 +55,24 @@ def calibrated(solve, measure, predicted, budgets, target, rounds):
     ratio, widths, info = max(meeting, key=lambda p: p[0]) if meeting else min(plans, key=lambda p: p[0])
     return widths, {**info, "latency_calibration": {
         "target": float(target), "measured": float(ratio), "met": bool(meeting), "rounds": history}}
+
+
+def _solve_at_least_narrowest(solve, budget, previous):
+    """``solve(budget)``; a latency budget the narrowest plan exceeds is raised to its time.
+
+    Only where the latency row alone is infeasible, and only if ``previous``
+    (the latency budget planned last; ``inf`` before the first round) was
+    above that time, so the narrowest plan is planned once.
+
+    Returns:
+        The widths, their info, and the :class:`InfeasibleBudgetError` that
+        the budget raised (None if it was not raised).
+    """
+    try:
+        return (*solve(budget), None)
+    except InfeasibleBudgetError as err:
+        floor = (err.limit or {}).get(ROW)
+        if floor is None or set(err.limit) != {ROW} or floor * (1 + 1e-6) >= previous:
+            raise
+        budget[ROW] = floor * (1 + 1e-6)
+        return (*solve(budget), err)

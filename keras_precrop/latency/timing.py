@@ -29,7 +29,9 @@ RUNTIMES = ("tf", "jax", "torch", "litert", "tflite", "onnx", "litert_int8", "on
 int8 forms of the last two (post-training quantization calibrated on a representative batch)."""
 _ONNX = (("onnxruntime", "tf2onnx", "onnx"), "onnx")
 # The optional packages of a runtime, and the extra that installs them.
-_NEEDS = {"onnx": _ONNX, "onnx_int8": _ONNX}
+_NEEDS = {"jax": (("jax",), "jax"), "torch": (("torch",), "torch"), "onnx": _ONNX,
+          "onnx_int8": _ONNX}
+_LITERT = ("litert", "tflite", "litert_int8")  # converted by TensorFlow's LiteRT converter
 _CALIBRATION = 16  # random examples that calibrate an int8 model's activation ranges
 
 
@@ -278,13 +280,22 @@ def _onnx_step(model, x, threads, int8=False):
     return lambda: session.run(None, feed)
 
 
+def missing(runtime):
+    """What a runtime lacks here: ``"<packages>: pip install 'keras-precrop[<extra>]'"``, or None.
+
+    Looks the optional packages up without importing them (so a process may
+    ask about ``"jax"`` or ``"torch"`` without loading that backend).
+    """
+    packages, extra = _NEEDS.get(runtime, ((), None))
+    absent = [p for p in packages if importlib.util.find_spec(p) is None]
+    return f"{', '.join(absent)}: pip install 'keras-precrop[{extra}]'" if absent else None
+
+
 def _check_installed(runtime):
     """Raises an :class:`~keras_precrop.ArgumentError` naming the extra a runtime lacks."""
-    packages, extra = _NEEDS.get(runtime, ((), None))
-    missing = [p for p in packages if importlib.util.find_spec(p) is None]
-    if missing:
-        raise ArgumentError(f"{{runtime}} needs {', '.join(missing)}: pip install "
-                            f"'keras-precrop[{extra}]'", runtime=runtime)
+    hint = missing(runtime)
+    if hint:
+        raise ArgumentError(f"{{runtime}} needs {hint}", runtime=runtime)
 
 
 def runner(model, batch_size, runtime="tf", training=False, seed=0):
@@ -306,7 +317,7 @@ def runner(model, batch_size, runtime="tf", training=False, seed=0):
         (batch_size,) + input_shape(model)).astype("float32")
     _check_installed(runtime)
     int8 = runtime.endswith("_int8")
-    if runtime in ("litert", "tflite", "litert_int8"):
+    if runtime in _LITERT:
         return _litert_step(model, x, _usable_cpus(), int8)
     if runtime in ("onnx", "onnx_int8"):
         return _onnx_step(model, x, _usable_cpus(), int8)
@@ -427,10 +438,23 @@ def check_settings(batch_size, runtime, training):
         raise ArgumentError("{batch_size:subject} must be a positive integer{got}", batch_size=batch_size)
     if runtime not in RUNTIMES:
         raise ArgumentError(f"{{runtime:subject}} must be one of {RUNTIMES}{{got}}", runtime=runtime)
-    if runtime in ("jax", "torch") and keras.backend.backend() != runtime:
-        raise ArgumentError(f"{{runtime}} times the model under KERAS_BACKEND={runtime}; this "
-                            f"process runs {keras.backend.backend()!r} (set KERAS_BACKEND before "
-                            "Keras is imported)", runtime=runtime)
+    _check_backend(runtime)
     if training and runtime not in ("tf", "jax", "torch"):
         raise ArgumentError("{training} times a training step, which only {runtime:tf} runs",
                             training=training)
+
+
+def _check_backend(runtime):
+    """Raises :class:`~keras_precrop.ArgumentError` where the Keras backend cannot run ``runtime``.
+
+    ``"jax"`` and ``"torch"`` time that backend's own step; the LiteRT runtimes
+    convert the model by calling it on TensorFlow tensors, which only the
+    TensorFlow backend takes (another one failed deep inside the converter).
+    """
+    backend = keras.backend.backend()
+    need = runtime if runtime in ("jax", "torch") else (
+        "tensorflow" if runtime in _LITERT else backend)
+    if backend != need:
+        raise ArgumentError(f"{{runtime}} times the model under KERAS_BACKEND={need}; this "
+                            f"process runs {backend!r} (set KERAS_BACKEND before Keras is "
+                            "imported)", runtime=runtime)
