@@ -90,7 +90,7 @@ def input_specs(model):
     fn = _graph_of(model)
     if fn is not None:
         return [(t.name, tuple(t.shape)) for t in fn.inputs]
-    return [(f"{model.name}_input", _built_shape(model))]
+    return [(_input_name(model), _built_shape(model))]
 
 
 def _trace(model, ignore) -> Traced:
@@ -153,17 +153,11 @@ def is_composite(op) -> bool:
         return False
     if type(op) is keras.layers.Identity:  # computes nothing; and may not serialize (*)
         return True
-    graph = _graph_of_or_none(op)
+    graph = _graph_of(op) if isinstance(op, keras.Model) else None
     if graph is not None:
         undefined = any(None in tuple(t.shape)[1:] for t in graph.inputs)
         return undefined or any(is_composite(s) for s in graph.operations)
     return handlers.handler_of(op) is None and not _own_variables(op) and bool(_sublayers(op))
-
-
-def _graph_of_or_none(op):
-    if isinstance(op, keras.Model):
-        return _graph_of(op)
-    return None
 
 
 def _collect(op, name, ignore, found, composites):
@@ -313,8 +307,13 @@ def _retrace(model, fn):
     if fn is not None:
         return keras.models.clone_model(fn, clone_function=lambda op: op)
     shape = _built_shape(model)
-    x = keras.Input(shape[1:], name=f"{model.name}_input")
+    x = keras.Input(shape[1:], name=_input_name(model))
     return keras.Model(x, model(x), name=model.name)
+
+
+def _input_name(model):
+    """The name of a subclassed model's traced input."""
+    return f"{model.name}_input"
 
 
 def _built_shape(model):
