@@ -1,11 +1,13 @@
 """Property tests: random functional CNNs rebuild and match their plans."""
 
+import keras
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
+from keras_precrop.graph import rebuild, walk
 from tests.conftest import assert_budget_use, assert_matches_plan, random_cnns
 
 # Keras seeds new layers' initializers from Python's `random`; harmless here.
@@ -58,3 +60,28 @@ def test_random_cnns_reconfigure(model, params, flops):
        residual=st.sampled_from(("prefix", "tie")), upper=st.sampled_from((1.0, None)))
 def test_random_cnns_many(model, params, flops, residual, upper):
     _check(model, params, flops, upper, residual)
+
+
+def test_timing_rebuild_has_the_same_layers_and_sane_values():
+    """``rebuild(..., timing=True)`` (latency variants) differs only in its weights' values.
+
+    Same layers, names and weight shapes as the seeded rebuild; every random
+    kernel holds finite LeCun-scale values (std 1/sqrt(fan_in)); constant
+    initializers (batch-norm statistics, zero biases) are untouched; the
+    forward pass is finite.
+    """
+    model = kp.models.get("mobilenet_v2_cifar")
+    graph = walk(model)
+    widths = np.maximum(1, np.array([v.width for v in graph.variables]) // 2)
+    seeded, timed = rebuild(graph, widths), rebuild(graph, widths, timing=True)
+    assert [(w.path, w.shape) for w in timed.weights] == [(w.path, w.shape) for w in seeded.weights]
+    assert timed.count_params() == seeded.count_params()
+    for w in timed.weights:
+        value = keras.ops.convert_to_numpy(w)
+        assert np.isfinite(value).all(), w.path
+        if w.path.endswith("kernel") and value.size > 100:
+            assert np.std(value) == pytest.approx(1 / np.sqrt(np.prod(value.shape[:-1])), rel=0.2), w.path
+        if w.path.endswith(("moving_variance", "gamma")):
+            assert (value == 1).all(), w.path
+    x = np.random.default_rng(0).normal(size=(2,) + tuple(model.input_shape[1:]))
+    assert np.isfinite(keras.ops.convert_to_numpy(timed(x))).all()

@@ -24,9 +24,10 @@ from keras_precrop.graph.walker import ModelGraph, functional_of, topological_no
 class _Rebuilder:
     """Holds the state of one rebuild: new layers and tensors by old id."""
 
-    def __init__(self, graph: ModelGraph, widths):
+    def __init__(self, graph: ModelGraph, widths, timing=False):
         self.graph = graph
         self.widths = np.asarray(widths)
+        self.timing = timing
         self.new_ops = {}
         self.calls = {}
         self.names = graph.layer_names()
@@ -66,6 +67,8 @@ class _Rebuilder:
         elif isinstance(op, keras.layers.Layer):
             rec = self.graph.record(op)
             config = rec.handler.configure(rec, op.get_config(), self.width)
+            if self.timing:
+                config = _timing_initializers(config)
             new = type(op).from_config({**config, "name": self.graph.traced.name(op)})
         else:  # a stateless keras.ops operation: as recorded, unless its handler re-creates it
             rec = self.graph.record(op)
@@ -128,15 +131,42 @@ class _Rebuilder:
         return name
 
 
-def rebuild(graph: ModelGraph, widths) -> keras.Model:
+class _TimingInitializer(keras.initializers.Initializer):
+    """LeCun-normal values drawn by NumPy, for a model that is only timed.
+
+    Under JAX each new shape's ``jax.random`` draw compiles (about 0.5 s per
+    kernel, most of a rebuild's time); a model built to be timed needs values
+    that are finite, nonzero and of a sane scale, not the seeded draw.
+    """
+
+    def __call__(self, shape, dtype=None):
+        fan_in = max(1, int(np.prod(shape[:-1])))
+        values = np.random.default_rng(len(shape)).standard_normal(shape) / np.sqrt(fan_in)
+        return keras.ops.convert_to_tensor(values, dtype=dtype or "float32")
+
+
+def _timing_initializers(config):
+    """``config`` with every random initializer (one with a ``seed``) replaced by a NumPy draw."""
+    def swap(value):
+        init = keras.initializers.get(value)
+        return _TimingInitializer() if hasattr(init, "seed") else value
+
+    return {key: swap(value) if key.endswith("_initializer") and value is not None else value
+            for key, value in config.items()}
+
+
+def rebuild(graph: ModelGraph, widths, *, timing=False) -> keras.Model:
     """A freshly initialized copy of ``graph.model`` with new widths.
 
     Args:
         graph: the walked model.
         widths: integer width of every variable of ``graph.variables``.
+        timing: the copy is only timed (latency models): random initializers
+            are replaced by a NumPy draw of the same scale, which under JAX
+            builds several times faster (no compile per kernel shape).
     """
     fn = graph.functional
-    builder = _Rebuilder(graph, widths)
+    builder = _Rebuilder(graph, widths, timing)
     tensors = {}
     for t in fn.inputs:
         tensors[id(t)] = keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype,

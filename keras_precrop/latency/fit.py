@@ -291,7 +291,7 @@ class _Fitter:
         """Times the first round's variants, holds some random ones out, and fits."""
         self.labels, self.widths = _variant_widths(self.cm, count, scale_range, seed)
         self.log(f"building {len(self.labels)} variants of {self.model.name!r}")
-        self.models = {label: rebuild(self.graph, w.astype(int))
+        self.models = {label: rebuild(self.graph, w.astype(int), timing=True)
                        for label, w in zip(self.labels, self.widths)}
         self.seconds = self.measure(self.models)
         self.t = _checked_times(self.seconds, self.labels)
@@ -323,7 +323,7 @@ class _Fitter:
             return False
         new = [f"refine{k}:{label}" for label in plans]
         again = self.measure({**{label: self.models[label] for label in self.anchors},
-                              **{name: rebuild(self.graph, w.astype(int))
+                              **{name: rebuild(self.graph, w.astype(int), timing=True)
                                  for name, w in zip(new, plans.values())}})
         scale = statistics.median(self.seconds[a] / float(again[a]) for a in self.anchors)
         measured = _checked_times(again, new) * scale
