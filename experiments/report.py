@@ -1315,23 +1315,29 @@ def _long(entries, core, thm):
     ]
 
 
-# Issue 29 (grid keep_weights): each pruning point, the flags that pick its entries there, and its
-# from-scratch twin (grid, flags of its entry). The FLOPs point is planned in the library's default
-# mode, which under a FLOPs budget is layerwise (modes.auto_mode; the tests check the pick).
-_KEEP_PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_auto.json"
-_KEEP_POINTS = (
-    ("latency 0.5", {"plan_file": _KEEP_PLAN}, "uniform_latency", {"plan_file": _KEEP_PLAN}),
-    ("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
-     {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}),
-)
-# How a pruned model is trained on (row label, flags of its entry), the control last.
+# Issue 29 (grid keep_weights): each pruning point (label, the flags that pick its entries, its
+# from-scratch twin's grid and flags, whether the goal is judged there). The FLOPs point is planned in
+# the library's default mode, which under a FLOPs budget is layerwise (modes.auto_mode; the tests
+# check the pick).
+_KEEP_PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_{}.json"
+_KEEP_POINTS = tuple(
+    (f"latency 0.5, {mode} widths", {"plan_file": _KEEP_PLAN.format(mode)}, "uniform_latency",
+     {"plan_file": _KEEP_PLAN.format(mode)}, True) for mode in ("auto", "uniform")
+) + (("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
+      {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}, False),)
+# How a pruned model is trained on (row label, flags of its entry): the recipe (learning rate 0.1),
+# the control, then the first recipe (0.01, seed 3). A point shows the ways its grid entries have.
 _KEEP_WAYS = (
-    ("fine-tuned (l1 channels)", {"importance": "l1", "distill": None}),
-    ("distilled (l1 channels)", {"importance": "l1", "distill": True}),
-    ("random channels, fine-tuned (control)", {"importance": "random", "distill": None}),
+    ("fine-tuned (l1 channels)", {"importance": "l1", "distill": None, "learning_rate": 0.1}),
+    ("distilled (l1 channels)", {"importance": "l1", "distill": True, "learning_rate": 0.1}),
+    ("random channels, fine-tuned (control)", {"importance": "random", "distill": None,
+                                               "learning_rate": 0.1}),
+    ("fine-tuned, lr 0.01", {"importance": "l1", "distill": None, "learning_rate": 0.01}),
+    ("distilled, lr 0.01", {"importance": "l1", "distill": True, "learning_rate": 0.01}),
 )
+_KEEP_GOAL_WAYS = 2  # the goal counts the recipe's fine-tuned and distilled rows
 _KEEP_GOAL = ("at latency=0.5, pruned and fine-tuned within 1 pp of the dense model after at most 3 "
-              "epochs, and above the from-scratch 10-epoch model")
+              "epochs, and above the from-scratch 10-epoch model of the same widths")
 _KEEP_GOAL_PP, _KEEP_GOAL_EPOCHS = 1.0, 3
 
 
@@ -1373,7 +1379,7 @@ def _final(summary):
 
 
 def _keep_goal(teacher, scratch, ways):
-    """The goal's verdict at the latency point: ``(verdict, why)``.
+    """The goal's verdict at one latency point: ``(verdict, why)``.
 
     Met when a way of fine-tuning (``ways``: ``{label: entry}``) that has
     finished all its seeds (2 or more) has, after some epoch up to the third,
@@ -1404,10 +1410,60 @@ def _keep_goal(teacher, scratch, ways):
                        f"({acc - teacher['acc']:+.2f} pp) and from scratch {scratch['acc']:.2f}")
 
 
+def _keep_point(keep, entries, point):
+    """One pruning point: ``(ways, twin)``: ``{label: entry}`` of the ways its grid entries have, and
+    the from-scratch twin ``(entry, summary)`` (None if its grid lacks it)."""
+    _, flags, grid, twin_flags, _ = point
+    ways = {}
+    for label, way in _KEEP_WAYS:
+        found = _find(keep, **flags, **way)
+        if found:
+            ways[label] = found[0][0]
+    twin = _find(entries[grid], **twin_flags)
+    return ways, (twin[0] if twin else None)
+
+
+def _plot_keep(teacher, points, path):
+    """Test accuracy against epochs of training the pruned widths, one panel per pruning point:
+    each way of fine-tuning (epoch 0: right after pruning) beside the same widths trained from
+    scratch (their 10-epoch curve), and the dense teacher's accuracy (minus the goal's 1 pp)."""
+    drawn = [(name, ways, twin) for name, ways, twin in points if any(e["results"] for e in ways.values())]
+    if not drawn:
+        return False
+    fig, axes = plt.subplots(1, len(drawn), figsize=(4.6 * len(drawn), 4), sharey=True, squeeze=False)
+    for ax, (name, ways, twin) in zip(axes[0], drawn):
+        for label, entry in ways.items():
+            stats = _epoch_stats(entry)
+            if stats:
+                epochs = sorted(stats)
+                ax.plot(epochs, [stats[e][0] for e in epochs], marker="o",
+                        label=f"{label} (n {len(entry['results'])})")
+        if twin is not None and twin[0]["results"]:
+            _plot_curves_on(ax, twin[0], "same widths from scratch")
+        if teacher is not None:
+            ax.axhline(teacher["acc"], color="k", lw=1, label="dense teacher")
+            ax.axhline(teacher["acc"] - _KEEP_GOAL_PP, color="k", lw=1, ls="--", label="dense - 1 pp")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("epochs of training the pruned widths")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][-1].legend(fontsize=6)
+    _save(fig, path)
+    return True
+
+
+def _plot_curves_on(ax, entry, label):
+    """An entry's mean test-accuracy curve over its epochs, on ``ax``."""
+    curves = [[100 * row["val_accuracy"] for row in r["history"]] for r in entry["results"]]
+    length = min(map(len, curves))
+    ax.plot(range(1, length + 1), [statistics.mean(c[i] for c in curves) for i in range(length)],
+            color="grey", ls=":", marker=".", label=f"{label} (n {len(curves)})")
+
+
 def _keep_weights(runs, entries):
     """Section "Pruning a trained model (issue 29)": test accuracy against fine-tuning epochs for each
     pruning point and way of fine-tuning (grid keep_weights), beside the dense teacher (grid
-    keep_weights_teacher) and the same widths trained from scratch; and the goal's verdict."""
+    keep_weights_teacher) and the same widths trained from scratch; a figure; the goal's verdicts."""
     keep, teachers = _entries("keep_weights", runs), _entries("keep_weights_teacher", runs)
     teacher = _summary(teachers[0]) if teachers else None
     lines = [
@@ -1422,22 +1478,20 @@ def _keep_weights(runs, entries):
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
         _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher)),
     ]
-    goal = None
-    for point, flags, grid, twin_flags in _KEEP_POINTS:
-        ways = {}
-        for label, way in _KEEP_WAYS:
-            found = _find(keep, **flags, **way)
-            ways[label] = found[0][0] if found else None
-            lines.append(_keep_row(point, label, ways[label], _epoch_stats(ways[label] or {"results": []})))
-        twin = _find(entries[grid], **twin_flags)
-        scratch = twin[0][1] if twin else None
-        lines.append(_keep_row(point, f"from scratch (grid {grid})", twin[0][0] if twin else None,
-                               _final(scratch)))
-        if goal is None:  # the first point is the goal's (latency 0.5), fine-tuned or distilled
-            goal = _keep_goal(teacher, scratch, {label: ways[label] for label, _ in _KEEP_WAYS[:2]
-                                                 if ways[label] is not None})
-    verdict, why = goal
-    return lines + ["", f"Goal: {_KEEP_GOAL}: **{verdict}** ({why}).", ""]
+    goals, drawn = [], []
+    for point in _KEEP_POINTS:
+        ways, twin = _keep_point(keep, entries, point)
+        lines += [_keep_row(point[0], label, entry, _epoch_stats(entry)) for label, entry in ways.items()]
+        lines.append(_keep_row(point[0], f"from scratch (grid {point[2]})", twin and twin[0],
+                               _final(twin and twin[1])))
+        drawn.append((point[0], ways, twin))
+        if point[4]:
+            verdict, why = _keep_goal(teacher, twin and twin[1], dict(list(ways.items())[:_KEEP_GOAL_WAYS]))
+            goals.append(f"- {point[0]}: **{verdict}** ({why}).")
+    lines += ["", f"Goal: {_KEEP_GOAL}.", ""] + goals + [""]
+    if _plot_keep(teacher, drawn, FIGURES / "keep_weights.png"):
+        lines += ["![keep_weights](figures/keep_weights.png)", ""]
+    return lines
 
 
 # The report's grid sections, in page order: (title, grid, its figures as _section takes them).

@@ -11,9 +11,11 @@
 # at SynExp's densities: not in the issue's list, so after all of it). Extra arguments go to run.py
 # (e.g. --commit).
 cd "$(dirname "$0")/.."
-# Issue 29's trained dense teachers first (two 10-epoch runs that every fine-tuning run needs), then
-# its fine-tuning grid keep_weights (each teacher pruned with kept weights and fine-tuned 3 epochs),
-# then issue 27's grids (against uniform width scaling), uniform_latency and uniform seed-major together.
+# Issue 29 first: its fine-tuning grid keep_weights (a trained teacher pruned with kept weights and
+# fine-tuned 3 epochs) on seed 3, whose teacher is trained, then the second teacher (grid
+# keep_weights_teacher, 10 epochs) and the grid's seed 4; then issue 27's grids (against uniform
+# width scaling), uniform_latency and uniform seed-major together.
+python experiments/run.py --grid experiments/grids/keep_weights.json --match='-s3$' "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights_teacher.json "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_latency.json \
