@@ -437,6 +437,41 @@ def test_fine_tune_trains_the_student_alone_and_distilled():
         kp.fine_tune(teacher, (x, y), teacher=teacher)
 
 
+class _Batches(keras.utils.PyDataset):
+    """``(x, y)`` in batches of ``size``: data with a length, not an array."""
+
+    def __init__(self, x, y, size):
+        super().__init__()
+        self.x, self.y, self.size = x, y, size
+
+    def __len__(self):
+        return -(-len(self.x) // self.size)
+
+    def __getitem__(self, i):
+        part = slice(i * self.size, (i + 1) * self.size)
+        return self.x[part], self.y[part]
+
+
+def test_fine_tune_decays_the_learning_rate_to_zero_over_its_epochs():
+    """The rate starts at ``learning_rate`` and reaches 0 at the last step (arrays: ceil(n / batch)
+    steps an epoch; a dataset: its length); a schedule passed in is used as given."""
+    student = kp.precrop(randomize(_block_model()), params=0.5, weights="keep")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 6, 6, 3)).astype("float32"), rng.integers(0, 4, 20)
+    kp.fine_tune(student, (x, y), epochs=2, batch_size=8, learning_rate=0.05, verbose=0)
+    assert int(student.optimizer.iterations) == 6  # 2 epochs of ceil(20 / 8) batches
+    assert float(student.optimizer.learning_rate) == pytest.approx(0.0)
+    schedule = student.optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(0.05) and float(schedule(3)) == pytest.approx(0.025)
+    kp.fine_tune(student, _Batches(x, y, 5), epochs=1, learning_rate=0.05, verbose=0)
+    assert float(student.optimizer.learning_rate) == pytest.approx(0.0)  # 4 batches, rate 0 at the 4th
+    constant = keras.optimizers.schedules.ExponentialDecay(0.02, 1000, 1.0)
+    kp.fine_tune(student, (x, y), epochs=1, batch_size=8, learning_rate=constant, verbose=0)
+    assert float(student.optimizer.learning_rate) == pytest.approx(0.02)
+    with pytest.raises(kp.ArgumentError, match="learning_rate=-1"):
+        kp.fine_tune(student, (x, y), learning_rate=-1)
+
+
 # -- every keras.applications constructor ----------------------------------------
 
 
