@@ -5,7 +5,9 @@ layers), exports it with ``model.export`` and converts the export with
 ``tf.lite.TFLiteConverter``, as the README's Deployment section shows. A
 subprocess in which importing ``keras_precrop`` raises ImportError loads both
 (``tf.saved_model.load``, ``tf.lite.Interpreter``) and runs them on the same
-batch; their outputs must match the Keras model's.
+batch; their outputs must match the Keras model's. The same holds for the ONNX export
+(ONNX Runtime) and the int8 models the ``litert_int8`` / ``onnx_int8`` latency runtimes time
+(within a few int8 steps).
 """
 
 import subprocess
@@ -118,3 +120,50 @@ def test_pruned_resnet20_exported_to_onnx_serves_without_keras_precrop(tmp_path)
     reference = np.asarray(small(x, training=False))
     np.testing.assert_allclose(np.load(tmp_path / "onnx.npy"), reference, rtol=0,
                                atol=1e-4 * np.abs(reference).max())
+
+
+_SERVE_INT8 = _SERVE.split("\nimport numpy as np")[0] + textwrap.dedent('''
+    import numpy as np
+
+    folder, runtime = sys.argv[1], sys.argv[2]
+    x = np.load(f"{folder}/x.npy")
+    if runtime == "litert_int8":  # full-integer: int8 in and out, with their scales
+        import tensorflow as tf
+
+        interpreter = tf.lite.Interpreter(model_path=f"{folder}/int8.tflite")
+        interpreter.allocate_tensors()
+        inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+        (si, zi), (so, zo) = inp["quantization"], out["quantization"]
+        interpreter.set_tensor(inp["index"], np.clip(np.round(x / si + zi), -128, 127).astype(np.int8))
+        interpreter.invoke()
+        got = (interpreter.get_tensor(out["index"]).astype(np.float32) - zo) * so
+    else:  # QDQ: float in and out
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(f"{folder}/int8.onnx", providers=["CPUExecutionProvider"])
+        got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.save(f"{folder}/int8.npy", got)
+    assert not any(m.split(".")[0] == "keras_precrop" for m in sys.modules)
+''')
+
+
+@pytest.mark.parametrize("runtime", ["litert_int8", "onnx_int8"])
+def test_int8_exports_serve_without_keras_precrop_within_quantization_error(runtime, tmp_path):
+    """The int8 models the latency runtimes time, exported from a pruned resnet20, served where
+    keras_precrop cannot be imported: outputs within a few int8 steps of the Keras model's."""
+    if runtime == "onnx_int8":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("tf2onnx")
+    small = kp.precrop(kp.models.get("resnet20"), flops=0.5)  # ChannelSlice, PrefixAdd
+    x = np.random.default_rng(1).standard_normal((8, 32, 32, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    if runtime == "litert_int8":
+        (tmp_path / "int8.tflite").write_bytes(kp.latency.timing.to_tflite(small, len(x), int8=True))
+    else:
+        kp.latency.timing.to_onnx(small, str(tmp_path / "int8.onnx"), int8=True)
+    done = subprocess.run([sys.executable, "-c", _SERVE_INT8, str(tmp_path), runtime],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = np.asarray(small(x, training=False))
+    # int8 steps of the output range: an error of a few percent of it, not more.
+    assert np.abs(np.load(tmp_path / "int8.npy") - reference).max() <= 0.1 * np.abs(reference).max()

@@ -482,39 +482,6 @@ def test_a_runtime_without_its_package_names_the_extra(monkeypatch):
         kp.latency.runner(kp.models.get("resnet20"), 4, runtime="onnx")
 
 
-def _int8_outputs(model, runtime, x, tmp_path):
-    """The int8 model's float outputs on ``x``: LiteRT full-integer or ONNX Runtime QDQ."""
-    if runtime == "litert_int8":
-        import tensorflow as tf
-
-        interpreter = tf.lite.Interpreter(model_content=kp.latency.timing.to_tflite(
-            model, len(x), int8=True))
-        interpreter.allocate_tensors()
-        inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
-        (si, zi), (so, zo) = inp["quantization"], out["quantization"]
-        interpreter.set_tensor(inp["index"], np.clip(np.round(x / si + zi), -128, 127).astype(np.int8))
-        interpreter.invoke()
-        return (interpreter.get_tensor(out["index"]).astype(np.float32) - zo) * so
-    import onnxruntime
-
-    path = kp.latency.timing.to_onnx(model, str(tmp_path / "int8.onnx"), int8=True)
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x})[0]
-
-
-@pytest.mark.parametrize("runtime", ["litert_int8", "onnx_int8"])
-def test_int8_exports_agree_with_keras_within_quantization_error(runtime, tmp_path):
-    if runtime == "onnx_int8":
-        pytest.importorskip("onnxruntime")
-        pytest.importorskip("tf2onnx")
-    model = kp.precrop(_small_cnn(), params=0.6)  # a pruned model: ChannelSlice, PrefixAdd
-    x = np.random.default_rng(1).standard_normal((8, 16, 16, 3)).astype("float32")
-    reference = np.asarray(model(x, training=False))
-    got = _int8_outputs(model, runtime, x, tmp_path)
-    # int8 steps of the output range: an error of a few percent of it, not more.
-    assert np.abs(got - reference).max() <= 0.1 * np.abs(reference).max()
-
-
 def test_a_backend_runtime_names_the_backend_it_needs():
     with pytest.raises(kp.ArgumentError, match=r"runtime='jax' times the model under "
                                                r"KERAS_BACKEND=jax; this process runs 'tensorflow'"):
