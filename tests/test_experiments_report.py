@@ -144,44 +144,65 @@ def _fake_run(runs, name, accuracies, macs_ratio=0.2, pruned=None):
 
 def _keep_section(tmp_path, monkeypatch, keep):
     """The section report.py writes of these runs: the dense teachers at 0.80/0.82, the latency
-    point's from-scratch model at 0.75/0.77, the FLOPs point's at 0.78/0.78, and ``keep``:
-    ``{(grid entry, seed): per-epoch accuracies}`` of grid keep_weights."""
+    points' from-scratch models at 0.75/0.77 (auto widths) and 0.74/0.76 (uniform), the FLOPs
+    point's at 0.78/0.78, and ``keep``: ``{(grid entry, seed): per-epoch accuracies}`` of grid
+    keep_weights. Returns the table's rows and the goal's lines, one per latency point."""
     runs = tmp_path / "runs"
     for seed, acc in ((3, 0.80), (4, 0.82)):
         _fake_run(runs, f"resnet20-baseline-ep10-s{seed}", [0.5, acc], macs_ratio=1.0)
-    for seed, acc in ((0, 0.75), (1, 0.77)):
-        _fake_run(runs, f"resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_auto-ep10-s{seed}", [0.5, acc])
+    for seed in (0, 1):
+        for mode, acc in (("auto", 0.75 + 0.02 * seed), ("uniform", 0.74 + 0.02 * seed)):
+            _fake_run(runs, f"resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_{mode}-ep10-s{seed}",
+                      [0.5, acc])
         _fake_run(runs, f"resnet20-precrop_flops-flops0.2734-modelayerwise-ep10-s{seed}", [0.5, 0.78])
     grid = report._run.load_grid(report.GRIDS / "keep_weights.json")
     for flags in grid:
         if (flags["entry"], flags["seed"]) in keep:
             _fake_run(runs, report._run.run_id(flags), keep[flags["entry"], flags["seed"]], pruned=0.3)
     monkeypatch.setattr(report, "HERE", tmp_path)
+    monkeypatch.setattr(report, "FIGURES", tmp_path / "figures")  # not the committed figure
+    (tmp_path / "figures").mkdir()
     loaded = report._load_runs()
     entries = {name: report._entries(name, loaded) for name in ("core", "uniform_latency")}
     lines = report._keep_weights(loaded, entries)
-    return [line for line in lines if line.startswith("| ")], lines[-2]
+    assert f"Goal: {report._KEEP_GOAL}." in lines
+    return ([line for line in lines if line.startswith("| ")],
+            [line for line in lines if line.startswith("- latency 0.5")])
+
+
+# Grid keep_weights' entries: at the latency point with auto widths 0 fine-tuned, 1 distilled,
+# 2 random channels; with uniform widths 3 fine-tuned, 4 distilled; at the FLOPs point 5 fine-tuned,
+# 6 distilled; the first recipe (learning rate 0.01, seed 3) 7 fine-tuned, 8 distilled.
+_AUTO, _UNIFORM = "latency 0.5, auto widths", "latency 0.5, uniform widths"
 
 
 def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_path, monkeypatch):
-    # Entries 0-2: the latency point fine-tuned, distilled, random channels; 3-5 the FLOPs point's.
     keep = {(0, 3): [0.70, 0.78, 0.795], (0, 4): [0.72, 0.79, 0.805],  # 3 epochs: 80.0, within 1 pp of 81
-            (1, 3): [0.60, 0.70, 0.75]}  # distilled: seed 4 not finished
-    rows, goal = _keep_section(tmp_path, monkeypatch, keep)
+            (1, 3): [0.60, 0.70, 0.75],  # distilled: seed 4 not finished
+            (7, 3): [0.5, 0.6, 0.65]}  # the first recipe, one seed by design
+    rows, goals = _keep_section(tmp_path, monkeypatch, keep)
     assert rows[1] == "| - | dense teacher, from scratch | 1.0000 |  |  |  |  | 81.00 ± 1.41 | 2 |"
-    assert rows[2] == ("| latency 0.5 | fine-tuned (l1 channels) | 0.2000 | 30.00 ± 0.00 | 71.00 ± 1.41 "
+    assert rows[2] == (f"| {_AUTO} | fine-tuned (l1 channels) | 0.2000 | 30.00 ± 0.00 | 71.00 ± 1.41 "
                        "| 78.50 ± 0.71 | 80.00 ± 0.71 |  | 2 |")
-    assert rows[3] == ("| latency 0.5 | distilled (l1 channels) | 0.2000 | 30.00 ± 0.00 | 60.00 ± 0.00 "
+    assert rows[3] == (f"| {_AUTO} | distilled (l1 channels) | 0.2000 | 30.00 ± 0.00 | 60.00 ± 0.00 "
                        "| 70.00 ± 0.00 | 75.00 ± 0.00 |  | 1 (seeds 4 pending) |")
-    assert rows[4] == ("| latency 0.5 | random channels, fine-tuned (control) | | not yet trained | | | | "
+    assert rows[4] == (f"| {_AUTO} | random channels, fine-tuned (control) | | not yet trained | | | | "
                        "| 0 (seeds 3, 4 pending) |")
-    assert rows[5] == ("| latency 0.5 | from scratch (grid uniform_latency) | 0.2000 |  |  |  |  "
+    assert rows[5] == (f"| {_AUTO} | fine-tuned, lr 0.01 | 0.2000 | 30.00 ± 0.00 | 50.00 ± 0.00 "
+                       "| 60.00 ± 0.00 | 65.00 ± 0.00 |  | 1 |")
+    assert rows[6] == f"| {_AUTO} | distilled, lr 0.01 | | not yet trained | | | | | 0 (seeds 3 pending) |"
+    assert rows[7] == (f"| {_AUTO} | from scratch (grid uniform_latency) | 0.2000 |  |  |  |  "
                        "| 76.00 ± 1.41 | 2 |")
-    assert rows[9] == "| flops 0.2734 | from scratch (grid core) | 0.2000 |  |  |  |  | 78.00 ± 0.00 | 2 |"
-    assert rows[0].startswith("| pruning point |") and len(rows) == 10
+    assert rows[8].startswith(f"| {_UNIFORM} | fine-tuned (l1 channels) | | not yet trained |")
+    assert rows[10] == (f"| {_UNIFORM} | from scratch (grid uniform_latency) | 0.2000 |  |  |  |  "
+                        "| 75.00 ± 1.41 | 2 |")
+    assert rows[13] == "| flops 0.2734 | from scratch (grid core) | 0.2000 |  |  |  |  | 78.00 ± 0.00 | 2 |"
+    assert rows[0].startswith("| pruning point |") and len(rows) == 14
     # Met at the third epoch by fine-tuning alone, though distillation has not finished.
-    assert goal == (f"Goal: {report._KEEP_GOAL}: **met** (fine-tuned (l1 channels) after 3 epoch(s): "
-                    "80.00 vs dense 81.00 and from scratch 76.00).")
+    assert goals == [f"- {_AUTO}: **met** (fine-tuned (l1 channels) after 3 epoch(s): 80.00 vs dense "
+                     "81.00 and from scratch 76.00).",
+                     f"- {_UNIFORM}: **not yet measured** (waiting for fine-tuned (l1 channels), "
+                     "distilled (l1 channels))."]
 
 
 @pytest.mark.parametrize("keep, verdict", [
@@ -197,14 +218,24 @@ def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_
     # One way finished and short, the other not: not measured yet, not met so far.
     ({(0, 3): [0.70, 0.75, 0.78], (0, 4): [0.70, 0.75, 0.78], (1, 3): [0.7, 0.8, 0.81]},
      "**not yet measured** (not met so far; waiting for distilled (l1 channels))"),
-    # The earliest epoch that meets it is named.
+    # The earliest epoch that meets it is named; the first recipe's rows (one seed) do not count.
     ({(1, 3): [0.80, 0.81, 0.81], (1, 4): [0.80, 0.81, 0.81], (0, 3): [0.7, 0.7, 0.7],
-      (0, 4): [0.7, 0.7, 0.7]},
+      (0, 4): [0.7, 0.7, 0.7], (7, 3): [0.81, 0.81, 0.81]},
      "**met** (distilled (l1 channels) after 1 epoch(s): 80.00 vs dense 81.00 and from scratch 76.00)"),
 ])
 def test_keep_weights_goal_verdict(keep, verdict, tmp_path, monkeypatch):
-    _, goal = _keep_section(tmp_path, monkeypatch, keep)
-    assert goal == f"Goal: {report._KEEP_GOAL}: {verdict}."
+    _, goals = _keep_section(tmp_path, monkeypatch, keep)
+    assert goals[0] == f"- {_AUTO}: {verdict}."
+
+
+def test_keep_weights_goal_is_judged_per_latency_point_against_its_own_twin(tmp_path, monkeypatch):
+    # Uniform widths distilled reach 80.5 after 2 epochs: above its own twin (75.0), within 1 pp.
+    keep = {(3, 3): [0.7, 0.75, 0.76], (3, 4): [0.7, 0.75, 0.76], (4, 3): [0.75, 0.80, 0.81],
+            (4, 4): [0.75, 0.81, 0.82]}
+    _, goals = _keep_section(tmp_path, monkeypatch, keep)
+    assert goals[1] == (f"- {_UNIFORM}: **met** (distilled (l1 channels) after 2 epoch(s): 80.50 vs dense "
+                        "81.00 and from scratch 75.00).")
+    assert goals[0].startswith(f"- {_AUTO}: **not yet measured**")
 
 
 def test_keep_weights_goal_needs_the_dense_and_from_scratch_models():
@@ -226,5 +257,5 @@ def test_keep_weights_points_are_the_grids_and_their_twins_the_default_modes():
         ways = [w for _, w in report._KEEP_WAYS if all(flags.get(k) == v for k, v in w.items())]
         assert len(points) == len(ways) == 1, flags
         assert "mode" not in flags
-    twins = [twin for _, _, _, twin in report._KEEP_POINTS if "flops" in twin]
+    twins = [point[3] for point in report._KEEP_POINTS if "flops" in point[3]]
     assert twins and all(t["mode"] == dict(report._AUTO_PICKS)["a FLOPs budget"] for t in twins)
