@@ -1431,12 +1431,13 @@ def _plot_keep(teacher, points, path):
     if not drawn:
         return False
     fig, axes = plt.subplots(1, len(drawn), figsize=(4.6 * len(drawn), 4), sharey=True, squeeze=False)
+    colors = {label: f"C{i}" for i, (label, _) in enumerate(_KEEP_WAYS)}  # a way's color in every panel
     for ax, (name, ways, twin) in zip(axes[0], drawn):
         for label, entry in ways.items():
             stats = _epoch_stats(entry)
             if stats:
                 epochs = sorted(stats)
-                ax.plot(epochs, [stats[e][0] for e in epochs], marker="o",
+                ax.plot(epochs, [stats[e][0] for e in epochs], marker="o", color=colors[label],
                         label=f"{label} (n {len(entry['results'])})")
         if twin is not None and twin[0]["results"]:
             _plot_curves_on(ax, twin[0], "same widths from scratch")
@@ -1446,8 +1447,8 @@ def _plot_keep(teacher, points, path):
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("epochs of training the pruned widths")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
     axes[0][0].set_ylabel("test accuracy (%)")
-    axes[0][-1].legend(fontsize=6)
     _save(fig, path)
     return True
 
