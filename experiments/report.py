@@ -225,12 +225,16 @@ def _plot_curves(entries, path, title):
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     for entry in finished:
-        curves = [[100 * row["val_accuracy"] for row in r["history"]] for r in entry["results"]]
-        length = min(map(len, curves))
-        mean = [statistics.mean(curve[i] for curve in curves) for i in range(length)]
-        ax.plot(range(1, length + 1), mean, label=f"{entry['label']} (n {len(curves)})")
+        mean = _mean_curve(entry)
+        ax.plot(range(1, len(mean) + 1), mean, label=f"{entry['label']} (n {len(entry['results'])})")
     _finish(fig, ax, "epoch", title, path)
     return True
+
+
+def _mean_curve(entry):
+    """Test accuracy (%) after each epoch, mean over an entry's finished seeds (as long as the shortest)."""
+    curves = [[100 * row["val_accuracy"] for row in r["history"]] for r in entry["results"]]
+    return [statistics.mean(curve[i] for curve in curves) for i in range(min(map(len, curves)))]
 
 
 def _spar_comp():
@@ -1440,7 +1444,9 @@ def _plot_keep(teacher, points, path):
                 ax.plot(epochs, [stats[e][0] for e in epochs], marker="o", color=colors[label],
                         label=f"{label} (n {len(entry['results'])})")
         if twin is not None and twin[0]["results"]:
-            _plot_curves_on(ax, twin[0], "same widths from scratch")
+            mean = _mean_curve(twin[0])
+            ax.plot(range(1, len(mean) + 1), mean, color="grey", ls=":", marker=".",
+                    label=f"same widths from scratch (n {len(twin[0]['results'])})")
         if teacher is not None:
             ax.axhline(teacher["acc"], color="k", lw=1, label="dense teacher")
             ax.axhline(teacher["acc"] - _KEEP_GOAL_PP, color="k", lw=1, ls="--", label="dense - 1 pp")
@@ -1451,14 +1457,6 @@ def _plot_keep(teacher, points, path):
     axes[0][0].set_ylabel("test accuracy (%)")
     _save(fig, path)
     return True
-
-
-def _plot_curves_on(ax, entry, label):
-    """An entry's mean test-accuracy curve over its epochs, on ``ax``."""
-    curves = [[100 * row["val_accuracy"] for row in r["history"]] for r in entry["results"]]
-    length = min(map(len, curves))
-    ax.plot(range(1, length + 1), [statistics.mean(c[i] for c in curves) for i in range(length)],
-            color="grey", ls=":", marker=".", label=f"{label} (n {len(curves)})")
 
 
 def _keep_weights(runs, entries):

@@ -113,8 +113,7 @@ def distiller(student, teacher, *, distill_temperature=4.0, alpha=0.5):
 def _check(student, teacher, epochs, learning_rate, temperature, alpha):
     """Checks :func:`fine_tune`'s arguments, naming the one at fault."""
     schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
-    if not schedule and not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate)
-                             and learning_rate > 0):
+    if not schedule and not _positive(learning_rate):
         raise ArgumentError("{learning_rate} must be a positive number or a LearningRateSchedule.",
                             learning_rate=learning_rate)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -124,7 +123,7 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
 
 def _check_distillation(student, teacher, temperature, alpha):
     """Checks the distillation's arguments (``teacher`` None: only the numbers), naming the one at fault."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+    if not _positive(temperature):
         raise ArgumentError("{distill_temperature} must be a positive number.",
                             distill_temperature=temperature)
     if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
@@ -136,3 +135,8 @@ def _check_distillation(student, teacher, temperature, alpha):
                 "{teacher:=} and the student share variables; distillation freezes the teacher, "
                 "and with it the student. Give the student its own weights "
                 "(kp.precrop(..., weights='keep') builds such a model).")
+
+
+def _positive(value):
+    """Whether ``value`` is a finite positive number."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
