@@ -470,6 +470,8 @@ def test_fine_tune_decays_the_learning_rate_to_zero_over_its_epochs():
     assert float(student.optimizer.learning_rate) == pytest.approx(0.02)
     with pytest.raises(kp.ArgumentError, match="learning_rate=-1"):
         kp.fine_tune(student, (x, y), learning_rate=-1)
+    with pytest.raises(kp.ArgumentError, match="learning_rate=True"):
+        kp.fine_tune(student, (x, y), learning_rate=True)
 
 
 # -- every keras.applications constructor ----------------------------------------

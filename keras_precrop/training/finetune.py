@@ -138,5 +138,6 @@ def _check_distillation(student, teacher, temperature, alpha):
 
 
 def _positive(value):
-    """Whether ``value`` is a finite positive number."""
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    """Whether ``value`` is a finite positive number (``True`` is not one, though Python counts it 1)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
