@@ -11,6 +11,14 @@ Run it on a quiet machine (pause training: ``kill -STOP -<pgid>`` with the
 process group in ``experiments/runs/driver.pid``, then ``kill -CONT``)::
 
     python experiments/latency_plans.py --targets 0.5 0.33
+
+Records are merged into ``<model>_tf_b<batch>_plans.json`` (a plan's name
+replaces its earlier record). ``--latency_model`` plans with a committed
+latency model instead of fitting a new one (the ``floor`` plan of grid
+``latency_floor`` was planned with the one ``uniform_latency``'s plans used)::
+
+    python experiments/latency_plans.py --targets 0.5 --modes floor \
+        --latency_model experiments/plans/resnet20_tf_b64_latency_model.json
 """
 
 import argparse
@@ -24,39 +32,56 @@ HERE = pathlib.Path(__file__).resolve().parent
 PLANS = HERE / "plans"
 
 
+# A mode name of --modes that is mode="auto" with floor=1.0: no width below the uniform plan's.
+FLOOR = "floor"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.33])
-    parser.add_argument("--modes", nargs="+", default=["auto", "uniform"])
+    parser.add_argument("--modes", nargs="+", default=["auto", "uniform"],
+                        help=f"plan modes; {FLOOR!r}: auto with floor=1.0")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--calibrate", type=int, default=3, help="calibration rounds per plan")
+    parser.add_argument("--latency_model", type=pathlib.Path,
+                        help="plan with this fitted latency model (JSON) instead of fitting one")
     parser.add_argument("--out", type=pathlib.Path, default=PLANS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = kp.models.get(args.model)
-    lm = kp.latency_model(model, batch_size=args.batch_size)
-    lm.summary()
     stem = f"{args.model}_tf_b{args.batch_size}"
-    lm.to_json(args.out / f"{stem}_latency_model.json")
-    record = {"model": args.model, "batch_size": args.batch_size, "runtime": "tf",
-              "machine": platform.processor() or platform.machine(), "plans": {}}
+    if args.latency_model:
+        lm = kp.LatencyModel.from_json(args.latency_model)
+    else:
+        lm = kp.latency_model(model, batch_size=args.batch_size)
+        lm.to_json(args.out / f"{stem}_latency_model.json")
+    lm.summary()
+    path = args.out / f"{stem}_plans.json"
+    record = json.loads(path.read_text()) if path.exists() else {
+        "model": args.model, "batch_size": args.batch_size, "runtime": "tf", "plans": {}}
+    record["machine"] = platform.processor() or platform.machine()
     for target in args.targets:
         for mode in args.modes:
-            plan = kp.plan(model, latency=target, latency_model=lm, mode=mode,
-                           calibrate=args.calibrate)
+            options = {"mode": "auto", "floor": 1.0} if mode == FLOOR else {"mode": mode}
+            plan = kp.plan(model, latency=target, latency_model=lm, calibrate=args.calibrate,
+                           **options)
             name = f"{stem}_latency{target:g}_{mode}"
             plan.to_json(args.out / f"{name}.json")
-            record["plans"][name] = {
-                "target": target, "mode": plan.mode, "params": plan.params, "macs": plan.macs,
-                "params_ratio": plan.params / plan.original["params"],
-                "macs_ratio": plan.macs / plan.original["macs"],
-                "calibration": plan.solver["latency_calibration"],
-                "uniform_ratio": plan.solver.get("uniform_ratio")}
+            record["plans"][name] = plan_record(plan, target)
             print(f"{name}: measured {plan.solver['latency_calibration']['measured']:.3f} of the "
                   f"original's time, {plan.params:,} params, {plan.macs:,} MACs", flush=True)
-    (args.out / f"{stem}_plans.json").write_text(json.dumps(record, indent=1))
+    path.write_text(json.dumps(record, indent=1))
 
+
+def plan_record(plan, target):
+    """What the report reads of a calibrated latency plan: costs, mode, floor and what it measured."""
+    return {"target": target, "mode": plan.mode, "params": plan.params, "macs": plan.macs,
+            "params_ratio": plan.params / plan.original["params"],
+            "macs_ratio": plan.macs / plan.original["macs"],
+            "calibration": plan.solver["latency_calibration"],
+            "uniform_ratio": plan.solver.get("uniform_ratio"),
+            "floor_ratio": plan.solver.get("floor_ratio")}
 
 if __name__ == "__main__":
     main()

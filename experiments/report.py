@@ -774,11 +774,12 @@ def _speed(runs, speed, plans=None):
                  "time / the model's in the same round, median over rounds.")
     points, untimed = _speed_points(runs, speed, plans)
     if any(_CALIBRATED in label for series in points.values() for label in series):
-        lines[0] += (" Series marked *" + _CALIBRATED + "* are latency plans (grid uniform_latency, "
-                     "sub-section \"At equal measured time\") that the benchmark does not time: each sits "
-                     "at 1 / the time ratio that `experiments/latency_plans.py` measured when it calibrated "
-                     "the plan (`experiments/plans/*_plans.json`), another process at another time than "
-                     "the benchmark's interleaved rounds, so those points compare only roughly.")
+        lines[0] += (" Series marked *" + _CALIBRATED + "*"
+                     " are latency plans (grids uniform_latency and latency_floor, sub-section \"At "
+                     "equal measured time\") that the benchmark does not time: each sits at 1 / the time"
+                     " ratio that `experiments/latency_plans.py` measured when it calibrated the plan "
+                     "(`experiments/plans/*_plans.json`), another process at another time than the "
+                     "benchmark's interleaved rounds, so those points compare only roughly.")
     for network, series in sorted(points.items()):
         if set(series) <= set(_FULL_COST.values()):
             continue  # none of its structured models is timed
@@ -794,9 +795,11 @@ def _speed(runs, speed, plans=None):
 
 
 def _time_plans(entries, plans):
-    """Grid ``uniform_latency``'s plans by latency target: ``{target: {kind: (entry, record)}}``,
-    targets in the grid's order, where kind is ``"uniform"`` for a plan of ``mode="uniform"`` and
-    ``"default"`` for the library's default (``mode="auto"``; the record holds the mode it picked).
+    """The latency plans of grids ``uniform_latency`` and ``latency_floor`` by latency target:
+    ``{target: {kind: (entry, record)}}``, targets in the grids' order, where kind is ``"uniform"``
+    for a plan of ``mode="uniform"``, ``"floor"`` for one with a floor at the uniform widths
+    (``floor=``; the record holds the factor) and ``"default"`` for the library's default
+    (``mode="auto"``; the record holds the mode it picked).
 
     Returns:
         ``(targets, unrecorded)``: the above, and the labels of the entries
@@ -808,7 +811,8 @@ def _time_plans(entries, plans):
         if record is None:
             unrecorded.append(e["label"])
             continue
-        kind = "uniform" if record["mode"] == "uniform" else "default"
+        kind = ("uniform" if record["mode"] == "uniform" else
+                "floor" if record.get("floor_ratio") is not None else "default")
         targets.setdefault(record["target"], {})[kind] = (e, record)
     return targets, unrecorded
 
@@ -851,38 +855,51 @@ def _reference_row(target, core, speed):
 
 
 def _equal_time(entries, core, speed, plans):
-    """Grid ``uniform_latency``: at each latency target, the default plan against the uniform one
-    (the claims' rule, ``_against_cell``), and grid core's PreCrop-FLOPs plan of about that speed."""
+    """Grids ``uniform_latency`` and ``latency_floor``: at each latency target, the default plan and
+    the floored one against the uniform one (the claims' rule, ``_against_cell``), and grid core's
+    PreCrop-FLOPs plan of about that speed."""
     lines = [
         "**At equal measured time.** For each latency target (the plan's time / the original's), the "
-        "library's default plan (`mode=\"auto\"`, the mode it picked in brackets) and the uniform one: "
+        "library's default plan (`mode=\"auto\"`, the mode it picked in brackets), the uniform one and, "
+        "where grid latency_floor trained one, exact mode floored at the uniform widths (`floor=1.0`): "
         "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
         "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
         "*speedup* its inverse; params and MACs ratios are the plan's; accuracy is mean ± std (n seeds). "
-        "*default vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with 2+ "
-        "seeds a side; fewer: pending). The third row is grid core's PreCrop-FLOPs plan with the smallest "
-        "speedup not below 1 / target as `benchmarks/bench_trained_speed.py` measured it: another "
-        "process and time than the calibration's, so it is a rough reference, not judged.",
+        "*vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with 2+ seeds a "
+        "side; fewer: pending). The last row of each target is grid core's PreCrop-FLOPs plan with the "
+        "smallest speedup not below 1 / target as `benchmarks/bench_trained_speed.py` measured it: "
+        "another process and time than the calibration's, so it is a rough reference, not judged.",
         "",
         "| target | plan | time ratio | speedup | params ratio | MACs ratio | accuracy % "
-        "| default vs uniform |",
+        "| vs uniform |",
         "|---:|---|---:|---:|---:|---:|---|---|",
     ]
     targets, unrecorded = _time_plans(entries, plans)
-    outcomes = []
+    outcomes = {"default": [], "floor": []}
     for target, kinds in targets.items():
         modes = {kind: _summary(e) for kind, (e, _) in kinds.items()}
-        cell, winner = _against_cell(modes, "default")
-        outcomes.append(winner)
         for kind, (_, record) in kinds.items():
-            name = "uniform" if kind == "uniform" else f"default ({record['mode']})"
-            lines.append(_time_row(target, name, record, modes[kind], cell if kind == "default" else ""))
+            cell = ""
+            if kind != "uniform":
+                cell, winner = _against_cell(modes, kind)
+                outcomes[kind].append(winner)
+            lines.append(_time_row(target, _time_name(kind, record), record, modes[kind], cell))
         lines.append(_reference_row(target, core, speed))
     if unrecorded:
         lines += ["", f"No calibration record in `experiments/plans/` for: {', '.join(unrecorded)}."]
     if not targets:
         return lines + ["", "Verdict: pending (no latency plan recorded yet).", ""]
-    return lines + ["", f"Verdict: {_against_tally('default', outcomes)}.", ""]
+    tallies = [_against_tally(kind, found) for kind, found in outcomes.items() if found]
+    return lines + ["", f"Verdict: {'; '.join(tallies)}.", ""]
+
+
+def _time_name(kind, record):
+    """The equal-time table's name of a latency plan of ``kind`` (``_time_plans``)."""
+    if kind == "uniform":
+        return "uniform"
+    if kind == "floor":
+        return f"floor ({record['mode']}, no width below uniform's: factor {record['floor_ratio']:.3f})"
+    return f"default ({record['mode']})"
 
 
 def _sanity_init(init):
@@ -1512,10 +1529,12 @@ _SECTIONS = (
     ("Balanced exact mode (not in the paper)", "balance", ()),
     ("Against uniform width scaling", "uniform", ()),
     ("At equal measured time", "uniform_latency", ()),
+    ("Acting on the tie: exact mode floored at the uniform widths", "latency_floor", ()),
     ("Figure 6: PreConfig on CIFAR-10", "preconfig", ()),
 )
 _LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
-_SUBSECTIONS = ("uniform_latency",)  # grids whose section is a sub-section of the one before it
+# Grids whose section is a sub-section of the one before it.
+_SUBSECTIONS = ("uniform_latency", "latency_floor")
 
 
 def main():
@@ -1527,8 +1546,9 @@ def main():
         lines += body
         if grid == "uniform":  # after core, whose PreCrop it is compared with
             lines += _against_uniform(entries["uniform"], entries["core"]) + _speed(runs, speed, plans)
-        elif grid == "uniform_latency":
-            lines += _equal_time(entries[grid], entries["core"], speed, plans)
+        elif grid == "latency_floor":  # after uniform_latency, whose tie it acts on
+            lines += _equal_time(entries["uniform_latency"] + entries[grid], entries["core"], speed,
+                                 plans)
     lines += _keep_weights(runs, entries)
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body

@@ -14,10 +14,13 @@ cd "$(dirname "$0")/.."
 # Issue 29 first: its fine-tuning grid keep_weights (a trained teacher pruned with kept weights and
 # fine-tuned 3 epochs) on seed 3, whose teacher is trained, then the second teacher (grid
 # keep_weights_teacher, 10 epochs) and the grid's seed 4; then issue 27's grids (against uniform
-# width scaling), uniform_latency and uniform seed-major together.
+# width scaling), uniform_latency and uniform seed-major together, except that the allocation
+# that acts on uniform_latency's tie (grid latency_floor) goes before uniform's second seed.
 python experiments/run.py --grid experiments/grids/keep_weights.json --match='-s3$' "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights_teacher.json "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights.json "$@" || exit
+python experiments/run.py --grid experiments/grids/uniform_latency.json --match='latency0\.33' "$@" || exit
+python experiments/run.py --grid experiments/grids/latency_floor.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_latency.json \
   --grid experiments/grids/uniform.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_mobilenet.json "$@" || exit

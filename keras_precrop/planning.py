@@ -233,7 +233,8 @@ def _resolve_budget(row, ratio, absolute, original, can_grow):
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
-         residual="prefix", latency=None, latency_model=None, balance=None, calibrate=None):
+         residual="prefix", latency=None, latency_model=None, balance=None, floor=None,
+         calibrate=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -271,6 +272,14 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             bottlenecks (integer rounding may exceed it slightly;
             ``plan.solver["balance_max"]`` reports the largest factor of
             every plan).
+        floor: exact mode only (``"auto"`` picks it): a ratio in (0, 1]; no
+            free width is narrower than ``floor`` times the width
+            ``mode="uniform"`` gives at the same budgets (rounded down onto
+            the grid), and the width program spends what the budgets leave.
+            ``floor=1.0`` keeps the width multiplier's model as the narrowest
+            allowed: under a latency budget, exact mode alone narrows
+            residual streams to a few channels, which the latency model
+            underprices (``plan.solver["floor_ratio"]`` is the factor).
         calibrate: rounds of measured feedback for a ``latency`` budget. A
             latency model's prediction of its own plan can be off (its
             features cannot express every kernel's cost), so each round
@@ -296,7 +305,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         TypeError: for a budget that is not a number.
         InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
-    can_grow = _check_options(mode, round_to, min_channels, upper, balance)
+    can_grow = _check_options(mode, round_to, min_channels, upper, balance, floor)
     # Checked before profiling and timing, so a bad latency= fails at once.
     latency_budget = _resolve_budget(_latency.ROW, latency, None, 1.0, can_grow)
     measured_here = latency_model is None or isinstance(latency_model, dict)
@@ -328,7 +337,8 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
 
     def solve_for(b):
         return solve(prof, cm, b, mode=mode, upper=upper, round_to=round_to,
-                     min_channels=min_channels, balance=balance, arguments=arguments)
+                     min_channels=min_channels, balance=balance, floor=floor,
+                     arguments=arguments)
 
     if calibrate:
         options = latency_model if isinstance(latency_model, dict) else {}
@@ -390,7 +400,7 @@ def _with_inputs(model, specs):
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
 
 
-def _check_options(mode, round_to, min_channels, upper, balance):
+def _check_options(mode, round_to, min_channels, upper, balance, floor):
     """Checks :func:`plan`'s width options; returns whether widths may grow."""
     if mode not in MODES and mode != "auto":
         raise ArgumentError(f"{{mode}} is unknown; use one of {sorted(MODES) + ['auto']}.",
@@ -406,9 +416,14 @@ def _check_options(mode, round_to, min_channels, upper, balance):
                 or not math.isfinite(balance) or balance < 1:
             raise ArgumentError("{balance} must be a factor >= 1 (e.g. 2) or None.",
                                 balance=balance)
-        if mode not in ("exact", "auto"):
-            raise ArgumentError("{balance} needs {mode:exact} (the width program); {mode} sets "
-                                "widths by its own rule.", balance=balance, mode=mode)
+    for name, value in (("balance", balance), ("floor", floor)):
+        if value is not None and mode not in ("exact", "auto"):
+            raise ArgumentError(f"{{{name}}} needs {{mode:exact}} (the width program); {{mode}} "
+                                "sets widths by its own rule.", **{name: value}, mode=mode)
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float, np.number))
+                              or not 0 < floor <= 1):
+        raise ArgumentError("{floor} must be a ratio in (0, 1] of the uniform widths (e.g. 1.0) "
+                            "or None.", floor=floor)
     return upper is None or upper > 1
 
 

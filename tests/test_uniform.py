@@ -145,3 +145,68 @@ def test_the_command_line_takes_mode_uniform_and_compares(tmp_path, capsys):
     assert [r["mode"] for r in rows] == ["exact", "layerwise", "uniform"]
     assert cli_main(["compare", "resnet20", "--params", "0.3", "--rounds", "3"]) == 1
     assert "--rounds 3 has no effect without --latency or --measure" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("floor", [1.0, 0.5])
+@pytest.mark.parametrize("budget", [{"params": 0.3}, {"flops": 0.2}])
+def test_floor_keeps_every_width_above_the_uniform_one_and_fills_the_budget(budget, floor):
+    model = _chain()
+    r = kp.plan(model, mode="uniform", **budget).solver["uniform_ratio"]
+    plan = kp.plan(model, floor=floor, **budget)
+    assert plan.mode == "exact" and plan.solver["floor_ratio"] == pytest.approx(floor * r)
+    widths = tuple(plan.widths[f"conv{i}"] for i in range(3))
+    for w, c in zip(widths, WIDTHS):  # no width below floor * r * C, rounded down
+        assert w >= max(1, math.floor(floor * r * c + 1e-9))
+    limits = {"params": budget.get("params", np.inf) * _params(WIDTHS),
+              "macs": budget.get("flops", np.inf) * _macs(WIDTHS)}
+
+    def fits(ws):
+        return _params(ws) <= limits["params"] and _macs(ws) <= limits["macs"]
+
+    assert fits(widths)
+    for i in range(3):  # maximal: no width can grow one channel and still fit
+        grown = list(widths)
+        grown[i] += 1
+        if grown[i] <= WIDTHS[i]:
+            assert not fits(tuple(grown)), (i, grown)
+    assert kp.apply_plan(model, plan).count_params() == _params(widths) == plan.params
+
+
+def test_floor_on_resnet20_keeps_the_width_multipliers_streams():
+    model = kp.models.get("resnet20")
+    uniform = kp.plan(model, flops=0.3, mode="uniform")
+    small = kp.precrop(model, flops=0.3, floor=1.0)
+    plan = small.precrop_plan
+    assert_matches_plan(model, plan, small)
+    assert plan.macs <= 0.3 * plan.original["macs"]
+    r = uniform.solver["uniform_ratio"]
+    for v in plan.variables:
+        if not v["fixed"]:
+            assert v["new"] >= math.floor(r * v["width"] + 1e-9), v
+    # exact mode spends what the floor leaves: the SynExp objective is at least the uniform plan's
+    assert plan.solver["objective"] >= uniform.solver["objective"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"floor": 0}, "floor=0 must be a ratio in (0, 1]"),
+    ({"floor": 1.5}, "floor=1.5 must be a ratio in (0, 1]"),
+    ({"floor": True}, "floor=True must be a ratio in (0, 1]"),
+    ({"floor": 1.0, "mode": "layerwise"}, "floor=1.0 needs mode='exact' (the width program); "
+     "mode='layerwise' sets widths by its own rule."),
+])
+def test_floor_refuses_bad_values_naming_them(options, message):
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.plan(_chain(), params=0.3, **options)
+    assert message in str(err.value)
+    assert err.value.arguments["floor"] is options["floor"]
+
+
+def test_the_command_line_takes_floor(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert cli_main(["precrop", "resnet20", "--flops", "0.3", "--floor", "1", "--plan",
+                     str(plan_path)]) == 0
+    assert kp.Plan.from_json(str(plan_path)).widths == kp.plan(kp.models.get("resnet20"), flops=0.3,
+                                                                floor=1.0).widths
+    capsys.readouterr()
+    assert cli_main(["precrop", "resnet20", "--flops", "0.3", "--floor", "2"]) == 1
+    assert "--floor 2 must be a ratio in (0, 1]" in capsys.readouterr().err

@@ -64,6 +64,16 @@ class WidthGrid:
             hi = np.maximum(hi, c)
         self.hi = np.where(cm.fixed, c, hi)
 
+    def raise_floor(self, ratio):
+        """No free width below ``ratio`` times its original, rounded down onto the grid.
+
+        :func:`~keras_precrop.budget.modes.solve` uses it for ``floor=``: the
+        narrowest widths become those of a width multiplier ``ratio``.
+        """
+        step = np.where(self.step > 0, self.step, 1)
+        floor = np.floor(ratio * self.cm.widths / step + 1e-9) * step
+        self.lo = np.where(self.cm.fixed, self.lo, np.clip(floor, self.lo, self.hi))
+
     def narrowest(self):
         """The smallest widths on the grid (views clipped to their streams)."""
         return self.enforce(self.lo.copy())

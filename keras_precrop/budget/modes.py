@@ -46,7 +46,7 @@ from keras_precrop.errors import InfeasibleBudgetError
 
 
 def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels=1,
-          balance=None, arguments=None):
+          balance=None, floor=None, arguments=None):
     """Integer widths meeting named budgets, by a translation mode.
 
     Args:
@@ -58,6 +58,9 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
         mode: one of :data:`MODES`, or ``"auto"`` (:func:`auto_mode`).
         upper: cap on width ratios (1.0: PreCrop; ``None``: no cap).
         round_to, min_channels, balance: the width grid (:class:`WidthGrid`).
+        floor: exact mode only: no free width below ``floor`` times the
+            width ``mode="uniform"`` gives at the same budgets
+            (``info["floor_ratio"]`` is that factor times uniform's).
         arguments: ``{row: (argument name, value)}``: how the user gave each
             budget, so that an infeasible one is named as given.
 
@@ -77,7 +80,7 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     info = {}
     if mode == "auto":
         mode, info["auto_mode"] = auto_mode(flops_budget=flops_binds(prof, cm, vector, upper),
-                                            upper=upper, balance=balance)
+                                            upper=upper, balance=balance, floor=floor)
     if cm.fixed.all() and np.any(cm.totals(cm.widths) > vector):
         raise InfeasibleBudgetError(
             f"Model {prof.model_name!r} has no prunable channels (inputs, outputs and ignored "
@@ -88,6 +91,9 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     narrowest = cm.totals(grid.narrowest())
     if np.any(narrowest > vector * (1 + 1e-12)):
         raise infeasible_at_minimum(grid, narrowest, vector, arguments or {})
+    if floor is not None and not cm.fixed.all():
+        info["floor_ratio"] = floor * _uniform(prof, grid, vector, upper)[1]["uniform_ratio"]
+        grid.raise_floor(info["floor_ratio"])
     if cm.fixed.all():
         widths, found = cm.widths.copy(), {"note": "nothing prunable"}
     else:
@@ -114,7 +120,7 @@ def flops_binds(prof, cm, budgets, upper):
         return True  # the mode's own solve says why, as without mode="auto"
 
 
-def auto_mode(flops_budget=False, upper=1.0, balance=None):
+def auto_mode(flops_budget=False, upper=1.0, balance=None, floor=None):
     """The translation mode ``mode="auto"`` picks, and why.
 
     Args:
@@ -123,16 +129,19 @@ def auto_mode(flops_budget=False, upper=1.0, balance=None):
             program's optimum prices MACs.
         upper: the cap on width ratios, as :func:`plan` takes it.
         balance: the balance factor, as :func:`plan` takes it.
+        floor: the floor relative to uniform widths, as :func:`plan` takes it.
 
     Returns:
-        ``(mode, reason)``: ``"exact"`` with ``balance`` (only the width
-        program can bound it); else ``"layerwise"`` where widths may grow
+        ``(mode, reason)``: ``"exact"`` with ``balance`` or ``floor`` (only
+        the width program can bound it); else ``"layerwise"`` where widths may grow
         (exact PreConfig is scale-degenerate) or under a FLOPs budget
         (where it trained best on CIFAR-10); else ``"exact"`` (parameter
         and latency budgets; the former is where it trained best).
     """
     if balance is not None:
         return "exact", "balance= bounds the width program of exact mode"
+    if floor is not None:
+        return "exact", "floor= bounds the width program of exact mode"
     if upper is None or upper > 1:
         return "layerwise", "widths may grow, and exact mode's proxy is scale-degenerate then"
     if flops_budget:
