@@ -39,7 +39,7 @@ from keras_precrop.errors import (
     UnsupportedModelError,
 )
 from keras_precrop.graph.rebuild import rebuild
-from keras_precrop.graph.trace import input_specs
+from keras_precrop.graph.trace import input_specs, is_functional
 from keras_precrop.graph.walker import walk
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
@@ -391,7 +391,7 @@ def _defined_spatial(model, macs_arguments):
 
 def _with_inputs(model, specs):
     """A fresh copy of functional ``model`` on inputs of other spatial sizes."""
-    if not (isinstance(model, keras.Sequential) or hasattr(model, "_nodes_by_depth")):
+    if not is_functional(model):
         raise UnsupportedModelError(
             f"Subclassed model {model.name!r} has the undefined input shape "
             f"{specs[0][1]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "

@@ -109,6 +109,12 @@ def _trace(model, ignore) -> Traced:
     return Traced(functional, {i: name for i, name in names.items() if i not in composites})
 
 
+def is_functional(model) -> bool:
+    """Whether ``model`` is a Functional or Sequential model (a layer graph Keras can clone),
+    not a subclassed one whose ``call`` is Python code."""
+    return isinstance(model, keras.Sequential) or hasattr(model, "_nodes_by_depth")
+
+
 def _graph_of(model):
     """The functional graph of a Functional or Sequential ``model``; ``None`` if subclassed."""
     if isinstance(model, keras.Sequential):
@@ -118,7 +124,7 @@ def _graph_of(model):
                 f"Sequential model {model.name!r} is not built: give it an "
                 "Input (keras.Input(shape)) as first layer or call it once.")
         return fn
-    if hasattr(model, "_nodes_by_depth"):
+    if is_functional(model):
         return model
     if not isinstance(model, keras.Model):
         raise UnsupportedModelError(

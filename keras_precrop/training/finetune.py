@@ -118,7 +118,8 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
                             learning_rate=learning_rate)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ArgumentError("{epochs} must be a positive integer.", epochs=epochs)
-    _check_distillation(student, teacher, temperature, alpha)
+    if teacher is None:  # with a teacher, distiller() checks them as it builds the Distiller
+        _check_distillation(student, None, temperature, alpha)
 
 
 def _check_distillation(student, teacher, temperature, alpha):
