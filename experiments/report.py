@@ -1342,8 +1342,10 @@ def _long(entries, core, thm):
 # check the pick).
 _KEEP_PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_{}.json"
 _KEEP_POINTS = tuple(
-    (f"latency 0.5, {mode} widths", {"plan_file": _KEEP_PLAN.format(mode)}, "uniform_latency",
-     {"plan_file": _KEEP_PLAN.format(mode)}, True) for mode in ("auto", "uniform")
+    (f"latency 0.5, {mode} widths", {"plan_file": _KEEP_PLAN.format(mode)}, grid,
+     {"plan_file": _KEEP_PLAN.format(mode)}, True)
+    for mode, grid in (("auto", "uniform_latency"), ("uniform", "uniform_latency"),
+                       ("floor", "latency_floor"))
 ) + (("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
       {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}, False),)
 # How a pruned model is trained on (row label, flags of its entry): the recipe (learning rate 0.1),
