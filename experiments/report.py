@@ -798,8 +798,8 @@ def _time_plans(entries, plans):
     """The latency plans of grids ``uniform_latency`` and ``latency_floor`` by latency target:
     ``{target: {kind: (entry, record)}}``, targets in the grids' order, where kind is ``"uniform"``
     for a plan of ``mode="uniform"``, ``"floor"`` for one with a floor at the uniform widths
-    (``floor=``; the record holds the factor) and ``"default"`` for the library's default
-    (``mode="auto"``; the record holds the mode it picked).
+    (``floor=``; the record holds the factor) and ``"old auto"`` for what ``mode="auto"`` gave
+    before the floor (the record holds the mode it picked).
 
     Returns:
         ``(targets, unrecorded)``: the above, and the labels of the entries
@@ -812,7 +812,7 @@ def _time_plans(entries, plans):
             unrecorded.append(e["label"])
             continue
         kind = ("uniform" if record["mode"] == "uniform" else
-                "floor" if record.get("floor_ratio") is not None else "default")
+                "floor" if record.get("floor_ratio") is not None else "old auto")
         targets.setdefault(record["target"], {})[kind] = (e, record)
     return targets, unrecorded
 
@@ -860,8 +860,9 @@ def _equal_time(entries, core, speed, plans):
     PreCrop-FLOPs plan of about that speed."""
     lines = [
         "**At equal measured time.** For each latency target (the plan's time / the original's), the "
-        "library's default plan (`mode=\"auto\"`, the mode it picked in brackets), the uniform one and, "
-        "where grid latency_floor trained one, exact mode floored at the uniform widths (`floor=1.0`): "
+        "plan `mode=\"auto\"` gave before issue 27's floor (the mode it picked in brackets), the uniform "
+        "one and, where grid latency_floor trained one, exact mode floored at the uniform widths "
+        "(`floor=1.0`, what `mode=\"auto\"` gives under a latency budget now): "
         "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
         "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
         "*speedup* its inverse; params and MACs ratios are the plan's; accuracy is mean ± std (n seeds). "
@@ -875,9 +876,14 @@ def _equal_time(entries, core, speed, plans):
         "|---:|---|---:|---:|---:|---:|---|---|",
     ]
     targets, unrecorded = _time_plans(entries, plans)
-    outcomes = {"default": [], "floor": []}
+    outcomes, improved = {"old auto": [], "floor": []}, []
     for target, kinds in targets.items():
         modes = {kind: _summary(e) for kind, (e, _) in kinds.items()}
+        if "floor" in modes:
+            row = _compare(modes["floor"], modes.get("old auto"))
+            said = _outcome(row, "floor", "old auto")
+            word = {None: "pending", "tie": "tie"}.get(said, f"{said} leads")
+            improved.append(f"at {target:g}: {word}, {_fmt_row(row)}")
         for kind, (_, record) in kinds.items():
             cell = ""
             if kind != "uniform":
@@ -890,7 +896,10 @@ def _equal_time(entries, core, speed, plans):
     if not targets:
         return lines + ["", "Verdict: pending (no latency plan recorded yet).", ""]
     tallies = [_against_tally(kind, found) for kind, found in outcomes.items() if found]
-    return lines + ["", f"Verdict: {'; '.join(tallies)}.", ""]
+    lines += ["", f"Verdict: {'; '.join(tallies)}."]
+    if improved:
+        lines += ["", f"The floor against the old auto plan (the claims' rule): {'; '.join(improved)}."]
+    return lines + [""]
 
 
 def _time_name(kind, record):
@@ -898,8 +907,9 @@ def _time_name(kind, record):
     if kind == "uniform":
         return "uniform"
     if kind == "floor":
-        return f"floor ({record['mode']}, no width below uniform's: factor {record['floor_ratio']:.3f})"
-    return f"default ({record['mode']})"
+        return (f"floor = auto now ({record['mode']}, no width below uniform's: factor "
+                f"{record['floor_ratio']:.3f})")
+    return f"auto before the floor ({record['mode']})"
 
 
 def _sanity_init(init):
@@ -1342,10 +1352,10 @@ def _long(entries, core, thm):
 # check the pick).
 _KEEP_PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_{}.json"
 _KEEP_POINTS = tuple(
-    (f"latency 0.5, {mode} widths", {"plan_file": _KEEP_PLAN.format(mode)}, grid,
+    (f"latency 0.5, {name} widths", {"plan_file": _KEEP_PLAN.format(mode)}, grid,
      {"plan_file": _KEEP_PLAN.format(mode)}, True)
-    for mode, grid in (("auto", "uniform_latency"), ("uniform", "uniform_latency"),
-                       ("floor", "latency_floor"))
+    for mode, name, grid in (("auto", "exact", "uniform_latency"), ("uniform", "uniform", "uniform_latency"),
+                             ("floor", "floor", "latency_floor"))
 ) + (("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
       {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}, False),)
 # How a pruned model is trained on (row label, flags of its entry): the recipe (learning rate 0.1),

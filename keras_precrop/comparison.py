@@ -29,7 +29,10 @@ class Comparison(_json.JsonDataclass):
     Attributes:
         model_name: the model compared.
         budgets: the budget arguments given (``{"flops": 0.5}``).
-        auto_mode: the mode ``mode="auto"`` picks for these budgets.
+        auto_mode: the row ``mode="auto"``'s plan is: its mode, or, where
+            that plan is none of the modes' (under a latency budget auto
+            floors exact mode at the uniform widths), a row of its own
+            named by mode and floor (``"exact, floor=1.0"``).
         rows: per mode: ``mode``, ``params``, ``macs`` (and their ratios of the
             original), ``latency`` (predicted seconds per batch, or None),
             ``objective`` (SynExp, higher keeps more), ``uniform_ratio``
@@ -83,7 +86,8 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         model: a functional or Sequential Keras model with a defined input shape.
         params, flops: budget ratios, as in :func:`keras_precrop.plan`.
         modes: the translation modes to compare (default exact, layerwise,
-            uniform); ``mode="auto"``'s pick is marked in the table.
+            uniform); ``mode="auto"``'s pick is marked in the table, and
+            added as a row when it is none of them (``Comparison.auto_mode``).
         measure: also time the original and every plan's rebuilt model on
             this machine, interleaved, and report the speedups.
         rounds: interleaved timing rounds when measuring.
@@ -110,7 +114,7 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
             ignore=tuple(options.get("ignore", ())))
         options.setdefault("calibrate", 0)
     plans = {m: plan(model, params, flops, mode=m, **options) for m in modes}
-    auto = plan(model, params, flops, **options).mode
+    auto = _auto_row(plans, plan(model, params, flops, **options))
     given = {k: v for k, v in (("params", params), ("flops", flops), *options.items())
              if k in ("params", "flops", "latency", "max_params", "max_macs") and v is not None}
     rows = [_row(m, p) for m, p in plans.items()]
@@ -122,6 +126,17 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
                                                 training=False))
         timing = _measure(model, plans, rows, settings, rounds, verbose)
     return Comparison(model.name, given, auto, rows, timing)
+
+
+def _auto_row(plans, auto):
+    """The name of the row of ``auto`` (``mode="auto"``'s plan) in ``plans``, which gains it
+    under its mode and floor when no mode planned the same widths."""
+    same = [m for m, p in plans.items() if p.widths == auto.widths]
+    if same:
+        return same[0]
+    name = auto.mode + (f", floor={float(auto.solver['floor'])!r}" if "floor" in auto.solver else "")
+    plans[name] = auto
+    return name
 
 
 def _row(mode, p):

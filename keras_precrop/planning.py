@@ -142,8 +142,9 @@ class Plan(_json.JsonDataclass):
                 _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
+        floor = f", floor={float(self.solver['floor'])!r}" if "floor" in self.solver else ""
         auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
-        print_fn(f'Plan ({self.mode}{auto}, residual={self.residual}): "{self.model_name}"')
+        print_fn(f'Plan ({self.mode}{floor}{auto}, residual={self.residual}): "{self.model_name}"')
         for line in _tables.table(rows) + _tables.not_shown(hidden, "unchanged layer{s}", show_all_hint):
             print_fn(line)
         totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]

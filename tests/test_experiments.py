@@ -974,17 +974,18 @@ def test_report_at_equal_measured_time(page):
     d, tol, *_ = _cmp(auto, uniform)
     assert d > tol
     rows = [
-        f"| 0.5 | default (exact) | 0.490 | 2.04x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) | "
-        f"{_point('default leads', auto, uniform)} |",
+        f"| 0.5 | auto before the floor (exact) | 0.490 | 2.04x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) | "
+        f"{_point('old auto leads', auto, uniform)} |",
         f"| 0.5 | uniform | 0.495 | 2.02x | 0.1000 | 0.1500 | {_cell(uniform)} (n 2) |  |",
         "| 0.5 | core's precrop_flops (exact), flops 0.2734 | - | 2.20x (benchmark) | - | - | pending | - |",
-        "| 0.33 | default (exact) | 0.310 | 3.23x | 0.0660 | 0.0990 | 70.00 ± 0.00 (n 1) | pending |",
+        "| 0.33 | auto before the floor (exact) | 0.310 | 3.23x | 0.0660 | 0.0990 | 70.00 ± 0.00 (n 1) "
+        "| pending |",
         "| 0.33 | uniform | 0.250 | 4.00x | 0.0660 | 0.0990 | pending |  |",
         "| 0.33 | core's precrop_flops (layerwise), flops 0.0884 (core's fastest PreCrop-FLOPs plan; "
         "none measures 3.03x or more) | - | 2.60x (benchmark) | - | - | pending | - |",
     ]
     assert "\n".join(rows) in section
-    assert ("Verdict: default vs uniform: default leads at 1, uniform at 0, 0 tie of 1 compared budget "
+    assert ("Verdict: old auto vs uniform: old auto leads at 1, uniform at 0, 0 tie of 1 compared budget "
             "(1 pending).") in section
     # The speed figure places the plans that the benchmark does not time by their calibration, and says so.
     speed = page.split("**Accuracy against measured speedup**")[1].split("\n\n")[0]
@@ -1017,21 +1018,49 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
     lines = report._equal_time(plan_runs, core, speed, plans)
     d, tol, *_ = _cmp("a", "u", accuracies)
     assert abs(d) <= tol
-    assert (f"| 0.5 | default (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | {_cell('a', accuracies)} (n 2) | "
+    assert (f"| 0.5 | auto before the floor (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | "
+            f"{_cell('a', accuracies)} (n 2) | "
             f"{_point('tie', 'a', 'u', accuracies)} |") in lines
     s = report._summary(core[0])
     assert (f"| 0.5 | core's {core[0]['label']}, flops 0.2 | - | 2.50x (benchmark) | "
             f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f} | {_cell('c', {'c': [0.71, 0.73]})} (n 2) | - |"
             ) in lines
-    assert "| 0.3 | default (layerwise) | 0.260 | 3.85x | 0.0600 | 0.0900 | pending | pending |" in lines
+    assert ("| 0.3 | auto before the floor (layerwise) | 0.260 | 3.85x | 0.0600 | 0.0900 | pending "
+            "| pending |") in lines
     assert "| 0.3 | core's precrop_flops, flops 0.1 | - | 3.50x (benchmark) | - | - | pending | - |" in lines
     assert "No calibration record in `experiments/plans/` for: plans/unknown.json." in lines
-    assert lines[-2] == ("Verdict: default vs uniform: default leads at 0, uniform at 0, 1 tie of 1 compared "
-                         "budget (1 pending).")
+    assert lines[-2] == ("Verdict: old auto vs uniform: old auto leads at 0, uniform at 0, 1 tie of 1 "
+                         "compared budget (1 pending).")
     untimed = report._equal_time(plan_runs[:2], core, {"runs": {}}, plans)
     assert "| 0.5 | grid core's PreCrop-FLOPs: none timed yet | | | | | | - |" in untimed
     assert report._equal_time(plan_runs, core, None, {})[-2] == (
         "Verdict: pending (no latency plan recorded yet).")
+
+
+def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_plan():
+    """Grid latency_floor's plan joins its target: a row named by its floor factor, judged against
+    uniform in the table and the verdict, and against the plan auto gave before the floor."""
+    def entry(accuracies, plan_file):
+        flags = {"model": "resnet20", "epochs": 10, "seed": 0, "method": "precrop_plan",
+                 "plan_file": plan_file}
+        return {"label": plan_file, "flags": flags,
+                "results": [_result("precrop_plan", a, s) for s, a in enumerate(accuracies)]}
+
+    plans = {"p_auto": _plan_record(0.5, "exact", 0.5), "p_uni": _plan_record(0.5, "uniform", 0.5),
+             "p_floor": {**_plan_record(0.5, "exact", 0.49), "floor_ratio": 0.4375}}
+    accuracies = {"a": [0.755, 0.756], "u": [0.75, 0.76], "f": [0.78, 0.781]}
+    runs = [entry(accuracies["a"], "plans/p_auto.json"), entry(accuracies["u"], "plans/p_uni.json"),
+            entry(accuracies["f"], "plans/p_floor.json")]
+    lines = report._equal_time(runs, [], None, plans)
+    assert (f"| 0.5 | floor = auto now (exact, no width below uniform's: factor 0.438) | 0.490 | 2.04x "
+            f"| 0.1000 | 0.1500 | {_cell('f', accuracies)} (n 2) | "
+            f"{_point('floor leads', 'f', 'u', accuracies)} |") in lines
+    assert lines[-4] == ("Verdict: old auto vs uniform: old auto leads at 0, uniform at 0, 1 tie of 1 "
+                         "compared budget; floor vs uniform: floor leads at 1, uniform at 0, 0 tie of 1 "
+                         "compared budget.")
+    d, tol, *_ = _cmp("f", "a", accuracies)
+    assert lines[-2] == ("The floor against the old auto plan (the claims' rule): at 0.5: floor leads, "
+                         f"{d:+.2f} pp (tol {tol:.2f}, n 2/2).")
 
 
 def test_speed_points_place_latency_plans_by_their_calibration(tmp_path, monkeypatch):

@@ -171,11 +171,12 @@ def _keep_section(tmp_path, monkeypatch, keep):
             [line for line in lines if line.startswith("- latency 0.5")])
 
 
-# Grid keep_weights' entries: at the latency point with auto widths 0 fine-tuned, 1 distilled,
+# Grid keep_weights' entries: at the latency point with exact widths (auto's before the floor)
+# 0 fine-tuned, 1 distilled,
 # 2 random channels; with uniform widths 3 fine-tuned, 4 distilled; at the FLOPs point 5 fine-tuned,
 # 6 distilled; the first recipe (learning rate 0.01, seed 3) 7 fine-tuned, 8 distilled; with the
 # floored widths (issue 27) 9 fine-tuned.
-_AUTO, _UNIFORM = "latency 0.5, auto widths", "latency 0.5, uniform widths"
+_AUTO, _UNIFORM = "latency 0.5, exact widths", "latency 0.5, uniform widths"
 _FLOOR = "latency 0.5, floor widths"
 
 

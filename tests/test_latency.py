@@ -151,12 +151,12 @@ def test_refinement_times_the_first_fits_plans_on_the_first_rounds_scale(small):
     options = dict(batch_size=4, variants=16, verbose=0)
     first = kp.latency_model(small, refine=(), timer=lambda ms: {k: _narrow_seconds(m)
                                                                  for k, m in ms.items()}, **options)
-    lm = kp.latency_model(small, refine=(0.4, 0.6), refine_rounds=1, timer=timer, **options)
+    lm = kp.latency_model(small, refine=(0.3, 0.6), refine_rounds=1, timer=timer, **options)
     anchors = {"original", "x0.75", "x0.5", "x0.25"}
-    plans = ["refine1:latency0.4", "refine1:latency0.6"]
+    plans = ["refine1:latency0.3", "refine1:latency0.6"]
     assert len(calls) == 2 and set(calls[1]) == anchors | set(plans)
     assert all(calls[1][a] is calls[0][a] for a in anchors)  # timed again, not rebuilt
-    for label, ratio in zip(plans, (0.4, 0.6)):
+    for label, ratio in zip(plans, (0.3, 0.6)):
         plan = kp.plan(small, latency=ratio, latency_model=first)
         assert _channels(calls[1][label]) == _channels(kp.apply_plan(small, plan))
     timed = {v["label"]: v for v in lm.variants if v["refinement"]}
@@ -546,3 +546,37 @@ def test_calibration_tries_the_narrowest_plan_when_a_budget_is_below_it():
     with pytest.raises(kp.InfeasibleBudgetError, match="below the narrowest"):  # else refused
         kp.latency.calibrated(solve, lambda w: w[0], lambda w: w[0], {row: 0.2}, target=0.2,
                               rounds=2)
+
+
+def test_auto_floors_exact_mode_at_the_uniform_widths_under_a_latency_budget(small, fitted):
+    """Under a latency budget mode="auto" is exact mode floored at the uniform plan's widths (what
+    trained best at equal measured time, experiments/README.md); a floor given is kept."""
+    auto = kp.plan(small, latency=0.5, latency_model=fitted)
+    assert (auto.mode, auto.solver["floor"]) == ("exact", 1.0)
+    assert "a latency budget" in auto.solver["auto_mode"]
+    floored = kp.plan(small, latency=0.5, latency_model=fitted, mode="exact", floor=1.0)
+    assert auto.widths == floored.widths
+    uniform = kp.plan(small, latency=0.5, latency_model=fitted, mode="uniform")
+    r = uniform.solver["uniform_ratio"]
+    for v in auto.variables:
+        if not v["fixed"]:
+            assert v["new"] >= math.floor(r * v["width"] + 1e-9), v
+    assert auto.latency <= 0.5 * fitted.seconds * (1 + 1e-9)
+    lines = []
+    auto.summary(print_fn=lines.append)
+    assert lines[0].startswith('Plan (exact, floor=1.0, picked by mode="auto"')
+    assert kp.plan(small, latency=0.5, latency_model=fitted, floor=0.5).solver["floor"] == 0.5
+    grown = kp.plan(small, latency=1.5, latency_model=fitted, upper=None)  # PreConfig: no floor
+    assert grown.mode == "layerwise" and "floor" not in grown.solver
+
+
+def test_compare_adds_autos_floored_plan_as_a_row(small, fitted):
+    comparison = kp.compare(small, latency=0.5, latency_model=fitted)
+    assert [r["mode"] for r in comparison.rows] == ["exact", "layerwise", "uniform", "exact, floor=1.0"]
+    assert comparison.auto_mode == "exact, floor=1.0"
+    auto = kp.plan(small, latency=0.5, latency_model=fitted)
+    row = comparison.row("exact, floor=1.0")
+    assert (row["params"], row["macs"]) == (auto.params, auto.macs)
+    lines = []
+    comparison.summary(print_fn=lines.append)
+    assert any(line.startswith("| exact, floor=1.0 (auto)") for line in lines)

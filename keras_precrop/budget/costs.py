@@ -20,6 +20,7 @@ from keras_precrop import _tables
 from keras_precrop.budget.widths import WidthProblem
 from keras_precrop.graph import walker as _graph
 
+LATENCY_ROW = "latency"  # the name of a latency model's budget row, in plans and cost models
 UNITS = "params: weights (trainable and not); MACs: multiply-accumulates per example (FLOPs = 2 x MACs)"
 
 

@@ -13,7 +13,7 @@ from keras_precrop.errors import LatencyModelMismatchError
 from keras_precrop.graph import walker as _graph
 from keras_precrop.latency.features import Features, signature
 
-ROW = "latency"  # the budget row's name in plans and cost models
+ROW = _costs.LATENCY_ROW  # the budget row's name in plans and cost models
 _FORMAT = 2  # version of the JSON layout (2: per-column blocks, "out:ReLU@16")
 _FIT_REMEDY = {"python": "kp.latency_model(model)",
                "cli": "`keras-precrop latency MODEL --json FILE`"}
