@@ -201,13 +201,14 @@ def _plot_bars(entries, path, title):
     return True
 
 
-def _finish(fig, ax, xlabel, title, path):
-    """Labels an accuracy plot, saves it to ``path`` and closes it."""
+def _finish(fig, ax, xlabel, title, path, legend=None):
+    """Labels an accuracy plot, saves it to ``path`` and closes it (``legend``: ``ax.legend``'s
+    placement, default matplotlib's best)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(textwrap.fill(title, 60), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, **(legend or {}))
     _save(fig, path)
 
 
@@ -693,7 +694,8 @@ def _speed_label(flags, record=None):
     if flags["method"] in _FULL_COST:
         return _FULL_COST[flags["method"]]
     if record is not None:
-        return f"PreCrop at a time budget ({record['mode']})"
+        floor = ", floor at uniform" if record.get("floor_ratio") is not None else ""
+        return f"PreCrop at a time budget ({record['mode']}{floor})"
     return _label({**flags, "method": "PreCrop" if flags["method"].startswith("precrop_") else "PreConfig"})
 
 
@@ -747,13 +749,15 @@ def _speed_points(runs, speed, plans=None):
 def _plot_speed(series, path, title, xlabel):
     """Accuracy (mean ± std) against measured speedup: uniform width scaling as a line through its
     points, every other series as markers alone."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    colors = plt.get_cmap("tab20").colors
     for i, (label, points) in enumerate(sorted(series.items())):
         points = sorted(points, key=lambda point: (point[0], point[1]["acc"]))
         ax.errorbar([x for x, _ in points], [s["acc"] for _, s in points], yerr=[s["std"] for _, s in points],
-                    marker="osD^v<>ph*"[i % 10], capsize=3, label=label,
-                    linestyle="-" if "uniform" in label else "none")
-    _finish(fig, ax, xlabel, title, path)
+                    marker="osD^v<>ph*XP"[i % 12], color=colors[2 * i % 20 + i // 10 % 2], capsize=3,
+                    label=label, linestyle="-" if "uniform" in label else "none")
+    # The legend beside the points, not on them.
+    _finish(fig, ax, xlabel, title, path, legend={"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)})
 
 
 def _speed(runs, speed, plans=None):
