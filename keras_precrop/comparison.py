@@ -36,7 +36,8 @@ class Comparison(_json.JsonDataclass):
         rows: per mode: ``mode``, ``params``, ``macs`` (and their ratios of the
             original), ``latency`` (predicted seconds per batch, or None),
             ``objective`` (SynExp, higher keeps more), ``uniform_ratio``
-            (uniform mode's width factor, else None) and ``speedup`` (the
+            (uniform mode's width factor, else None), ``floor_ratio`` (the
+            factor a floor holds every width above, else None) and ``speedup`` (the
             original's measured time over the plan's, or None unmeasured).
         timing: what was timed, or None.
     """
@@ -61,7 +62,7 @@ class Comparison(_json.JsonDataclass):
             cells = [r["mode"] + (" (auto)" if r["mode"] == self.auto_mode else ""),
                      f"{r['params']:,} ({r['params_ratio']:.1%})",
                      f"{r['macs']:,} ({r['macs_ratio']:.1%})", f"{r['objective']:.2f}",
-                     "" if r["uniform_ratio"] is None else f"{r['uniform_ratio']:.3f}"]
+                     _factor(r)]
             if has_latency:
                 cells.append("" if r["latency"] is None else f"{r['latency'] * 1e3:.3f}")
             if self.timing:
@@ -144,7 +145,16 @@ def _row(mode, p):
     return {"mode": mode, "params": p.params, "params_ratio": p.params / p.original["params"],
             "macs": p.macs, "macs_ratio": p.macs / p.original["macs"], "latency": p.latency,
             "objective": float(p.solver["objective"]),
-            "uniform_ratio": p.solver.get("uniform_ratio"), "speedup": None}
+            "uniform_ratio": p.solver.get("uniform_ratio"), "floor_ratio": p.solver.get("floor_ratio"),
+            "speedup": None}
+
+
+def _factor(row):
+    """The width-factor cell: uniform's factor, or ``>= f`` where a floor holds every width above
+    ``f`` times its original."""
+    if row["uniform_ratio"] is not None:
+        return f"{row['uniform_ratio']:.3f}"
+    return "" if row.get("floor_ratio") is None else f">= {row['floor_ratio']:.3f}"
 
 
 def _measure(model, plans, rows, settings, rounds, verbose):
