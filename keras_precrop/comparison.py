@@ -135,7 +135,7 @@ def _auto_row(plans, auto):
     same = [m for m, p in plans.items() if p.widths == auto.widths]
     if same:
         return same[0]
-    name = auto.mode + (f", floor={float(auto.solver['floor'])!r}" if "floor" in auto.solver else "")
+    name = auto.mode_label
     plans[name] = auto
     return name
 

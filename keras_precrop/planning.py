@@ -105,6 +105,11 @@ class Plan(_json.JsonDataclass):
         """``{variable name: new width}``."""
         return {v["name"]: v["new"] for v in self.variables}
 
+    @property
+    def mode_label(self):
+        """The mode, with the floor that bounded it (``"exact, floor=1.0"``): how tables name the plan."""
+        return self.mode + (f", floor={float(self.solver['floor'])!r}" if "floor" in self.solver else "")
+
     @classmethod
     def from_dict(cls, data):
         """A plan from :meth:`to_dict`'s data (older plans' keys included)."""
@@ -142,9 +147,8 @@ class Plan(_json.JsonDataclass):
                 _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
-        floor = f", floor={float(self.solver['floor'])!r}" if "floor" in self.solver else ""
         auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
-        print_fn(f'Plan ({self.mode}{floor}{auto}, residual={self.residual}): "{self.model_name}"')
+        print_fn(f'Plan ({self.mode_label}{auto}, residual={self.residual}): "{self.model_name}"')
         for line in _tables.table(rows) + _tables.not_shown(hidden, "unchanged layer{s}", show_all_hint):
             print_fn(line)
         totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]
