@@ -1,4 +1,4 @@
-"""Benchmark: measured CPU speedup of every trained structured ResNet-20 model of the 10-epoch grids.
+"""Benchmark: measured CPU speedup of every trained structured model of one network's 10-epoch grids.
 
 The experiments' figures put accuracy against MACs; this measures what the
 trained models' widths buy in wall-clock time, so ``experiments/report.py``
@@ -29,12 +29,14 @@ original's cost (1.0x).
 Usage::
 
     python benchmarks/bench_trained_speed.py                    # ~3 min on 2 cores, quiet machine
+    python benchmarks/bench_trained_speed.py --model mobilenet_v2_cifar
     python benchmarks/bench_trained_speed.py --runs ../main/experiments/runs
     python benchmarks/bench_trained_speed.py --limit 3 --rounds 2 --out /tmp/speed   # smoke run
 
-Writes ``trained_speed.json`` (per run id: params, MACs, median seconds and
-speedup; the machine and settings) and ``trained_speed.md`` into ``--out``
-(default ``benchmarks/results``). Take a real measurement on a quiet machine
+Writes ``trained_speed_<model>.json`` (per run id: params, MACs, median
+seconds and speedup; the machine and settings) and ``trained_speed_<model>.md``
+into ``--out`` (default ``benchmarks/results``): a file per network, which
+``experiments/report.py`` reads together. Take a real measurement on a quiet machine
 (pause the training: ``experiments/run.py``'s docstring says how).
 """
 
@@ -197,7 +199,7 @@ def main(argv=None):
     parser.add_argument("--target-s", type=float, default=0.3, help="seconds per sample (inner loop)")
     parser.add_argument("--limit", type=int, default=None, help="time only the first N distinct plans")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS,
-                        help="folder for trained_speed.json/.md (default benchmarks/results)")
+                        help="folder for trained_speed_<model>.json/.md (default benchmarks/results)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     base = kp.models.get(args.model)
@@ -208,9 +210,9 @@ def main(argv=None):
     original = measure(base, plans, args.batch_size, args.rounds, args.target_s)
     result = record(args, kp.profile(base), original, plans, skipped, time.perf_counter() - start)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trained_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"trained_speed_{args.model}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    (args.out / "trained_speed.md").write_text(text)
+    (args.out / f"trained_speed_{args.model}.md").write_text(text)
     print(text)
     return 0
 

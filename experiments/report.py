@@ -3,10 +3,12 @@
 Reads only committed files: every ``experiments/runs/*/results.json`` that a
 grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``,
 ``experiments/results/imagenet_counts.json``, ``experiments/results/sanity.json``
-(``experiments/sanity.py``), ``benchmarks/results/trained_speed.json``
-(``benchmarks/bench_trained_speed.py``: the trained models' measured speedups) and
-``experiments/plans/*_plans.json`` (``experiments/latency_plans.py``: the latency
-plans that grid ``uniform_latency`` trains, with the time ratios their calibration measured).
+(``experiments/sanity.py``), ``benchmarks/results/trained_speed_*.json``
+(``benchmarks/bench_trained_speed.py``: the trained models' measured speedups, a
+file per network) and ``experiments/plans/*_plans.json``
+(``experiments/latency_plans.py``: the latency plans that grids
+``uniform_latency``, ``latency_floor`` and ``uniform_mobilenet`` train, with the
+time ratios their calibration measured).
 Runs of a grid that have not finished yet are listed as pending, and models
 not timed yet are named, so the page is valid at any point of the reproduction.
 
@@ -31,8 +33,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 GRIDS = HERE / "grids"
 RESULTS = HERE / "results"
 FIGURES = HERE / "figures"
-# Measured speedups of the trained structured models (benchmarks/bench_trained_speed.py).
-SPEED = HERE.parent / "benchmarks" / "results" / "trained_speed.json"
+# Measured speedups of the trained structured models (benchmarks/bench_trained_speed.py), a
+# trained_speed_<network>.json per network.
+SPEED_DIR = HERE.parent / "benchmarks" / "results"
 # The latency plans' records (experiments/latency_plans.py): target, mode, costs, calibration.
 PLANS = HERE / "plans"
 
@@ -51,7 +54,8 @@ other work and sometimes paused (SIGSTOP) while tests ran, which the minutes inc
 Reproduce: `bash experiments/run_all.sh` (resumable; skips finished runs), then
 `python experiments/spar_comp.py`, `python experiments/thm_score.py`,
 `python experiments/imagenet_counts.py`, `python experiments/sanity.py`,
-`python benchmarks/bench_trained_speed.py` (on a quiet machine) and `python experiments/report.py`.
+`python benchmarks/bench_trained_speed.py` and `python benchmarks/bench_trained_speed.py --model
+mobilenet_v2_cifar` (on a quiet machine) and `python experiments/report.py`.
 The grid `long` trains on an accelerator with JAX: `experiments/long_schedule.py` (its docstring has
 the steps).
 """
@@ -593,43 +597,62 @@ def _against_tally(name, outcomes):
             f"budget{'s' * (len(compared) != 1)}" + (f" ({pending} pending)" if pending else ""))
 
 
-def _against_uniform(uniform, core):
-    """Each budget of grid ``uniform`` against grid ``core``'s exact and layerwise PreCrop there.
+def _against_uniform(uniform, core, names=_AGAINST_UNIFORM, where="grid core"):
+    """Each budget of grid ``uniform`` against the PreCrop modes ``names`` that ``core`` (``where``
+    says whose entries they are) trains there.
 
     The same model but for the mode (``_mode_points``) is the same budget;
     each pair is judged by the claims' rule (``_outcome``). A side with
     fewer than 2 seeds is shown with its numbers and judged pending.
     """
     lines = [
-        "**Against PreCrop's widths.** Each budget above against grid core's exact and layerwise PreCrop "
+        f"**Against PreCrop's widths.** Each budget above against {where}'s {' and '.join(names)} PreCrop "
         "at the same budget: test accuracy mean ± std (n seeds) and the trained model's MACs ratio; "
-        "*d* is exact's or layerwise's mean less uniform's, judged with the claims' rule (a lead beyond "
+        f"*d* is {' or '.join(name + chr(39) + 's' for name in names)} mean less uniform's, judged with "
+        "the claims' rule (a lead beyond "
         "tol, the sum of the two stds, with 2+ seeds a side; fewer: pending). Under a parameter budget a "
         "width factor shrinks every layer alike, so its MACs ratio stays near its params ratio, while "
         "PreCrop keeps the early layers wider (few parameters, many MACs at full resolution): uniform "
         "keeps far fewer MACs at equal parameters, and about as many parameters at equal MACs.",
         "",
-        "| budget | uniform | exact | layerwise | exact vs uniform: d | layerwise vs uniform: d |",
-        "|---|---|---|---|---|---|",
+        "| budget | uniform | " + " | ".join(names) + " | "
+        + " | ".join(f"{name} vs uniform: d" for name in names) + " |",
+        "|---|---|" + "---|" * 2 * len(names),
     ]
     points = [(label, modes) for label, modes in _mode_points(uniform + core) if "uniform" in modes]
-    outcomes = {name: [] for name in _AGAINST_UNIFORM}
+    outcomes = {name: [] for name in names}
     for (_, budget), modes in points:
-        cells = [_cost_cell(modes, mode) for mode in ("uniform", *_AGAINST_UNIFORM)]
-        for name in _AGAINST_UNIFORM:
+        cells = [_cost_cell(modes, mode) for mode in ("uniform", *names)]
+        for name in names:
             cell, winner = _against_cell(modes, name)
             cells.append(cell)
             outcomes[name].append(winner)
         lines.append(f"| {budget} | " + " | ".join(cells) + " |")
     if not points:
-        return lines + ["", "Verdict: pending (grid core trains none of these budgets yet).", ""]
+        return lines + ["", f"Verdict: pending ({where} trains none of these budgets yet).", ""]
     tallies = [_against_tally(name, found) for name, found in outcomes.items()]
     return lines + ["", f"Verdict: {'; '.join(tallies)}.", ""]
 
 
 def _load_speed():
-    """``SPEED`` (``benchmarks/bench_trained_speed.py``'s measurements), or None before it ran."""
-    return json.loads(SPEED.read_text()) if SPEED.exists() else None
+    """``benchmarks/bench_trained_speed.py``'s measurements of every network (``SPEED_DIR``'s
+    ``trained_speed_*.json``) as one: their ``runs`` and ``skipped`` merged (run ids name the
+    network), the settings and machine they share; None before it ran.
+
+    Raises:
+        ValueError: naming the files, when they were timed at other batch
+            sizes or on other CPUs (one figure axis and one note say both).
+    """
+    files = sorted(SPEED_DIR.glob("trained_speed_*.json"))
+    if not files:
+        return None
+    found = [json.loads(path.read_text()) for path in files]
+    shared = {(f["settings"]["batch_size"], f["machine"]["cpu"]) for f in found}
+    if len(shared) > 1:
+        raise ValueError(f"{', '.join(path.name for path in files)} were timed at other batch sizes or "
+                         f"on other CPUs {sorted(shared)}: time every network alike, or compare them apart.")
+    return {**found[0], "runs": {k: v for f in found for k, v in f["runs"].items()},
+            "skipped": {k: v for f in found for k, v in f.get("skipped", {}).items()}}
 
 
 _SPEED_EPOCHS = 10  # the schedule whose trained models bench_trained_speed.py times
@@ -678,7 +701,7 @@ def _stem(name):
 
 
 def _timed_speedup(stem, timed):
-    """The median speedup that ``timed`` (``trained_speed.json``'s ``runs``) holds of the seeds of the
+    """The median speedup that ``timed`` (``_load_speed()``'s ``runs``) holds of the seeds of the
     model ``stem`` (a run id less its seed), or None when none is timed."""
     found = [row["speedup"] for name, row in timed.items() if _stem(name) == stem]
     return statistics.median(found) if found else None
@@ -766,7 +789,8 @@ def _speed(runs, speed, plans=None):
     latency plans' calibration where the benchmark does not time them)."""
     lines = [f"**Accuracy against measured speedup** ({_SPEED_EPOCHS} epochs, every grid): each structured "
              "model's test accuracy (mean ± std over seeds) against its speedup measured by "
-             "`python benchmarks/bench_trained_speed.py` (`benchmarks/results/trained_speed.json`: "
+             "`python benchmarks/bench_trained_speed.py --model <network>` (`benchmarks/results/"
+             "trained_speed_<network>.json`: "
              "each model re-planned from its flags and timed interleaved with the original); the dense "
              "baseline and SynFlow's masks run the original's dense kernels, at 1.0x."]
     if speed is None:
@@ -779,8 +803,9 @@ def _speed(runs, speed, plans=None):
     points, untimed = _speed_points(runs, speed, plans)
     if any(_CALIBRATED in label for series in points.values() for label in series):
         lines[0] += (" Series marked *" + _CALIBRATED + "*"
-                     " are latency plans (grids uniform_latency and latency_floor, sub-section \"At "
-                     "equal measured time\") that the benchmark does not time: each sits at 1 / the time"
+                     " are latency plans (grids uniform_latency, latency_floor and uniform_mobilenet, "
+                     "sub-sections \"At equal measured time\" and \"MobileNetV2\") that the "
+                     "benchmark does not time: each sits at 1 / the time"
                      " ratio that `experiments/latency_plans.py` measured when it calibrated the plan "
                      "(`experiments/plans/*_plans.json`), another process at another time than the "
                      "benchmark's interleaved rounds, so those points compare only roughly.")
@@ -799,7 +824,7 @@ def _speed(runs, speed, plans=None):
 
 
 def _time_plans(entries, plans):
-    """The latency plans of grids ``uniform_latency`` and ``latency_floor`` by latency target:
+    """The latency plans among ``entries`` (those with a ``plan_file``) by latency target:
     ``{target: {kind: (entry, record)}}``, targets in the grids' order, where kind is ``"uniform"``
     for a plan of ``mode="uniform"``, ``"floor"`` for one with a floor at the uniform widths
     (``floor=``; the record holds the factor) and ``"old auto"`` for what ``mode="auto"`` gave
@@ -810,7 +835,7 @@ def _time_plans(entries, plans):
         whose plan file ``plans`` (``_load_plans()``) has no record of.
     """
     targets, unrecorded = {}, []
-    for e in entries:
+    for e in (e for e in entries if e["flags"].get("plan_file") is not None):  # not budgets' plans
         record = _plan_record(e["flags"], plans)
         if record is None:
             unrecorded.append(e["label"])
@@ -822,11 +847,13 @@ def _time_plans(entries, plans):
 
 
 def _reference(core, speed, target):
-    """Grid core's PreCrop-FLOPs entry whose measured speedup (``speed``, ``_load_speed()``) is the
-    smallest not below ``1 / target``: ``(entry, speedup, True)``; when none is that fast, the
-    fastest timed one, ``(entry, speedup, False)``; None when none is timed."""
+    """The PreCrop-FLOPs entry of ``core`` (not uniform: the baseline is judged apart) whose measured
+    speedup (``speed``, ``_load_speed()``) is the smallest not below ``1 / target``:
+    ``(entry, speedup, True)``; when none is that fast, the fastest timed one,
+    ``(entry, speedup, False)``; None when none is timed."""
     timed = (speed or {}).get("runs", {})
     measured = [(x, e) for e in core if e["flags"]["method"] == "precrop_flops"
+                and e["flags"].get("mode") != "uniform"
                 and (x := _timed_speedup(_stem(_run.run_id(e["flags"])), timed)) is not None]
     if not measured:
         return None
@@ -842,36 +869,37 @@ def _time_row(target, name, record, summary, verdict):
             f"{record['macs_ratio']:.4f} | {_mode_cell({name: summary}, name)} | {verdict} |")
 
 
-def _reference_row(target, core, speed):
-    """The equal-time table's row of grid core's PreCrop-FLOPs plan measured closest to ``1 / target``
-    without being slower (``_reference``), or of the fastest one, saying so, when none is that fast."""
+def _reference_row(target, core, speed, where):
+    """The equal-time table's row of the PreCrop-FLOPs plan of ``core`` (``where`` names whose)
+    measured closest to ``1 / target`` without being slower (``_reference``), or of the fastest one,
+    saying so, when none is that fast."""
     found = _reference(core, speed, target)
     if found is None:
-        return f"| {target:g} | grid core's PreCrop-FLOPs: none timed yet | | | | | | - |"
+        return f"| {target:g} | {where}'s PreCrop-FLOPs: none timed yet | | | | | | - |"
     entry, speedup, fast = found
     s = _summary(entry)
-    name = f"core's {entry['label']}, {_budget(entry['flags'])}"
+    name = f"{where}'s {entry['label']}, {_budget(entry['flags'])}"
     if not fast:
-        name += f" (core's fastest PreCrop-FLOPs plan; none measures {1 / target:.2f}x or more)"
+        name += f" (the fastest such plan; none measures {1 / target:.2f}x or more)"
     costs = "- | -" if s is None else f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f}"
     return (f"| {target:g} | {name} | - | {speedup:.2f}x (benchmark) | {costs} | "
             f"{_mode_cell({'core': s}, 'core')} | - |")
 
 
-def _equal_time(entries, core, speed, plans):
-    """Grids ``uniform_latency`` and ``latency_floor``: at each latency target, the default plan and
-    the floored one against the uniform one (the claims' rule, ``_against_cell``), and grid core's
-    PreCrop-FLOPs plan of about that speed."""
+def _equal_time(entries, core, speed, plans, where="grid core"):
+    """The latency plans of ``entries`` (one network's): at each latency target, the default plan and
+    the floored one against the uniform one (the claims' rule, ``_against_cell``), and the
+    PreCrop-FLOPs plan of ``core`` (``where`` names whose) of about that speed."""
     lines = [
         "**At equal measured time.** For each latency target (the plan's time / the original's), the "
         "plan `mode=\"auto\"` gave before issue 27's floor (the mode it picked in brackets), the uniform "
-        "one and, where grid latency_floor trained one, exact mode floored at the uniform widths "
+        "one and, where one was trained, exact mode floored at the uniform widths "
         "(`floor=1.0`, what `mode=\"auto\"` gives under a latency budget now): "
         "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
         "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
         "*speedup* its inverse; params and MACs ratios are the plan's; accuracy is mean ± std (n seeds). "
         "*vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with 2+ seeds a "
-        "side; fewer: pending). The last row of each target is grid core's PreCrop-FLOPs plan with the "
+        f"side; fewer: pending). The last row of each target is {where}'s PreCrop-FLOPs plan with the "
         "smallest speedup not below 1 / target as `benchmarks/bench_trained_speed.py` measured it: "
         "another process and time than the calibration's, so it is a rough reference, not judged.",
         "",
@@ -894,7 +922,7 @@ def _equal_time(entries, core, speed, plans):
                 cell, winner = _against_cell(modes, kind)
                 outcomes[kind].append(winner)
             lines.append(_time_row(target, _time_name(kind, record), record, modes[kind], cell))
-        lines.append(_reference_row(target, core, speed))
+        lines.append(_reference_row(target, core, speed, where))
     if unrecorded:
         lines += ["", f"No calibration record in `experiments/plans/` for: {', '.join(unrecorded)}."]
     if not targets:
@@ -1546,11 +1574,12 @@ _SECTIONS = (
     ("Against uniform width scaling", "uniform", ()),
     ("At equal measured time", "uniform_latency", ()),
     ("Acting on the tie: exact mode floored at the uniform widths", "latency_floor", ()),
+    ("MobileNetV2: equal MACs and equal measured time", "uniform_mobilenet", ()),
     ("Figure 6: PreConfig on CIFAR-10", "preconfig", ()),
 )
 _LONG = ("Longer schedule on a lent GPU (JAX backend, not the CPU grid)", "long")
 # Grids whose section is a sub-section of the one before it.
-_SUBSECTIONS = ("uniform_latency", "latency_floor")
+_SUBSECTIONS = ("uniform_latency", "latency_floor", "uniform_mobilenet")
 
 
 def main():
@@ -1565,6 +1594,9 @@ def main():
         elif grid == "latency_floor":  # after uniform_latency, whose tie it acts on
             lines += _equal_time(entries["uniform_latency"] + entries[grid], entries["core"], speed,
                                  plans)
+        elif grid == "uniform_mobilenet":  # its own PreCrop-FLOPs plans are the equal-MACs point
+            lines += (_against_uniform(entries[grid], [], ("layerwise",), "this grid")
+                      + _equal_time(entries[grid], entries[grid], speed, plans, "this grid"))
     lines += _keep_weights(runs, entries)
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body

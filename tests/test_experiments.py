@@ -580,6 +580,12 @@ _ACCURACIES = {
     "resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_auto-ep10": [0.76, 0.77],
     "resnet20-precrop_plan-planresnet20_tf_b64_latency0.5_uniform-ep10": [0.74, 0.742],
     "resnet20-precrop_plan-planresnet20_tf_b64_latency0.33_auto-ep10": [0.70],
+    # uniform_mobilenet: at half the MACs layerwise leads uniform beyond tol; at half the measured
+    # time one seed of uniform's
+    "mobilenet_v2_cifar-precrop_flops-flops0.5-modelayerwise-ep10": [0.80, 0.805],
+    "mobilenet_v2_cifar-precrop_flops-flops0.5-modeuniform-ep10": [0.78, 0.781],
+    "mobilenet_v2_cifar-precrop_plan-planmobilenet_v2_cifar_tf_b64_latency0.5_auto-ep10": [0.79, 0.80],
+    "mobilenet_v2_cifar-precrop_plan-planmobilenet_v2_cifar_tf_b64_latency0.5_uniform-ep10": [0.78],
 }
 
 # The grid "long" (a lent GPU, 40 epochs): exact ties with SynFlow, layerwise falls short.
@@ -644,6 +650,12 @@ def _plan_record(target, mode, measured):
             "calibration": {"target": target, "measured": measured, "met": True}}
 
 
+# What bench_trained_speed.py --model mobilenet_v2_cifar would have measured: layerwise at half the MACs.
+_MOBILENET_FLOPS = "mobilenet_v2_cifar-precrop_flops-flops0.5-mode{}-ep10"
+_SPEED_MOBILENET = {**_SPEED, "runs": {f"{_MOBILENET_FLOPS.format('layerwise')}-s0": {"speedup": 1.5}},
+                    "skipped": {}}
+_MOBILENET_PLAN = "mobilenet_v2_cifar_tf_b64_latency0.5_{}"
+
 # What experiments/latency_plans.py would have recorded of grid uniform_latency's four plans.
 _PLANS = {"plans": {
     "resnet20_tf_b64_latency0.5_auto": _plan_record(0.5, "exact", 0.49),
@@ -677,11 +689,15 @@ def report_dir(tmp_path_factory):
         patch.setattr(report, "HERE", tmp)
         patch.setattr(report, "RESULTS", tmp / "results")
         patch.setattr(report, "FIGURES", tmp / "figures")
-        patch.setattr(report, "SPEED", tmp / "trained_speed.json")
+        patch.setattr(report, "SPEED_DIR", tmp)
         patch.setattr(report, "PLANS", tmp / "plans")
-        report.SPEED.write_text(json.dumps(_SPEED))
+        (tmp / "trained_speed_resnet20.json").write_text(json.dumps(_SPEED))
+        (tmp / "trained_speed_mobilenet_v2_cifar.json").write_text(json.dumps(_SPEED_MOBILENET))
         report.PLANS.mkdir()
         (report.PLANS / "resnet20_tf_b64_plans.json").write_text(json.dumps(_PLANS))
+        (report.PLANS / "mobilenet_v2_cifar_tf_b64_plans.json").write_text(json.dumps({"plans": {
+            _MOBILENET_PLAN.format(kind): _plan_record(0.5, mode, measured)
+            for kind, mode, measured in (("auto", "exact", 0.5), ("uniform", "uniform", 0.498))}}))
         report.main()
     assert (REPO / "experiments" / "README.md").read_bytes() == real_readme
     return tmp
@@ -977,11 +993,12 @@ def test_report_at_equal_measured_time(page):
         f"| 0.5 | auto before the floor (exact) | 0.490 | 2.04x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) | "
         f"{_point('old auto leads', auto, uniform)} |",
         f"| 0.5 | uniform | 0.495 | 2.02x | 0.1000 | 0.1500 | {_cell(uniform)} (n 2) |  |",
-        "| 0.5 | core's precrop_flops (exact), flops 0.2734 | - | 2.20x (benchmark) | - | - | pending | - |",
+        "| 0.5 | grid core's precrop_flops (exact), flops 0.2734 | - | 2.20x (benchmark) | - | - | pending "
+        "| - |",
         "| 0.33 | auto before the floor (exact) | 0.310 | 3.23x | 0.0660 | 0.0990 | 70.00 ± 0.00 (n 1) "
         "| pending |",
         "| 0.33 | uniform | 0.250 | 4.00x | 0.0660 | 0.0990 | pending |  |",
-        "| 0.33 | core's precrop_flops (layerwise), flops 0.0884 (core's fastest PreCrop-FLOPs plan; "
+        "| 0.33 | grid core's precrop_flops (layerwise), flops 0.0884 (the fastest such plan; "
         "none measures 3.03x or more) | - | 2.60x (benchmark) | - | - | pending | - |",
     ]
     assert "\n".join(rows) in section
@@ -991,6 +1008,48 @@ def test_report_at_equal_measured_time(page):
     speed = page.split("**Accuracy against measured speedup**")[1].split("\n\n")[0]
     assert "Series marked *speedup from calibration timing* are latency plans" in speed
     assert "precrop_plan" not in page.split("Not timed (run ids less the seed)")[1].split("\n")[0]
+
+
+def test_report_on_mobilenet(page):
+    """Grid uniform_mobilenet's sub-section: its table, layerwise against uniform at half the MACs,
+    the latency plans against each other with the grid's own PreCrop-FLOPs plan as the reference
+    (timed in a network's own speed file), and the network's speed figure."""
+    section = page.split("\n### MobileNetV2: equal MACs and equal measured time\n")[1].split("\n## ")[0]
+    layerwise, uniform = _MOBILENET_FLOPS.format("layerwise"), _MOBILENET_FLOPS.format("uniform")
+    d, tol, *_ = _cmp(layerwise, uniform)
+    assert d > tol
+    assert "| budget | uniform | layerwise | layerwise vs uniform: d |" in section
+    assert (f"| flops 0.5 | {_cell(uniform)} (n 2), MACs 0.255 | {_cell(layerwise)} (n 2), MACs 0.255 | "
+            f"{_point('layerwise leads', layerwise, uniform)} |") in section
+    assert ("Verdict: layerwise vs uniform: layerwise leads at 1, uniform at 0, 0 tie of 1 compared "
+            "budget.") in section
+    auto = f"mobilenet_v2_cifar-precrop_plan-plan{_MOBILENET_PLAN.format('auto')}-ep10"
+    assert (f"| 0.5 | auto before the floor (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) "
+            "| pending: ") in section
+    assert ("| 0.5 | uniform | 0.498 | 2.01x | 0.1000 | 0.1500 | 78.00 ± 0.00 (n 1) |  |") in section
+    s = report._summary({"results": [_result("precrop_flops", a, i)
+                                     for i, a in enumerate(_ACCURACIES[layerwise])]})
+    assert (f"| 0.5 | this grid's precrop_flops (layerwise), flops 0.5 (the fastest such plan; none "
+            f"measures 2.00x or more) | - | 1.50x (benchmark) | {s['params_ratio']:.4f} | "
+            f"{s['macs_ratio']:.4f} | {_cell(layerwise)} (n 2) | - |") in section
+    assert "![speed_mobilenet_v2_cifar](figures/speed_mobilenet_v2_cifar.png)" in page
+
+
+def test_speed_files_merge_only_when_timed_alike(tmp_path, monkeypatch):
+    """Each network's speed file joins one record; files timed at other batch sizes are refused,
+    naming them."""
+    monkeypatch.setattr(report, "SPEED_DIR", tmp_path)
+    assert report._load_speed() is None
+    (tmp_path / "trained_speed_resnet20.json").write_text(json.dumps(_SPEED))
+    (tmp_path / "trained_speed_mobilenet_v2_cifar.json").write_text(json.dumps(_SPEED_MOBILENET))
+    merged = report._load_speed()
+    assert merged["runs"] == {**_SPEED["runs"], **_SPEED_MOBILENET["runs"]}
+    assert merged["skipped"] == _SPEED["skipped"] and merged["settings"] == _SPEED["settings"]
+    other = {**_SPEED_MOBILENET, "settings": {"batch_size": 1, "rounds": 15}}
+    (tmp_path / "trained_speed_mobilenet_v2_cifar.json").write_text(json.dumps(other))
+    files = "trained_speed_mobilenet_v2_cifar.json, trained_speed_resnet20.json"
+    with pytest.raises(ValueError, match=files):
+        report._load_speed()
 
 
 def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast():
@@ -1022,12 +1081,13 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
             f"{_cell('a', accuracies)} (n 2) | "
             f"{_point('tie', 'a', 'u', accuracies)} |") in lines
     s = report._summary(core[0])
-    assert (f"| 0.5 | core's {core[0]['label']}, flops 0.2 | - | 2.50x (benchmark) | "
+    assert (f"| 0.5 | grid core's {core[0]['label']}, flops 0.2 | - | 2.50x (benchmark) | "
             f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f} | {_cell('c', {'c': [0.71, 0.73]})} (n 2) | - |"
             ) in lines
     assert ("| 0.3 | auto before the floor (layerwise) | 0.260 | 3.85x | 0.0600 | 0.0900 | pending "
             "| pending |") in lines
-    assert "| 0.3 | core's precrop_flops, flops 0.1 | - | 3.50x (benchmark) | - | - | pending | - |" in lines
+    assert ("| 0.3 | grid core's precrop_flops, flops 0.1 | - | 3.50x (benchmark) | - | - | pending "
+            "| - |") in lines
     assert "No calibration record in `experiments/plans/` for: plans/unknown.json." in lines
     assert lines[-2] == ("Verdict: old auto vs uniform: old auto leads at 0, uniform at 0, 1 tie of 1 "
                          "compared budget (1 pending).")
@@ -1121,8 +1181,6 @@ def test_speed_points_read_the_benchmarks_json(tmp_path, monkeypatch):
     assert not (tmp_path / "speed_resnet20.png").exists()
     # Only full-cost models timed (a JSON without the structured ones): nothing to draw.
     assert not any(line.startswith("![") for line in report._speed(runs, {**speed, "runs": {}}))
-    monkeypatch.setattr(report, "SPEED", tmp_path / "absent.json")
-    assert report._load_speed() is None
 
 
 def test_report_longer_schedule(report_dir, page):
