@@ -223,6 +223,22 @@ def test_traced_names_say_where_each_layer_came_from_and_the_model_is_untouched(
     assert "block3_conv1" in "\n".join(lines)
 
 
+def test_a_traced_functional_model_keeps_its_graph_outputs_and_layer_outputs():
+    """Tracing reuses the model's own layers, so each records one more call, as any second call of a
+    layer does in Keras; the model's config, outputs and ``get_layer(...).output`` stay the same."""
+    model = _nested()
+    _randomize(model)
+    x = _input(model)
+    config, outputs = model.get_config(), _numpy(model(x, training=False))
+    stem = _numpy(keras.Model(model.input, model.get_layer("stem").output)(x))
+    kp.precrop(model, params=0.5)
+    assert trace.traced(model).functional is not model  # the composites were dissolved
+    assert model.get_config() == config
+    np.testing.assert_array_equal(_numpy(model(x, training=False)), outputs)
+    np.testing.assert_array_equal(_numpy(keras.Model(model.input, model.get_layer("stem").output)(x)),
+                                  stem)
+
+
 def test_pruned_traced_model_trains_saves_and_reloads(tmp_path):
     model = _mobilenet()
     new = kp.precrop(model, flops=0.5)

@@ -97,7 +97,7 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
         raise infeasible_at_minimum(grid, narrowest, vector, arguments or {})
     if floor is not None and not cm.fixed.all():
         info["floor"] = floor
-        info["floor_ratio"] = floor * _uniform(prof, grid, vector, upper)[1]["uniform_ratio"]
+        info["floor_ratio"] = floor * _uniform_ratio(grid, vector, upper)
         grid.raise_floor(info["floor_ratio"])
     if cm.fixed.all():
         widths, found = cm.widths.copy(), {"note": "nothing prunable"}
@@ -338,33 +338,16 @@ def _uniform(prof, grid, budgets, upper):
 
     Each free width is ``r * C`` rounded down onto the grid (a width
     multiplier, as MobileNet's ``alpha``), with ``r`` the largest factor
-    (bisection) whose widths meet every budget. Then every width that may
-    still take one grid step up, without leaving one step of ``r * C`` or
-    exceeding a budget, takes it (lowest ``w / C`` first): no width within one
-    step of ``r * C`` can grow without exceeding a budget. (:func:`solve`
-    has checked that the narrowest widths, ``r = 0``, fit.)
+    (:func:`_uniform_ratio`) whose widths meet every budget. Then every width
+    that may still take one grid step up, without leaving one step of
+    ``r * C`` or exceeding a budget, takes it (lowest ``w / C`` first): no
+    width within one step of ``r * C`` can grow without exceeding a budget.
     """
     cm = grid.cm
-    step = np.where(grid.step > 0, grid.step, 1)
-
-    def widths(r):
-        w = np.where(cm.fixed, cm.widths, np.floor(r * cm.widths / step + 1e-9) * step)
-        return grid.enforce(np.clip(w, grid.lo, grid.hi))
-
-    def fits(w):
-        return bool(np.all(cm.totals(w) <= budgets * (1 + 1e-12)))
-
-    lo, hi = 0.0, 1.0 if upper is None or upper <= 1 else float(upper)
-    if upper is None:
-        while fits(widths(hi)) and hi < 2.0 ** 20:
-            lo, hi = hi, 2 * hi
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if fits(widths(mid)) else (lo, mid)
-    if fits(widths(hi)):
-        lo = hi
-    w = widths(lo)
-    band = np.minimum(np.ceil(lo * cm.widths / step - 1e-9) * step, grid.hi)
+    step = _steps(grid)
+    r = _uniform_ratio(grid, budgets, upper)
+    w = _scaled(grid, r)
+    band = np.minimum(np.ceil(r * cm.widths / step - 1e-9) * step, grid.hi)
     steps = 0
     for v in np.argsort(w / cm.widths, kind="stable"):
         if cm.fixed[v] or w[v] + step[v] > band[v]:
@@ -372,9 +355,40 @@ def _uniform(prof, grid, budgets, upper):
         cand = w.copy()
         cand[v] += step[v]
         cand = grid.enforce(cand)
-        if cand[v] > w[v] and fits(cand):
+        if cand[v] > w[v] and _fits(cm, cand, budgets):
             w, steps = cand, steps + 1
-    return w, {"uniform_ratio": float(lo), "repair_steps": int(steps)}
+    return w, {"uniform_ratio": float(r), "repair_steps": int(steps)}
+
+
+def _steps(grid):
+    """Each variable's grid step (1 where the grid has none)."""
+    return np.where(grid.step > 0, grid.step, 1)
+
+
+def _scaled(grid, r):
+    """Every free width ``r * C`` rounded down onto ``grid``; fixed widths kept."""
+    cm = grid.cm
+    step = _steps(grid)
+    w = np.where(cm.fixed, cm.widths, np.floor(r * cm.widths / step + 1e-9) * step)
+    return grid.enforce(np.clip(w, grid.lo, grid.hi))
+
+
+def _fits(cm, widths, budgets):
+    return bool(np.all(cm.totals(widths) <= budgets * (1 + 1e-12)))
+
+
+def _uniform_ratio(grid, budgets, upper):
+    """The largest width factor ``r`` whose widths (:func:`_scaled`) meet every budget, by
+    bisection (:func:`solve` has checked that the narrowest widths, ``r = 0``, fit)."""
+    cm = grid.cm
+    lo, hi = 0.0, 1.0 if upper is None or upper <= 1 else float(upper)
+    if upper is None:
+        while _fits(cm, _scaled(grid, hi), budgets) and hi < 2.0 ** 20:
+            lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _fits(cm, _scaled(grid, mid), budgets) else (lo, mid)
+    return hi if _fits(cm, _scaled(grid, hi), budgets) else lo
 
 
 MODES = {"exact": _exact, "layerwise": _layerwise, "paper": _paper, "uniform": _uniform}

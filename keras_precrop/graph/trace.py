@@ -17,7 +17,10 @@ first ``keras.ops.add`` its ``call`` records. The layers' names live in
 :attr:`Traced.names`, not on the layers: the user's model is left as it was
 (its layers' names are changed while the traced graph is built, so that two
 blocks' ``conv1`` do not clash, and restored afterwards). The walker reports
-these names and the rebuild gives them to the new layers.
+these names and the rebuild gives them to the new layers. The traced graph
+calls the model's own layers once more, which records a call node on each as
+any second call of a layer does in Keras; the model's config, outputs and
+``get_layer(...).output`` stay as they were.
 
 A ``call`` that cannot run on symbolic tensors (a Python ``if`` on a tensor's
 value, a ``tf.*`` or ``jax.numpy`` function on its inputs) is refused with the
