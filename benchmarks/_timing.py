@@ -11,6 +11,7 @@ summaries.
 
 import collections
 import importlib.metadata
+import json
 import os
 import pathlib
 import platform
@@ -236,3 +237,24 @@ def paired_speedup(baseline, variant):
         raise ValueError(f"Need as many baseline as variant samples, got "
                          f"{len(baseline)} and {len(variant)}.")
     return statistics.median(b / v for b, v in zip(baseline, variant))
+
+
+def write_result(out, stem, result, text):
+    """Writes a benchmark's ``result`` as ``<stem>.json`` and its Markdown ``text`` as ``<stem>.md``
+    into the folder ``out`` (made if missing), and prints the text."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+
+
+def table_head(title, result, note, columns, align):
+    """A timing benchmark's Markdown up to its table's first row: the title, how it timed
+    (TensorFlow inference: ``result``'s batch, rounds, CPU, TensorFlow version and load) with
+    ``note``, and the table's ``columns`` and ``align`` rows (cells joined by ``" | "``)."""
+    s, m = result["settings"], result["machine"]
+    load = ", ".join(f"{x:.1f}" for x in m["load_average_at_start"] or [])
+    return [f"# {title}", "",
+            f"TensorFlow inference, batch {s['batch_size']}, {s['rounds']} interleaved rounds; machine: "
+            f"{m['cpu']}, {m['usable_cpus']} usable CPUs, TF {m['tensorflow']}, load average at start "
+            f"{load}. {note}", "", f"| {columns} |", f"|{align}|"]

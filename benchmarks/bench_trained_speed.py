@@ -166,15 +166,12 @@ def record(args, base_prof, original, plans, skipped, seconds):
 
 def markdown(result):
     """The table of ``record``'s document: one row per plan, then the runs not timed."""
-    s, m = result["settings"], result["machine"]
-    lines = [
-        f"# Measured speedup of the trained {s['model']} models ({s['epochs']} epochs)", "",
-        f"TensorFlow inference, batch {s['batch_size']}, {s['rounds']} interleaved rounds; machine: "
-        f"{m['cpu']}, {m['usable_cpus']} usable CPUs, TF {m['tensorflow']}, load average at start "
-        f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'] or [])}. Speedup: median over "
-        "rounds of the original's time / the model's in the same round; ideal: original MACs / MACs.",
-        "", "| plan | seeds | mode | params | MACs ratio | ideal | median ms | speedup |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+    s = result["settings"]
+    lines = _timing.table_head(
+        f"Measured speedup of the trained {s['model']} models ({s['epochs']} epochs)", result,
+        "Speedup: median over rounds of the original's time / the model's in the same round; ideal: "
+        "original MACs / MACs.", "plan | seeds | mode | params | MACs ratio | ideal | median ms | speedup",
+        "---|---|---|---:|---:|---:|---:|---:") + [
         f"| {ORIGINAL} | - | - | {result['original']['params']:,} | 1.000 | 1.00x | "
         f"{result['original']['seconds']['median'] * 1e3:.2f} | 1.00x |",
     ]
@@ -209,11 +206,7 @@ def main(argv=None):
     plans = plans[:args.limit]
     original = measure(base, plans, args.batch_size, args.rounds, args.target_s)
     result = record(args, kp.profile(base), original, plans, skipped, time.perf_counter() - start)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"trained_speed_{args.model}.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    (args.out / f"trained_speed_{args.model}.md").write_text(text)
-    print(text)
+    _timing.write_result(args.out, f"trained_speed_{args.model}", result, markdown(result))
     return 0
 
 

@@ -19,6 +19,9 @@ latency model instead of fitting a new one (the ``floor`` plan of grid
 
     python experiments/latency_plans.py --targets 0.5 --modes floor \
         --latency_model experiments/plans/resnet20_tf_b64_latency_model.json
+
+``streamfloor`` (grid ``latency_stream_floor``) floors the residual streams alone
+(``floor=1.0, floor_on="streams"``).
 """
 
 import argparse
@@ -32,8 +35,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 PLANS = HERE / "plans"
 
 
-# A mode name of --modes that is mode="auto" with floor=1.0: no width below the uniform plan's.
-FLOOR = "floor"
+# Names of --modes that are exact mode with a floor at the uniform plan's widths (mode="auto" picks
+# exact with a floor), on every width or on the residual streams alone; other names are modes.
+FLOORS = {"floor": {"mode": "auto", "floor": 1.0},
+          "streamfloor": {"mode": "auto", "floor": 1.0, "floor_on": "streams"}}
 
 
 def main(argv=None):
@@ -41,7 +46,7 @@ def main(argv=None):
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.33])
     parser.add_argument("--modes", nargs="+", default=["auto", "uniform"],
-                        help=f"plan modes; {FLOOR!r}: auto with floor=1.0")
+                        help=f"plan modes, or {sorted(FLOORS)}: {FLOORS}")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--calibrate", type=int, default=3, help="calibration rounds per plan")
     parser.add_argument("--latency_model", type=pathlib.Path,
@@ -63,7 +68,7 @@ def main(argv=None):
     record["machine"] = platform.processor() or platform.machine()
     for target in args.targets:
         for mode in args.modes:
-            options = {"mode": "auto", "floor": 1.0} if mode == FLOOR else {"mode": mode}
+            options = FLOORS.get(mode, {"mode": mode})
             plan = kp.plan(model, latency=target, latency_model=lm, calibrate=args.calibrate,
                            **options)
             name = f"{stem}_latency{target:g}_{mode}"
@@ -81,7 +86,7 @@ def plan_record(plan, target):
             "macs_ratio": plan.macs / plan.original["macs"],
             "calibration": plan.solver["latency_calibration"],
             "uniform_ratio": plan.solver.get("uniform_ratio"),
-            "floor_ratio": plan.solver.get("floor_ratio")}
+            "floor_ratio": plan.solver.get("floor_ratio"), "floor_on": plan.solver.get("floor_on")}
 
 if __name__ == "__main__":
     main()

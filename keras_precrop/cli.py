@@ -24,7 +24,7 @@ import sys
 import keras
 
 import keras_precrop as kp
-from keras_precrop.budget.modes import MODES
+from keras_precrop.budget.modes import FLOOR_ON, MODES
 from keras_precrop.comparison import DEFAULT_MODES
 from keras_precrop.errors import NAME_ONLY, spelled
 from keras_precrop.latency.timing import RUNTIMES
@@ -136,6 +136,8 @@ def _planner_args(p, default):
     p.add_argument("--floor", type=float,
                    help="exact mode: no width below this ratio (0-1] of --mode uniform's widths at "
                    "the same budgets, e.g. 1.0")
+    p.add_argument("--floor_on", choices=FLOOR_ON,
+                   help="which widths --floor holds: all (default) or the residual streams alone")
     p.add_argument("--out", help="save the rebuilt model here (.keras)")
     p.add_argument("--plan", help="write the plan as JSON here")
     p.add_argument("--apply", help="apply this plan JSON instead of solving")
@@ -347,7 +349,7 @@ def _run_planner(args, model):
         _check_against_plan(args, the_plan)
     else:
         the_plan = kp.plan(model, args.params, args.flops, mode=args.mode, balance=args.balance,
-                           floor=args.floor, **_solve_options(args))
+                           floor=args.floor, floor_on=args.floor_on, **_solve_options(args))
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
         the_plan.to_json(args.plan)
@@ -368,7 +370,7 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # flag of the same name. Library errors keep the arguments they are about as
 # fields (``kp.ArgumentError.arguments``); the command line shows these as the
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
-_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "floor", "round_to",
+_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "floor", "floor_on", "round_to",
           "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate",
           "importance", "seed", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes

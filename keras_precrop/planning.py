@@ -30,7 +30,7 @@ from keras_precrop import latency as _latency
 from keras_precrop import transfer as _transfer
 from keras_precrop import verify as _verify
 from keras_precrop.budget import costs as _costs
-from keras_precrop.budget.modes import MODES, solve
+from keras_precrop.budget.modes import FLOOR_ON, MODES, solve
 from keras_precrop.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -107,8 +107,12 @@ class Plan(_json.JsonDataclass):
 
     @property
     def mode_label(self):
-        """The mode, with the floor that bounded it (``"exact, floor=1.0"``): how tables name the plan."""
-        return self.mode + (f", floor={float(self.solver['floor'])!r}" if "floor" in self.solver else "")
+        """The mode, with the floor that bounded it (``"exact, floor=1.0"``, ``"exact, floor=1.0 on
+        streams"``): how tables name the plan."""
+        if "floor" not in self.solver:
+            return self.mode
+        held = " on streams" if self.solver.get("floor_on") == "streams" else ""
+        return f"{self.mode}, floor={float(self.solver['floor'])!r}{held}"
 
     @classmethod
     def from_dict(cls, data):
@@ -239,7 +243,7 @@ def _resolve_budget(row, ratio, absolute, original, can_grow):
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
          residual="prefix", latency=None, latency_model=None, balance=None, floor=None,
-         calibrate=None):
+         floor_on=None, calibrate=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -285,6 +289,10 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             allowed: under a latency budget, exact mode alone narrows
             residual streams to a few channels, which the latency model
             underprices (``plan.solver["floor_ratio"]`` is the factor).
+        floor_on: which widths ``floor`` holds: ``"all"`` (None: the default),
+            or ``"streams"``, the residual streams alone (the channels every
+            block of a stage reads and adds to); the width program may then
+            narrow the layers inside the blocks below the uniform widths.
         calibrate: rounds of measured feedback for a ``latency`` budget. A
             latency model's prediction of its own plan can be off (its
             features cannot express every kernel's cost), so each round
@@ -310,7 +318,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         TypeError: for a budget that is not a number.
         InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
-    can_grow = _check_options(mode, round_to, min_channels, upper, balance, floor)
+    can_grow = _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on)
     # Checked before profiling and timing, so a bad latency= fails at once.
     latency_budget = _resolve_budget(_latency.ROW, latency, None, 1.0, can_grow)
     measured_here = latency_model is None or isinstance(latency_model, dict)
@@ -343,7 +351,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     def solve_for(b):
         return solve(prof, cm, b, mode=mode, upper=upper, round_to=round_to,
                      min_channels=min_channels, balance=balance, floor=floor,
-                     arguments=arguments)
+                     floor_on=floor_on, arguments=arguments)
 
     if calibrate:
         options = latency_model if isinstance(latency_model, dict) else {}
@@ -405,7 +413,7 @@ def _with_inputs(model, specs):
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
 
 
-def _check_options(mode, round_to, min_channels, upper, balance, floor):
+def _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on):
     """Checks :func:`plan`'s width options; returns whether widths may grow."""
     if mode not in MODES and mode != "auto":
         raise ArgumentError(f"{{mode}} is unknown; use one of {sorted(MODES) + ['auto']}.",
@@ -429,6 +437,11 @@ def _check_options(mode, round_to, min_channels, upper, balance, floor):
                               or not 0 < floor <= 1):
         raise ArgumentError("{floor} must be a ratio in (0, 1] of the uniform widths (e.g. 1.0) "
                             "or None.", floor=floor)
+    if floor_on is not None and floor_on not in FLOOR_ON:
+        raise ArgumentError(f"{{floor_on}} is unknown; use one of {list(FLOOR_ON)}.", floor_on=floor_on)
+    if floor_on is not None and floor is None:
+        raise ArgumentError("{floor_on} says which widths a floor holds; give {floor:=} too.",
+                            floor_on=floor_on)
     return upper is None or upper > 1
 
 

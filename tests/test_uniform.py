@@ -9,6 +9,7 @@ library's cost model.
 
 import json
 import math
+import pathlib
 
 import keras
 import numpy as np
@@ -187,6 +188,47 @@ def test_floor_on_resnet20_keeps_the_width_multipliers_streams():
     assert plan.solver["objective"] >= uniform.solver["objective"]
 
 
+# The latency model of ResNet-20 fitted on the experiments' CPU (TensorFlow, batch 64): the case where
+# exact mode alone narrows the residual streams below the uniform widths.
+_RESNET20_LATENCY = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "plans" / (
+    "resnet20_tf_b64_latency_model.json")
+
+
+def test_a_floor_on_the_streams_holds_the_residual_streams_alone():
+    """floor_on="streams": every residual stream at least the uniform width, while the layers inside
+    the blocks may go below it (a floor on every width holds them all); the budget is met."""
+    model = kp.models.get("resnet20")
+    options = {"latency": 0.5, "latency_model": str(_RESNET20_LATENCY), "calibrate": 0}
+    streams = {v.name for v in kp.profile(model).variables if v.kind == "stream"}
+    r = kp.plan(model, mode="uniform", **options).solver["uniform_ratio"]
+
+    def below(plan, names):  # the free widths of ``names`` narrower than the uniform plan's
+        return [v["name"] for v in plan.variables if v["name"] in names and not v["fixed"]
+                and v["new"] < math.floor(r * v["width"] + 1e-9)]
+
+    alone = kp.plan(model, mode="exact", **options)
+    assert below(alone, streams)  # exact mode alone starves a stream: where the floor matters
+    held = kp.plan(model, mode="exact", floor=1.0, floor_on="streams", **options)
+    assert held.mode_label == "exact, floor=1.0 on streams" and held.solver["floor_on"] == "streams"
+    assert not below(held, streams) and below(held, {v["name"] for v in held.variables} - streams)
+    assert held.latency <= 0.5 * held.original["latency"] * (1 + 1e-9)
+    lines = []
+    held.summary(print_fn=lines.append)
+    assert lines[0].startswith("Plan (exact, floor=1.0 on streams, residual=prefix)")
+    every = kp.plan(model, mode="exact", floor=1.0, **options)
+    assert not below(every, {v["name"] for v in every.variables}) and "floor_on" not in every.solver
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"floor": 1.0, "floor_on": "bogus"}, "floor_on='bogus' is unknown; use one of ['all', 'streams']."),
+    ({"floor_on": "streams"}, "floor_on='streams' says which widths a floor holds; give floor= too."),
+])
+def test_floor_on_refuses_bad_values_naming_them(options, message):
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.plan(_chain(), params=0.3, **options)
+    assert message in str(err.value) and err.value.arguments["floor_on"] == options["floor_on"]
+
+
 @pytest.mark.parametrize("options, message", [
     ({"floor": 0}, "floor=0 must be a ratio in (0, 1]"),
     ({"floor": 1.5}, "floor=1.5 must be a ratio in (0, 1]"),
@@ -210,3 +252,9 @@ def test_the_command_line_takes_floor(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["precrop", "resnet20", "--flops", "0.3", "--floor", "2"]) == 1
     assert "--floor 2 must be a ratio in (0, 1]" in capsys.readouterr().err
+    assert cli_main(["precrop", "resnet20", "--flops", "0.3", "--floor", "1", "--floor_on", "streams",
+                     "--plan", str(plan_path)]) == 0
+    assert kp.Plan.from_json(str(plan_path)).solver["floor_on"] == "streams"
+    capsys.readouterr()
+    assert cli_main(["precrop", "resnet20", "--flops", "0.3", "--floor_on", "streams"]) == 1
+    assert "--floor_on streams says which widths a floor holds; give --floor too." in capsys.readouterr().err

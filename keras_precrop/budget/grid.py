@@ -64,15 +64,21 @@ class WidthGrid:
             hi = np.maximum(hi, c)
         self.hi = np.where(cm.fixed, c, hi)
 
-    def raise_floor(self, ratio):
+    def raise_floor(self, ratio, only=None):
         """No free width below ``ratio`` times its original, rounded down onto the grid.
 
         :func:`~keras_precrop.budget.modes.solve` uses it for ``floor=``: the
         narrowest widths become those of a width multiplier ``ratio``.
+
+        Args:
+            ratio: the width factor of the floor.
+            only: a mask of the variables it holds (``floor_on="streams"``:
+                the residual streams); None: every free one.
         """
         step = np.where(self.step > 0, self.step, 1)
         floor = np.floor(ratio * self.cm.widths / step + 1e-9) * step
-        self.lo = np.where(self.cm.fixed, self.lo, np.clip(floor, self.lo, self.hi))
+        held = ~self.cm.fixed if only is None else ~self.cm.fixed & only
+        self.lo = np.where(held, np.clip(floor, self.lo, self.hi), self.lo)
 
     def narrowest(self):
         """The smallest widths on the grid (views clipped to their streams)."""

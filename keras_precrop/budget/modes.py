@@ -47,7 +47,7 @@ from keras_precrop.errors import InfeasibleBudgetError
 
 
 def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels=1,
-          balance=None, floor=None, arguments=None):
+          balance=None, floor=None, floor_on=None, arguments=None):
     """Integer widths meeting named budgets, by a translation mode.
 
     Args:
@@ -62,6 +62,8 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
         floor: exact mode only: no free width below ``floor`` times the
             width ``mode="uniform"`` gives at the same budgets
             (``info["floor_ratio"]`` is that factor times uniform's).
+        floor_on: ``"streams"``: the floor holds the residual streams alone
+            (``info["floor_on"]``); ``"all"`` or None: every free width.
         arguments: ``{row: (argument name, value)}``: how the user gave each
             budget, so that an infeasible one is named as given.
 
@@ -98,7 +100,11 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     if floor is not None and not cm.fixed.all():
         info["floor"] = floor
         info["floor_ratio"] = floor * _uniform_ratio(grid, vector, upper)
-        grid.raise_floor(info["floor_ratio"])
+        streams = None
+        if floor_on == "streams":
+            info["floor_on"] = floor_on
+            streams = np.array([v.kind == "stream" for v in cm.variables])
+        grid.raise_floor(info["floor_ratio"], only=streams)
     if cm.fixed.all():
         widths, found = cm.widths.copy(), {"note": "nothing prunable"}
     else:
@@ -125,6 +131,8 @@ def flops_binds(prof, cm, budgets, upper):
         return True  # the mode's own solve says why, as without mode="auto"
 
 
+# Which widths a floor may hold (plan's floor_on=): every free one, or the residual streams alone.
+FLOOR_ON = ("all", "streams")
 # The floor mode="auto" sets under a latency budget: the uniform plan's widths.
 AUTO_LATENCY_FLOOR = 1.0
 
