@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 # keep_weights_teacher, 10 epochs) and the grid's seed 4; then issue 27's grids (against uniform
 # width scaling), uniform_latency and uniform seed-major together, except that the allocation
 # that acts on uniform_latency's tie (grid latency_floor) goes before uniform's second seed; then
-# uniform_mobilenet, its latency plans' two seeds first (they decide auto's latency rule there).
+# the floor on the residual streams alone (grid latency_stream_floor, ResNet-20: what the floors of
+# both networks' evidence point to); then uniform_mobilenet, its latency plans' two seeds first
+# (they decide auto's latency rule there).
 python experiments/run.py --grid experiments/grids/keep_weights.json --match='-s3$' "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights_teacher.json "$@" || exit
 python experiments/run.py --grid experiments/grids/keep_weights.json "$@" || exit
@@ -24,6 +26,7 @@ python experiments/run.py --grid experiments/grids/uniform_latency.json --match=
 python experiments/run.py --grid experiments/grids/latency_floor.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_latency.json \
   --grid experiments/grids/uniform.json "$@" || exit
+python experiments/run.py --grid experiments/grids/latency_stream_floor.json "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_mobilenet.json --match='latency0\.5' "$@" || exit
 python experiments/run.py --grid experiments/grids/uniform_mobilenet.json "$@" || exit
 GRIDS=()

@@ -1119,8 +1119,19 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
                          "compared budget; floor vs uniform: floor leads at 1, uniform at 0, 0 tie of 1 "
                          "compared budget.")
     d, tol, *_ = _cmp("f", "a", accuracies)
-    assert lines[-2] == ("The floor against the old auto plan (the claims' rule): at 0.5: floor leads, "
-                         f"{d:+.2f} pp (tol {tol:.2f}, n 2/2).")
+    assert lines[-2] == ("Each floor against the old auto plan (the claims' rule): floor at 0.5: floor "
+                         f"leads, {d:+.2f} pp (tol {tol:.2f}, n 2/2).")
+    # Grid latency_stream_floor's plan (a floor on the residual streams alone) joins the same target.
+    plans["p_streams"] = {**plans["p_floor"], "floor_on": "streams", "calibration": {"measured": 0.495}}
+    accuracies["s"] = [0.77]
+    lines = report._equal_time(runs + [entry(accuracies["s"], "plans/p_streams.json")], [], None, plans)
+    assert ("| 0.5 | stream floor (exact, no residual stream below uniform's: factor 0.438) | 0.495 | "
+            f"2.02x | 0.1000 | 0.1500 | {_cell('s', accuracies)} (n 1) | "
+            f"{_point('pending', 's', 'u', accuracies)} |") in lines
+    assert lines[-4].endswith("; stream floor vs uniform: pending at every budget (fewer than 2 seeds "
+                              "on a side).")
+    d, tol, *_ = _cmp("s", "a", accuracies)
+    assert lines[-2].endswith(f"; stream floor at 0.5: pending, {d:+.2f} pp (tol {tol:.2f}, n 1/2).")
 
 
 def test_speed_points_place_latency_plans_by_their_calibration(tmp_path, monkeypatch):
