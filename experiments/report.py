@@ -779,7 +779,11 @@ def _plot_speed(series, path, title, xlabel):
         ax.errorbar([x for x, _ in points], [s["acc"] for _, s in points], yerr=[s["std"] for _, s in points],
                     marker="osD^v<>ph*XP"[i % 12], color=colors[2 * i % 20 + i // 10 % 2], capsize=3,
                     label=label, linestyle="-" if "uniform" in label else "none")
-    # The legend beside the points, not on them.
+    # From the original's 1.0x, so that points close together (one network's equal-time plans) look
+    # as close as they are; the legend beside the points, not on them.
+    low, high = ax.get_xlim()
+    low = min(low, 0.9)
+    ax.set_xlim(low, max(high, 1.1) + 0.05 * (high - low))
     _finish(fig, ax, xlabel, title, path, legend={"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)})
 
 
