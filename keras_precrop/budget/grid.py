@@ -64,6 +64,11 @@ class WidthGrid:
             hi = np.maximum(hi, c)
         self.hi = np.where(cm.fixed, c, hi)
 
+    @property
+    def unit_step(self):
+        """Each variable's grid step, 1 for a fixed one (whose step is 0): what widths round by."""
+        return np.where(self.step > 0, self.step, 1)
+
     def raise_floor(self, ratio, only=None):
         """No free width below ``ratio`` times its original, rounded down onto the grid.
 
@@ -75,7 +80,7 @@ class WidthGrid:
             only: a mask of the variables it holds (``floor_on="streams"``:
                 the residual streams); None: every free one.
         """
-        step = np.where(self.step > 0, self.step, 1)
+        step = self.unit_step
         floor = np.floor(ratio * self.cm.widths / step + 1e-9) * step
         held = ~self.cm.fixed if only is None else ~self.cm.fixed & only
         self.lo = np.where(held, np.clip(floor, self.lo, self.hi), self.lo)
@@ -86,8 +91,15 @@ class WidthGrid:
 
     def round(self, x):
         """Nearest allowed widths to continuous widths ``x``, bounds enforced."""
-        step = np.where(self.step > 0, self.step, 1)
+        step = self.unit_step
         w = np.where(self.cm.fixed, self.cm.widths, np.round(x / step) * step)
+        return self.enforce(np.clip(w, self.lo, self.hi))
+
+    def round_down(self, x):
+        """The allowed widths at or below continuous widths ``x`` (to 1e-9 of a step: ``r * C``
+        stays ``r * C`` when exact), bounds enforced; fixed widths kept."""
+        step = self.unit_step
+        w = np.where(self.cm.fixed, self.cm.widths, np.floor(x / step + 1e-9) * step)
         return self.enforce(np.clip(w, self.lo, self.hi))
 
     def imbalance(self, w):

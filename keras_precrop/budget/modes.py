@@ -257,7 +257,7 @@ def _paper(prof, grid, budgets, upper):
     """The paper's rule as published: floor(sqrt(p) * C); deviation reported."""
     rule = _LayerwiseRule(prof, grid.cm, upper)
     res = rule.densities(budgets)
-    step = np.where(grid.step > 0, grid.step, 1)
+    step = grid.unit_step
     widths = np.floor(rule.widths(res.densities) / step) * step
     widths = grid.enforce(np.clip(widths, grid.lo, grid.hi))
     achieved = grid.cm.totals(widths)
@@ -352,9 +352,9 @@ def _uniform(prof, grid, budgets, upper):
     width within one step of ``r * C`` can grow without exceeding a budget.
     """
     cm = grid.cm
-    step = _steps(grid)
+    step = grid.unit_step
     r = _uniform_ratio(grid, budgets, upper)
-    w = _scaled(grid, r)
+    w = grid.round_down(r * cm.widths)
     band = np.minimum(np.ceil(r * cm.widths / step - 1e-9) * step, grid.hi)
     steps = 0
     for v in np.argsort(w / cm.widths, kind="stable"):
@@ -368,35 +368,27 @@ def _uniform(prof, grid, budgets, upper):
     return w, {"uniform_ratio": float(r), "repair_steps": int(steps)}
 
 
-def _steps(grid):
-    """Each variable's grid step (1 where the grid has none)."""
-    return np.where(grid.step > 0, grid.step, 1)
-
-
-def _scaled(grid, r):
-    """Every free width ``r * C`` rounded down onto ``grid``; fixed widths kept."""
-    cm = grid.cm
-    step = _steps(grid)
-    w = np.where(cm.fixed, cm.widths, np.floor(r * cm.widths / step + 1e-9) * step)
-    return grid.enforce(np.clip(w, grid.lo, grid.hi))
-
-
 def _fits(cm, widths, budgets):
     return bool(np.all(cm.totals(widths) <= budgets * (1 + 1e-12)))
 
 
 def _uniform_ratio(grid, budgets, upper):
-    """The largest width factor ``r`` whose widths (:func:`_scaled`) meet every budget, by
-    bisection (:func:`solve` has checked that the narrowest widths, ``r = 0``, fit)."""
+    """The largest width factor ``r`` whose widths, every free ``r * C`` rounded down onto the grid,
+    meet every budget, by bisection (:func:`solve` has checked that the narrowest widths, ``r = 0``,
+    fit)."""
     cm = grid.cm
+
+    def fits(r):
+        return _fits(cm, grid.round_down(r * cm.widths), budgets)
+
     lo, hi = 0.0, 1.0 if upper is None or upper <= 1 else float(upper)
     if upper is None:
-        while _fits(cm, _scaled(grid, hi), budgets) and hi < 2.0 ** 20:
+        while fits(hi) and hi < 2.0 ** 20:
             lo, hi = hi, 2 * hi
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _fits(cm, _scaled(grid, mid), budgets) else (lo, mid)
-    return hi if _fits(cm, _scaled(grid, hi), budgets) else lo
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return hi if fits(hi) else lo
 
 
 MODES = {"exact": _exact, "layerwise": _layerwise, "paper": _paper, "uniform": _uniform}
