@@ -16,6 +16,7 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import tempfile
 import time
 
@@ -237,6 +238,28 @@ def paired_speedup(baseline, variant):
         raise ValueError(f"Need as many baseline as variant samples, got "
                          f"{len(baseline)} and {len(variant)}.")
     return statistics.median(b / v for b, v in zip(baseline, variant))
+
+
+ORIGINAL = "original"  # the key of the unpruned model in against_original's result
+
+
+def against_original(original, models, batch_size, rounds, target_s):
+    """TensorFlow inference of ``original`` and of each of ``models`` (``{name: model}``), timed
+    interleaved with the library's runners and round-robin, progress on stderr.
+
+    Returns:
+        ``{name: (seconds summary, speedup)}`` with the original under
+        :data:`ORIGINAL`; speedup: median over rounds of the original's time
+        / the model's in the same round.
+    """
+    fns = {name: latency.runner(model, batch_size=batch_size, runtime="tf")
+           for name, model in {ORIGINAL: original, **models}.items()}
+    print(f"timing {len(fns)} models, {rounds} rounds of about {target_s} s each ...", file=sys.stderr,
+          flush=True)
+    samples = latency.interleaved(fns, rounds, target_s=target_s,
+                                  log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    return {name: (summary(samples[name]), paired_speedup(samples[ORIGINAL], samples[name]))
+            for name in fns}
 
 
 def write_result(out, stem, result, text):

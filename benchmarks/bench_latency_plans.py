@@ -33,22 +33,6 @@ import keras_precrop as kp  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PLANS = REPO / "experiments" / "plans"
-ORIGINAL = "original"
-
-
-def _log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def measure(base, plans, batch_size, rounds, target_s):
-    """``{name: (seconds summary, speedup)}`` of the original and each plan, timed interleaved."""
-    fns = {ORIGINAL: kp.latency.runner(base, batch_size=batch_size, runtime="tf")}
-    for name, plan in plans.items():
-        fns[name] = kp.latency.runner(kp.apply_plan(base, plan), batch_size=batch_size, runtime="tf")
-    _log(f"timing {len(fns)} models, {rounds} rounds of about {target_s} s each ...")
-    samples = kp.latency.interleaved(fns, rounds, target_s=target_s, log=lambda line: _log(f"  {line}"))
-    return {name: (_timing.summary(samples[name]), _timing.paired_speedup(samples[ORIGINAL], samples[name]))
-            for name in fns}
 
 
 def markdown(result):
@@ -77,14 +61,15 @@ def main(argv=None):
     records = json.loads((PLANS / f"{args.model}_tf_b{args.batch_size}_plans.json").read_text())["plans"]
     plans = {name: kp.Plan.from_json(str(PLANS / f"{name}.json")) for name in records}
     base = kp.models.get(args.model)
-    timed = measure(base, plans, args.batch_size, args.rounds, args.target_s)
+    timed = _timing.against_original(base, {name: kp.apply_plan(base, plan) for name, plan in plans.items()},
+                                     args.batch_size, args.rounds, args.target_s)
     result = {
         "command": " ".join(["python", "benchmarks/bench_latency_plans.py", *sys.argv[1:]]),
         "settings": {"model": args.model, "batch_size": args.batch_size, "runtime": "tf",
                      "rounds": args.rounds, "target_s": args.target_s},
         "machine": _timing.machine_info(),
         "seconds": time.perf_counter() - start,
-        "original": {"params": base.count_params(), "seconds": timed[ORIGINAL][0]},
+        "original": {"params": base.count_params(), "seconds": timed[_timing.ORIGINAL][0]},
         "plans": {name: {"mode_label": plan.mode_label, "params": plan.params,
                          "macs_ratio": plan.macs / plan.original["macs"],
                          "calibrated": records[name]["calibration"]["measured"],

@@ -58,7 +58,7 @@ RESULTS = REPO / "benchmarks" / "results"
 # The structured methods of examples/train_cifar.py that plan from budgets, and the cap on widths
 # their library call sets (precrop: only removes channels; reconfigure: lets layers grow).
 UPPER = {"precrop_params": 1.0, "precrop_flops": 1.0, "preconfig": None}
-ORIGINAL = "original"
+ORIGINAL = _timing.ORIGINAL
 
 
 def _log(*args):
@@ -117,17 +117,12 @@ def measure(base, plans, batch_size, rounds, target_s):
     Returns:
         The original's ``_timing.summary`` of seconds per batch.
     """
-    fns = {ORIGINAL: kp.latency.runner(base, batch_size=batch_size, runtime="tf")}
+    # apply_plan checks each rebuilt model's params and MACs against its plan.
+    timed = _timing.against_original(base, {p["label"]: kp.apply_plan(base, p["plan"]) for p in plans},
+                                     batch_size, rounds, target_s)
     for p in plans:
-        model = kp.apply_plan(base, p["plan"])  # checks its params and MACs against the plan
-        fns[p["label"]] = kp.latency.runner(model, batch_size=batch_size, runtime="tf")
-    _log(f"timing {len(fns)} models, {rounds} rounds of about {target_s} s each ...")
-    samples = kp.latency.interleaved(fns, rounds, target_s=target_s,
-                                     log=lambda line: _log(f"  {line}"))
-    for p in plans:
-        p["seconds"] = _timing.summary(samples[p["label"]])
-        p["speedup"] = _timing.paired_speedup(samples[ORIGINAL], samples[p["label"]])
-    return _timing.summary(samples[ORIGINAL])
+        p["seconds"], p["speedup"] = timed[p["label"]]
+    return timed[ORIGINAL][0]
 
 
 def _shown(path):
