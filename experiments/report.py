@@ -844,11 +844,17 @@ def _time_plans(entries, plans):
         if record is None:
             unrecorded.append(e["label"])
             continue
-        kind = ("uniform" if record["mode"] == "uniform" else "old auto"
-                if record.get("floor_ratio") is None else
-                "stream floor" if record.get("floor_on") == "streams" else "floor")
-        targets.setdefault(record["target"], {})[kind] = (e, record)
+        targets.setdefault(record["target"], {})[_plan_kind(record)] = (e, record)
     return targets, unrecorded
+
+
+def _plan_kind(record):
+    """A latency plan's kind (``_time_plans``) by its record: mode, and floor if any."""
+    if record["mode"] == "uniform":
+        return "uniform"
+    if record.get("floor_ratio") is None:
+        return "old auto"
+    return "stream floor" if record.get("floor_on") == "streams" else "floor"
 
 
 def _reference(core, speed, target):
