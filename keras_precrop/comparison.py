@@ -37,7 +37,9 @@ class Comparison(_json.JsonDataclass):
             original), ``latency`` (predicted seconds per batch, or None),
             ``objective`` (SynExp, higher keeps more), ``uniform_ratio``
             (uniform mode's width factor, else None), ``floor_ratio`` (the
-            factor a floor holds every width above, else None) and ``speedup`` (the
+            factor a floor holds every width above, else None), ``floor_on``
+            (``"streams"`` where that floor holds the residual streams alone,
+            else None) and ``speedup`` (the
             original's measured time over the plan's, or None unmeasured).
         timing: what was timed, or None.
     """
@@ -146,15 +148,17 @@ def _row(mode, p):
             "macs": p.macs, "macs_ratio": p.macs / p.original["macs"], "latency": p.latency,
             "objective": float(p.solver["objective"]),
             "uniform_ratio": p.solver.get("uniform_ratio"), "floor_ratio": p.solver.get("floor_ratio"),
-            "speedup": None}
+            "floor_on": p.solver.get("floor_on"), "speedup": None}
 
 
 def _factor(row):
     """The width-factor cell: uniform's factor, or ``>= f`` where a floor holds every width above
-    ``f`` times its original."""
+    ``f`` times its original (``>= f (streams)`` where it holds the residual streams alone)."""
     if row["uniform_ratio"] is not None:
         return f"{row['uniform_ratio']:.3f}"
-    return "" if row.get("floor_ratio") is None else f">= {row['floor_ratio']:.3f}"
+    if row.get("floor_ratio") is None:
+        return ""
+    return f">= {row['floor_ratio']:.3f}" + (" (streams)" if row.get("floor_on") == "streams" else "")
 
 
 def _measure(model, plans, rows, settings, rounds, verbose):

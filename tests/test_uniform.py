@@ -217,6 +217,10 @@ def test_a_floor_on_the_streams_holds_the_residual_streams_alone():
     assert lines[0].startswith("Plan (exact, floor=1.0 on streams, residual=prefix)")
     every = kp.plan(model, mode="exact", floor=1.0, **options)
     assert not below(every, {v["name"] for v in every.variables}) and "floor_on" not in every.solver
+    # compare's width-factor cell does not claim every width for a floor on the streams alone
+    lines = []
+    kp.compare(model, modes=["exact"], floor=1.0, floor_on="streams", **options).summary(lines.append)
+    assert f">= {r:.3f} (streams)" in "\n".join(lines)
 
 
 @pytest.mark.parametrize("options, message", [
