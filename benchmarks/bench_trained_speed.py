@@ -4,16 +4,18 @@ The experiments' figures put accuracy against MACs; this measures what the
 trained models' widths buy in wall-clock time, so ``experiments/report.py``
 can put accuracy against measured speedup (section "Against uniform width
 scaling"). For every finished run under ``--runs`` (a ``results.json``) of
-method ``precrop_params``, ``precrop_flops`` or ``preconfig`` at ``--epochs``
-on ``--model``:
+method ``precrop_params``, ``precrop_flops``, ``preconfig`` or ``precrop_plan``
+at ``--epochs`` on ``--model``:
 
 * re-plan the model it trained from its flags with the current library
   (``kp.plan`` at its ``params_budget``/``flops_budget`` with its
   ``plan_options``: mode, balance, round_to, residual; widths capped at the
   original for PreCrop as ``kp.precrop`` caps them, uncapped for PreConfig
-  as ``kp.reconfigure``), and skip it, with a note, unless the plan's params
-  equal the trained model's (``results.json``'s ``params``): a plan the
-  library no longer makes is not the model that was trained;
+  as ``kp.reconfigure``) or, for ``precrop_plan`` (the latency plans), load
+  its ``--plan_file`` by name from ``experiments/plans``, and skip it, with
+  a note, unless the plan's params equal the trained model's
+  (``results.json``'s ``params``): a plan the library no longer makes is
+  not the model that was trained;
 * build each distinct plan once (runs whose plans have the same widths,
   e.g. the seeds of one grid entry, share a model);
 * time the original model and every rebuilt one interleaved in one process
@@ -55,9 +57,11 @@ import keras_precrop as kp  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+PLANS = REPO / "experiments" / "plans"  # where the grids keep the plan files they train
 # The structured methods of examples/train_cifar.py that plan from budgets, and the cap on widths
 # their library call sets (precrop: only removes channels; reconfigure: lets layers grow).
 UPPER = {"precrop_params": 1.0, "precrop_flops": 1.0, "preconfig": None}
+PLAN_METHOD = "precrop_plan"  # trains the widths of a plan file (the latency plans)
 ORIGINAL = _timing.ORIGINAL
 
 
@@ -75,13 +79,18 @@ def structured_runs(runs_dir, model, epochs):
     found = {}
     for path in sorted(pathlib.Path(runs_dir).glob("*/results.json")):
         result = json.loads(path.read_text())
-        if result["method"] in UPPER and result.get("model") == model and result["epochs"] == epochs:
+        timed = result["method"] in (*UPPER, PLAN_METHOD)
+        if timed and result.get("model") == model and result["epochs"] == epochs:
             found[path.parent.name] = result
     return found
 
 
 def replan(base, result):
-    """The plan of the model a run trained, made again from its flags by the current library."""
+    """The plan of the model a run trained: its plan file, found by name in ``PLANS`` (the run
+    recorded the absolute path of the checkout that trained it), else made again from its flags by
+    the current library."""
+    if result["method"] == PLAN_METHOD:
+        return kp.Plan.from_json(PLANS / pathlib.Path(result["plan_file"]).name)
     return kp.plan(base, params=result.get("params_budget"), flops=result.get("flops_budget"),
                    upper=UPPER[result["method"]], **result.get("plan_options") or {})
 
@@ -99,12 +108,13 @@ def distinct_plans(base, runs):
     for name, result in runs.items():
         try:
             plan = replan(base, result)
-        except (kp.InfeasibleBudgetError, ValueError) as err:
+        except (kp.InfeasibleBudgetError, ValueError, OSError) as err:
             skipped[name] = f"cannot re-plan it: {type(err).__name__}: {err}"
             continue
         if plan.params != result["params"]:
-            skipped[name] = (f"the current library plans {plan.params:,} params at its flags, "
-                             f"it trained {result['params']:,}")
+            made = ("its plan file holds {:,} params" if result["method"] == PLAN_METHOD
+                    else "the current library plans {:,} params at its flags")
+            skipped[name] = f"{made.format(plan.params)}, it trained {result['params']:,}"
             continue
         key = tuple(sorted(plan.widths.items()))
         plans.setdefault(key, {"label": stem(name), "plan": plan, "runs": []})["runs"].append(name)
@@ -152,7 +162,7 @@ def record(args, base_prof, original, plans, skipped, seconds):
         "seconds": seconds,
         "original": {**costs(base_prof.total_params, base_prof.total_macs), "seconds": original},
         "plans": [{"label": p["label"], "runs": p["runs"], **costs(p["plan"].params, p["plan"].macs),
-                   "mode": p["plan"].mode, "seconds": p["seconds"], "speedup": p["speedup"]}
+                   "mode": p["plan"].mode_label, "seconds": p["seconds"], "speedup": p["speedup"]}
                   for p in plans],
         "runs": runs,
         "skipped": skipped,

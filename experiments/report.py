@@ -795,7 +795,8 @@ def _speed(runs, speed, plans=None):
              "model's test accuracy (mean ± std over seeds) against its speedup measured by "
              "`python benchmarks/bench_trained_speed.py --model <network>` (`benchmarks/results/"
              "trained_speed_<network>.json`: "
-             "each model re-planned from its flags and timed interleaved with the original); the dense "
+             "each model re-planned from its flags, a latency plan loaded from its plan file, and timed "
+             "interleaved with the original); the dense "
              "baseline and SynFlow's masks run the original's dense kernels, at 1.0x."]
     if speed is None:
         return lines + ["", "Not timed yet: run `python benchmarks/bench_trained_speed.py` on a quiet "
@@ -873,10 +874,12 @@ def _reference(core, speed, target):
     return e, x, bool(fast)
 
 
-def _time_row(target, name, record, summary, verdict):
-    """One row of the equal-time table: a latency plan's calibrated time and costs, its accuracy."""
+def _time_row(target, name, record, summary, verdict, timed=None):
+    """One row of the equal-time table: a latency plan's calibrated time, its speedup (``timed``: the
+    benchmark's, else the calibration's), costs and accuracy."""
     ratio = record["calibration"]["measured"]
-    return (f"| {target:g} | {name} | {ratio:.3f} | {1 / ratio:.2f}x | {record['params_ratio']:.4f} | "
+    speedup = f"{1 / ratio:.2f}x" if timed is None else f"{timed:.2f}x (benchmark)"
+    return (f"| {target:g} | {name} | {ratio:.3f} | {speedup} | {record['params_ratio']:.4f} | "
             f"{record['macs_ratio']:.4f} | {_mode_cell({name: summary}, name)} | {verdict} |")
 
 
@@ -908,11 +911,12 @@ def _equal_time(entries, core, speed, plans, where="grid core"):
         "(`floor=1.0`, what `mode=\"auto\"` gives under a latency budget now): "
         "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
         "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
-        "*speedup* its inverse; params and MACs ratios are the plan's; accuracy is mean ± std (n seeds). "
-        "*vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with 2+ seeds a "
-        f"side; fewer: pending). The last row of each target is {where}'s PreCrop-FLOPs plan with the "
-        "smallest speedup not below 1 / target as `benchmarks/bench_trained_speed.py` measured it: "
-        "another process and time than the calibration's, so it is a rough reference, not judged.",
+        "each plan alone; *speedup* is what `benchmarks/bench_trained_speed.py` measured, timing every "
+        "trained model of the network interleaved with the original in one process (marked *benchmark*), "
+        "else the calibration's inverse; params and MACs ratios are the plan's; accuracy is mean ± std "
+        "(n seeds). *vs uniform* is the claims' rule (a lead beyond tol, the sum of the two stds, with "
+        f"2+ seeds a side; fewer: pending). The last row of each target is {where}'s PreCrop-FLOPs plan "
+        "with the smallest benchmark speedup not below 1 / target: a reference, not judged.",
         "",
         "| target | plan | time ratio | speedup | params ratio | MACs ratio | accuracy % "
         "| vs uniform |",
@@ -923,12 +927,13 @@ def _equal_time(entries, core, speed, plans, where="grid core"):
     for target, kinds in targets.items():
         modes = {kind: _summary(e) for kind, (e, _) in kinds.items()}
         improved += _floor_gains(target, modes)
-        for kind, (_, record) in kinds.items():
+        for kind, (e, record) in kinds.items():
             cell = ""
             if kind != "uniform":
                 cell, winner = _against_cell(modes, kind)
                 outcomes[kind].append(winner)
-            lines.append(_time_row(target, _time_name(kind, record), record, modes[kind], cell))
+            timed = _timed_speedup(_stem(_run.run_id(e["flags"])), (speed or {}).get("runs", {}))
+            lines.append(_time_row(target, _time_name(kind, record), record, modes[kind], cell, timed))
         lines.append(_reference_row(target, core, speed, where))
     if unrecorded:
         lines += ["", f"No calibration record in `experiments/plans/` for: {', '.join(unrecorded)}."]

@@ -1054,7 +1054,8 @@ def test_speed_files_merge_only_when_timed_alike(tmp_path, monkeypatch):
 
 def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast():
     """A lead within tol is a tie; a target without runs is pending; the reference is core's PreCrop-FLOPs
-    entry with the least speedup not below 1 / target, with its accuracy and costs once it has runs."""
+    entry with the least speedup not below 1 / target, with its accuracy and costs once it has runs; a
+    latency plan the benchmark timed shows that speedup, the others their calibration's."""
     def entry(accuracies, **flags):
         flags = {"model": "resnet20", "epochs": 10, "seed": 0, **flags}
         return {"label": flags.get("plan_file", flags["method"]), "flags": flags,
@@ -1073,8 +1074,11 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
             entry([0.9], method="baseline")]
     speed = {"runs": {"resnet20-precrop_flops-flops0.2-modeexact-ep10-s1": {"speedup": 2.5},
                       "resnet20-precrop_flops-flops0.1-modeexact-ep10-s0": {"speedup": 3.5},
-                      "resnet20-baseline-ep10-s0": {"speedup": 2.1}}}  # not PreCrop-FLOPs: never picked
+                      "resnet20-baseline-ep10-s0": {"speedup": 2.1},  # not PreCrop-FLOPs: never picked
+                      "resnet20-precrop_plan-planp_uni-ep10-s1": {"speedup": 2.04}}}  # a timed latency plan
     lines = report._equal_time(plan_runs, core, speed, plans)
+    assert (f"| 0.5 | uniform | 0.500 | 2.04x (benchmark) | 0.1000 | 0.1500 | {_cell('u', accuracies)} (n 2) "
+            "|  |") in lines
     d, tol, *_ = _cmp("a", "u", accuracies)
     assert abs(d) <= tol
     assert (f"| 0.5 | auto before the floor (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | "
