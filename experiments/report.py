@@ -1416,7 +1416,8 @@ _KEEP_POINTS = tuple(
     (f"latency 0.5, {name} widths", {"plan_file": _KEEP_PLAN.format(mode)}, grid,
      {"plan_file": _KEEP_PLAN.format(mode)}, True)
     for mode, name, grid in (("auto", "exact", "uniform_latency"), ("uniform", "uniform", "uniform_latency"),
-                             ("floor", "floor", "latency_floor"))
+                             ("floor", "floor", "latency_floor"),
+                             ("streamfloor", "stream floor", "latency_stream_floor"))
 ) + (("flops 0.2734", {"method": "precrop_flops", "flops": 0.2734}, "core",
       {"method": "precrop_flops", "flops": 0.2734, "mode": "layerwise"}, False),)
 # How a pruned model is trained on (row label, flags of its entry): the recipe (learning rate 0.1),
