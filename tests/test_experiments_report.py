@@ -164,7 +164,7 @@ def _keep_section(tmp_path, monkeypatch, keep):
     (tmp_path / "figures").mkdir()
     loaded = report._load_runs()
     entries = {name: report._entries(name, loaded) for name in ("core", "uniform_latency",
-                                                                 "latency_floor")}
+                                                                 "latency_floor", "latency_stream_floor")}
     lines = report._keep_weights(loaded, entries)
     assert f"Goal: {report._KEEP_GOAL}." in lines
     return ([line for line in lines if line.startswith("| ")],
@@ -175,9 +175,9 @@ def _keep_section(tmp_path, monkeypatch, keep):
 # 0 fine-tuned, 1 distilled,
 # 2 random channels; with uniform widths 3 fine-tuned, 4 distilled; at the FLOPs point 5 fine-tuned,
 # 6 distilled; the first recipe (learning rate 0.01, seed 3) 7 fine-tuned, 8 distilled; with the
-# floored widths (issue 27) 9 fine-tuned.
+# floored widths (issue 27) 9 fine-tuned; with the streams alone floored 10 fine-tuned.
 _AUTO, _UNIFORM = "latency 0.5, exact widths", "latency 0.5, uniform widths"
-_FLOOR = "latency 0.5, floor widths"
+_FLOOR, _STREAMS = "latency 0.5, floor widths", "latency 0.5, stream floor widths"
 
 
 def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_path, monkeypatch):
@@ -204,14 +204,20 @@ def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_
                         "| 0 (seeds 3, 4 pending) |")
     assert rows[12] == (f"| {_FLOOR} | from scratch (grid latency_floor) | | not yet trained | | | | "
                         "| 0 (seeds 0, 1 pending) |")
-    assert rows[15] == "| flops 0.2734 | from scratch (grid core) | 0.2000 |  |  |  |  | 78.00 ± 0.00 | 2 |"
-    assert rows[0].startswith("| pruning point |") and len(rows) == 16
+    assert rows[13] == (f"| {_STREAMS} | fine-tuned (l1 channels) | | not yet trained | | | | "
+                        "| 0 (seeds 3, 4 pending) |")
+    assert rows[14] == (f"| {_STREAMS} | from scratch (grid latency_stream_floor) | | not yet trained "
+                        "| | | | | 0 (seeds 0, 1, 2 pending) |")
+    assert rows[17] == "| flops 0.2734 | from scratch (grid core) | 0.2000 |  |  |  |  | 78.00 ± 0.00 | 2 |"
+    assert rows[0].startswith("| pruning point |") and len(rows) == 18
     # Met at the third epoch by fine-tuning alone, though distillation has not finished.
     assert goals == [f"- {_AUTO}: **met** (fine-tuned (l1 channels) after 3 epoch(s): 80.00 vs dense "
                      "81.00 and from scratch 76.00).",
                      f"- {_UNIFORM}: **not yet measured** (waiting for fine-tuned (l1 channels), "
                      "distilled (l1 channels)).",
                      f"- {_FLOOR}: **not yet measured** (waiting for the from-scratch model, "
+                     "fine-tuned (l1 channels)).",
+                     f"- {_STREAMS}: **not yet measured** (waiting for the from-scratch model, "
                      "fine-tuned (l1 channels))."]
 
 
