@@ -7,8 +7,9 @@ grid in ``experiments/grids/`` names, ``experiments/results/spar_comp.json``,
 (``benchmarks/bench_trained_speed.py``: the trained models' measured speedups, a
 file per network) and ``experiments/plans/*_plans.json``
 (``experiments/latency_plans.py``: the latency plans that grids
-``uniform_latency``, ``latency_floor`` and ``uniform_mobilenet`` train, with the
-time ratios their calibration measured).
+``uniform_latency``, ``latency_floor``, ``latency_stream_floor``,
+``uniform_mobilenet`` and ``keep_weights`` train, with the time ratios their
+calibration measured).
 Runs of a grid that have not finished yet are listed as pending, and models
 not timed yet are named, so the page is valid at any point of the reproduction.
 
@@ -808,9 +809,9 @@ def _speed(runs, speed, plans=None):
     points, untimed = _speed_points(runs, speed, plans)
     if any(_CALIBRATED in label for series in points.values() for label in series):
         lines[0] += (" Series marked *" + _CALIBRATED + "*"
-                     " are latency plans (grids uniform_latency, latency_floor and uniform_mobilenet, "
-                     "sub-sections \"At equal measured time\" and \"MobileNetV2\") that the "
-                     "benchmark does not time: each sits at 1 / the time"
+                     " are latency plans (grids uniform_latency, latency_floor, latency_stream_floor and "
+                     "uniform_mobilenet, sub-sections \"At equal measured time\" and \"MobileNetV2\") "
+                     "that the benchmark has not timed yet: each sits at 1 / the time"
                      " ratio that `experiments/latency_plans.py` measured when it calibrated the plan "
                      "(`experiments/plans/*_plans.json`), another process at another time than the "
                      "benchmark's interleaved rounds, so those points compare only roughly.")
@@ -907,8 +908,9 @@ def _equal_time(entries, core, speed, plans, where="grid core"):
     lines = [
         "**At equal measured time.** For each latency target (the plan's time / the original's), the "
         "plan `mode=\"auto\"` gave before issue 27's floor (the mode it picked in brackets), the uniform "
-        "one and, where one was trained, exact mode floored at the uniform widths "
-        "(`floor=1.0`, what `mode=\"auto\"` gives under a latency budget now): "
+        "one and, where they were trained, exact mode floored at the uniform widths on every width "
+        "(`floor=1.0`) and on the residual streams alone (`floor=1.0, floor_on=\"streams\"`); the row "
+        "marked *auto now* is what `mode=\"auto\"` gives under a latency budget now: "
         "*time ratio* is what `experiments/latency_plans.py` measured when it calibrated the plan "
         "(`calibration.measured` in `experiments/plans/*_plans.json`; TensorFlow inference at batch 64), "
         "each plan alone; *speedup* is what `benchmarks/bench_trained_speed.py` measured, timing every "
@@ -960,15 +962,21 @@ def _floor_gains(target, modes):
     return found
 
 
+# The kind of latency plan (_plan_kind) that mode="auto" makes now: exact mode with the residual
+# streams floored at the uniform widths (modes.AUTO_LATENCY_FLOOR; the tests check it).
+_AUTO_LATENCY_KIND = "stream floor"
+
+
 def _time_name(kind, record):
     """The equal-time table's name of a latency plan of ``kind`` (``_time_plans``)."""
+    now = " = auto now" if kind == _AUTO_LATENCY_KIND else ""
     if kind == "uniform":
         return "uniform"
     if kind == "floor":
-        return (f"floor = auto now ({record['mode']}, no width below uniform's: factor "
+        return (f"floor{now} ({record['mode']}, no width below uniform's: factor "
                 f"{record['floor_ratio']:.3f})")
     if kind == "stream floor":
-        return (f"stream floor ({record['mode']}, no residual stream below uniform's: factor "
+        return (f"stream floor{now} ({record['mode']}, no residual stream below uniform's: factor "
                 f"{record['floor_ratio']:.3f})")
     return f"auto before the floor ({record['mode']})"
 

@@ -884,6 +884,10 @@ def test_report_auto_picks_are_the_librarys():
 
     assert dict(report._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
                                         "a FLOPs budget": auto_mode(flops_budget=True)[0]}
+    # The equal-time table's "auto now" row is the kind of plan auto makes under a latency budget.
+    mode, floor, floor_on, _ = auto_mode(latency_budget=True)
+    record = {"mode": mode, "floor_ratio": floor * 0.5, "floor_on": floor_on}
+    assert report._plan_kind(record) == report._AUTO_LATENCY_KIND
     budgets = {(flags["model"], flags.get("params"), flags["flops"])
                for grid in sorted((REPO / "experiments" / "grids").glob("*.json"))
                for flags in run.load_grid(grid)
@@ -1116,7 +1120,7 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
     runs = [entry(accuracies["a"], "plans/p_auto.json"), entry(accuracies["u"], "plans/p_uni.json"),
             entry(accuracies["f"], "plans/p_floor.json")]
     lines = report._equal_time(runs, [], None, plans)
-    assert (f"| 0.5 | floor = auto now (exact, no width below uniform's: factor 0.438) | 0.490 | 2.04x "
+    assert (f"| 0.5 | floor (exact, no width below uniform's: factor 0.438) | 0.490 | 2.04x "
             f"| 0.1000 | 0.1500 | {_cell('f', accuracies)} (n 2) | "
             f"{_point('floor leads', 'f', 'u', accuracies)} |") in lines
     assert lines[-4] == ("Verdict: old auto vs uniform: old auto leads at 0, uniform at 0, 1 tie of 1 "
@@ -1129,8 +1133,8 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
     plans["p_streams"] = {**plans["p_floor"], "floor_on": "streams", "calibration": {"measured": 0.495}}
     accuracies["s"] = [0.77]
     lines = report._equal_time(runs + [entry(accuracies["s"], "plans/p_streams.json")], [], None, plans)
-    assert ("| 0.5 | stream floor (exact, no residual stream below uniform's: factor 0.438) | 0.495 | "
-            f"2.02x | 0.1000 | 0.1500 | {_cell('s', accuracies)} (n 1) | "
+    assert ("| 0.5 | stream floor = auto now (exact, no residual stream below uniform's: factor 0.438) "
+            f"| 0.495 | 2.02x | 0.1000 | 0.1500 | {_cell('s', accuracies)} (n 1) | "
             f"{_point('pending', 's', 'u', accuracies)} |") in lines
     assert lines[-4].endswith("; stream floor vs uniform: pending at every budget (fewer than 2 seeds "
                               "on a side).")

@@ -223,6 +223,26 @@ def test_a_floor_on_the_streams_holds_the_residual_streams_alone():
     assert f">= {r:.3f} (streams)" in "\n".join(lines)
 
 
+def test_auto_under_a_latency_budget_floors_the_streams_and_compare_adds_its_row():
+    """mode="auto" under a latency budget is exact mode with ResNet-20's residual streams floored at
+    the uniform widths (exact mode alone starves one); compare marks that plan, a row of its own,
+    since none of the modes it compares planned those widths."""
+    model = kp.models.get("resnet20")
+    options = {"latency": 0.5, "latency_model": str(_RESNET20_LATENCY), "calibrate": 0}
+    auto = kp.plan(model, **options)
+    held = kp.plan(model, mode="exact", floor=1.0, floor_on="streams", **options)
+    assert auto.widths == held.widths and auto.mode_label == "exact, floor=1.0 on streams"
+    comparison = kp.compare(model, modes=["exact", "uniform"], **options)
+    assert [row["mode"] for row in comparison.rows] == ["exact", "uniform", "exact, floor=1.0 on streams"]
+    assert comparison.auto_mode == "exact, floor=1.0 on streams"
+    row = comparison.row(comparison.auto_mode)
+    assert (row["params"], row["macs"]) == (auto.params, auto.macs)
+    lines = []
+    comparison.summary(print_fn=lines.append)
+    floored = next(line for line in lines if line.startswith("| exact, floor=1.0 on streams (auto)"))
+    assert f">= {auto.solver['floor_ratio']:.3f} (streams)" in floored
+
+
 @pytest.mark.parametrize("options, message", [
     ({"floor": 1.0, "floor_on": "bogus"}, "floor_on='bogus' is unknown; use one of ['all', 'streams']."),
     ({"floor_on": "streams"}, "floor_on='streams' says which widths a floor holds; give floor= too."),

@@ -84,9 +84,9 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     info = {}
     if mode == "auto":
         latency = LATENCY_ROW in cm.row_names and np.isfinite(vector[cm.row_names.index(LATENCY_ROW)])
-        mode, floor, info["auto_mode"] = auto_mode(
+        mode, floor, floor_on, info["auto_mode"] = auto_mode(
             flops_budget=flops_binds(prof, cm, vector, upper), latency_budget=latency, upper=upper,
-            balance=balance, floor=floor)
+            balance=balance, floor=floor, floor_on=floor_on)
     if cm.fixed.all() and np.any(cm.totals(cm.widths) > vector):
         raise InfeasibleBudgetError(
             f"Model {prof.model_name!r} has no prunable channels (inputs, outputs and ignored "
@@ -133,11 +133,13 @@ def flops_binds(prof, cm, budgets, upper):
 
 # Which widths a floor may hold (plan's floor_on=): every free one, or the residual streams alone.
 FLOOR_ON = ("all", "streams")
-# The floor mode="auto" sets under a latency budget: the uniform plan's widths.
-AUTO_LATENCY_FLOOR = 1.0
+# The floor mode="auto" sets under a latency budget: the uniform plan's widths, on the residual
+# streams alone (``(floor, floor_on)``).
+AUTO_LATENCY_FLOOR = (1.0, "streams")
 
 
-def auto_mode(flops_budget=False, latency_budget=False, upper=1.0, balance=None, floor=None):
+def auto_mode(flops_budget=False, latency_budget=False, upper=1.0, balance=None, floor=None,
+              floor_on=None):
     """The translation mode ``mode="auto"`` picks, its floor, and why.
 
     Args:
@@ -148,32 +150,35 @@ def auto_mode(flops_budget=False, latency_budget=False, upper=1.0, balance=None,
         upper: the cap on width ratios, as :func:`plan` takes it.
         balance: the balance factor, as :func:`plan` takes it.
         floor: the floor relative to uniform widths, as :func:`plan` takes it.
+        floor_on: which widths ``floor`` holds, as :func:`plan` takes it.
 
     Returns:
-        ``(mode, floor, reason)``: ``"exact"`` with ``balance`` or ``floor``
-        as given (only the width program can bound it); else ``"layerwise"``
-        where widths may grow (exact PreConfig is scale-degenerate); else
-        ``"exact"`` with :data:`AUTO_LATENCY_FLOOR` under a latency budget
-        (at equal measured time on CIFAR-10 it trained as well as uniform
-        widths from scratch and with kept weights, where exact alone lost);
-        else ``"layerwise"`` under a FLOPs budget (where it trained best);
-        else ``"exact"`` (parameter budgets, where it trained best).
+        ``(mode, floor, floor_on, reason)``: ``"exact"`` with ``balance``,
+        ``floor`` and ``floor_on`` as given (only the width program can bound
+        it); else ``"layerwise"`` where widths may grow (exact PreConfig is
+        scale-degenerate); else ``"exact"`` with :data:`AUTO_LATENCY_FLOOR`
+        under a latency budget (at equal measured time on CIFAR-10 it kept
+        ResNet-20's residual streams, which exact alone starves, and
+        MobileNetV2's exact plan, which beat uniform widths); else
+        ``"layerwise"`` under a FLOPs budget (where it trained best); else
+        ``"exact"`` (parameter budgets, where it trained best).
     """
     if balance is not None or floor is not None:
         given = "balance=" if balance is not None else "floor="
-        return "exact", floor, f"{given} bounds the width program of exact mode"
+        return "exact", floor, floor_on, f"{given} bounds the width program of exact mode"
     if upper is None or upper > 1:
-        return "layerwise", None, "widths may grow, and exact mode's proxy is scale-degenerate then"
+        return "layerwise", None, None, "widths may grow, and exact mode's proxy is scale-degenerate then"
     if latency_budget:
-        return "exact", AUTO_LATENCY_FLOOR, (
-            "a latency budget: at equal measured time on CIFAR-10, exact mode floored at the uniform "
-            "widths trained as well as uniform widths, from scratch and with kept weights, where exact "
-            "mode alone (3-channel residual streams) lost 1.8-2.9 pp with kept weights")
+        return ("exact", *AUTO_LATENCY_FLOOR,
+                "a latency budget: at equal measured time on CIFAR-10, exact mode with its residual streams "
+                "floored at the uniform widths trained as well as the floor on every width on ResNet-20 "
+                "(where exact mode alone starves the streams to 3 channels) and kept exact mode's plan on "
+                "MobileNetV2, which trained better than uniform widths there")
     if flops_budget:
-        return "layerwise", None, ("a FLOPs budget binds: on CIFAR-10 layerwise never trained worse "
-                                   "than exact under one and better at two of three budgets")
-    return "exact", None, ("no FLOPs budget binds: on CIFAR-10 exact never trained worse than layerwise "
-                           "under a parameter budget and better at the smallest")
+        return "layerwise", None, None, ("a FLOPs budget binds: on CIFAR-10 layerwise never trained "
+                                         "worse than exact under one and better at two of three budgets")
+    return "exact", None, None, ("no FLOPs budget binds: on CIFAR-10 exact never trained worse than "
+                                 "layerwise under a parameter budget and better at the smallest")
 
 
 def _optional(budget):
