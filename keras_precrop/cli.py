@@ -130,7 +130,8 @@ def _planner_args(p, default):
     _budget_args(p, default)
     p.add_argument("--mode", choices=("auto", *sorted(MODES)), default=default("auto"),
                    help="width translation (default auto: layerwise for reconfigure and for "
-                   "a FLOPs budget, exact otherwise; uniform: one width factor for all layers)")
+                   "a FLOPs budget; exact with the residual streams floored at uniform's widths "
+                   "for a latency budget; exact otherwise; uniform: one width factor for all layers)")
     p.add_argument("--balance", type=float,
                    help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
     p.add_argument("--floor", type=float,

@@ -31,8 +31,9 @@ class Comparison(_json.JsonDataclass):
         budgets: the budget arguments given (``{"flops": 0.5}``).
         auto_mode: the row ``mode="auto"``'s plan is: its mode, or, where
             that plan is none of the modes' (under a latency budget auto
-            floors exact mode at the uniform widths), a row of its own
-            named by mode and floor (``"exact, floor=1.0"``).
+            floors exact mode's residual streams at the uniform widths), a
+            row of its own named by mode and floor (``"exact, floor=1.0 on
+            streams"``).
         rows: per mode: ``mode``, ``params``, ``macs`` (and their ratios of the
             original), ``latency`` (predicted seconds per batch, or None),
             ``objective`` (SynExp, higher keeps more), ``uniform_ratio``
