@@ -967,16 +967,17 @@ def _floor_gains(target, modes):
 _AUTO_LATENCY_KIND = "stream floor"
 
 
+# What each floored kind of latency plan (_FLOORS) holds at the uniform widths.
+_FLOOR_HOLDS = {"floor": "no width", "stream floor": "no residual stream"}
+
+
 def _time_name(kind, record):
     """The equal-time table's name of a latency plan of ``kind`` (``_time_plans``)."""
-    now = " = auto now" if kind == _AUTO_LATENCY_KIND else ""
     if kind == "uniform":
         return "uniform"
-    if kind == "floor":
-        return (f"floor{now} ({record['mode']}, no width below uniform's: factor "
-                f"{record['floor_ratio']:.3f})")
-    if kind == "stream floor":
-        return (f"stream floor{now} ({record['mode']}, no residual stream below uniform's: factor "
+    if kind in _FLOOR_HOLDS:
+        now = " = auto now" if kind == _AUTO_LATENCY_KIND else ""
+        return (f"{kind}{now} ({record['mode']}, {_FLOOR_HOLDS[kind]} below uniform's: factor "
                 f"{record['floor_ratio']:.3f})")
     return f"auto before the floor ({record['mode']})"
 
