@@ -150,7 +150,7 @@ def test_nasnet_mobile_rebuilds_as_planned(params, flops):
 
 
 def test_check_walks_the_rebuilt_model_once(monkeypatch):
-    """The check costs one walk of the rebuilt model, never a second rebuild or a forward pass."""
+    """The check costs one walk of the rebuilt model and no forward pass."""
     model = _nasnet_like_cell()
     plan = kp.plan(model, params=0.5)
     graph = walk(model, residual=plan.residual)
