@@ -14,10 +14,12 @@ import dataclasses
 import json
 import math
 
+import keras
 import numpy as np
 
 from keras_precrop import _tables
 from keras_precrop.budget.widths import WidthProblem
+from keras_precrop.errors import ArgumentError
 from keras_precrop.graph import walker as _graph
 
 LATENCY_ROW = "latency"  # the name of a latency model's budget row, in plans and cost models
@@ -284,7 +286,12 @@ class ModelProfile:
             groups, residual streams and, in prefix mode, the views of readers.
         total_params: equals ``model.count_params()``.
         total_macs: multiply-accumulates per example of all conv, depthwise
-            and dense ops at the model's input shape (FLOPs = 2 x MACs).
+            and dense ops at the model's input shape (FLOPs = 2 x MACs),
+            opaque layers' (ignored or registered ``"fixed"``) as their
+            backend counts them.
+        unknown_macs: paths of the opaque layers whose MACs the backend
+            cannot count (left out of ``total_macs``; see
+            :func:`refuse_unknown_costs`).
     """
 
     def __init__(self, graph: _graph.ModelGraph):
@@ -293,6 +300,7 @@ class ModelProfile:
         self.variables = self.cost.variables
         self.model_name = graph.model.name
         self.notes = list(graph.notes)
+        self.unknown_macs = [rec.path for rec in graph.layers if rec.macs_unknown]
         widths = self.cost.widths
         rows = self.cost.per_layer(widths)
         self.layers = []
@@ -373,6 +381,37 @@ class ModelProfile:
 
     def to_json(self, **kwargs):
         return json.dumps(self.to_dict(), **kwargs)
+
+
+def refuse_unknown_costs(prof, budgets, arguments):
+    """Refuse budgets that count MACs or time when some layer's MACs are unknown.
+
+    An opaque layer whose MACs the backend cannot count (``prof.unknown_macs``:
+    a recurrent layer's loop, an op without a registered cost) would make a
+    MAC budget, and a latency model fitted on MACs, silently wrong; a
+    parameter budget does not depend on them.
+
+    Args:
+        prof: the model's :class:`ModelProfile`.
+        budgets: ``{row name: budget}`` of the budgets given.
+        arguments: ``{row: (argument name, value)}``: how the user gave each.
+
+    Raises:
+        ArgumentError: naming the budgets' arguments and the layers.
+    """
+    rows = [row for row in budgets if row != "params"]
+    if not prof.unknown_macs or not rows:
+        return
+    named = dict(arguments[row] for row in rows if row in arguments)
+    subject = " and ".join("{" + name + "}" for name in named) or "A MAC or latency budget"
+    layers = ", ".join(repr(path) for path in prof.unknown_macs)
+    raise ArgumentError(
+        f"{subject} cannot be met on model {prof.model_name!r}: the MACs of layer(s) {layers}, "
+        f"kept whole (ignore= or a 'fixed' handler), cannot be counted by the "
+        f"{keras.backend.backend()} backend, so the model's MACs are unknown. Give a "
+        "parameter budget alone ({params:=} or {max_params:=}), or describe the layer "
+        "with keras_precrop.register_handler(...) so that its MACs are known.",
+        **named)
 
 
 def profile(model, *, ignore=(), residual="prefix"):

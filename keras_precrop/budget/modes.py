@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from keras_precrop.budget.costs import LATENCY_ROW
+from keras_precrop.budget.costs import LATENCY_ROW, refuse_unknown_costs
 from keras_precrop.budget.densities import solve_densities
 from keras_precrop.budget.grid import WidthGrid, infeasible_at_minimum, repair
 from keras_precrop.budget.widths import solve_widths
@@ -80,6 +80,7 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     unknown = sorted(set(budgets) - set(cm.row_names))
     if unknown:
         raise ValueError(f"budgets name rows {unknown}; the cost model has {list(cm.row_names)}")
+    refuse_unknown_costs(prof, budgets, arguments or {})
     vector = np.array([budgets.get(row, np.inf) for row in cm.row_names], dtype=np.float64)
     info = {}
     if mode == "auto":

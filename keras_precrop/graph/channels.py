@@ -87,6 +87,7 @@ class LayerRecord:
     objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
     out_segment: int | None = None  # the segment the layer creates (new_output)
     read_segments: list = dataclasses.field(default_factory=list)  # inputs of its kernels
+    macs_unknown: bool = False  # an opaque layer whose MACs the backend cannot count
 
     @property
     def class_name(self):

@@ -27,6 +27,7 @@ from keras.src.ops import numpy as _ops_np
 
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph import layers as _custom
+from keras_precrop.graph.backend_macs import measured_macs
 from keras_precrop.graph.channels import (
     Part,
     as_part,
@@ -396,12 +397,26 @@ def _elementwise_map(node):
 
 
 class Fixed(Handler):
-    """An opaque block: its channels never change and its cost is constant."""
+    """An opaque block: its channels never change and its cost is constant.
+
+    Its parameters are its weights; its MACs are what the backend counts in
+    one call on inputs of the recorded shapes (``backend_macs``). When the
+    backend cannot count them, ``rec.macs_unknown`` is set and the budgets
+    that count MACs or time refuse the model, naming the layer.
+    """
 
     def walk(self, ctx, rec, node, ins):
         for ch in ins:
             ctx.fix(ch)
         _const_weights(ctx, rec)
+        macs = measured_macs(rec.layer, node)
+        if macs is None:
+            if not rec.macs_unknown:
+                ctx.note(f"{rec.path}: its MACs are unknown (the backend cannot count them); "
+                         "they are left out of the total, and MAC and latency budgets are refused.")
+            rec.macs_unknown = True
+        elif macs:
+            ctx.add_term(rec, 0, macs)
         outs = []
         for i, t in enumerate(node.outputs):
             seg = ctx.new_segment(t.shape[-1], f"{rec.path}:{i}", fixed=True)

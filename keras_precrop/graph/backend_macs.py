@@ -1,0 +1,138 @@
+"""The MACs of an opaque layer, by the backend's own cost analysis.
+
+A layer the walker cannot see into (one let through with ``ignore=``, or
+registered ``"fixed"``) keeps its channels, but its work still counts
+towards a FLOP budget. Its handler cannot say what that work is, so the
+layer is run once on inputs of its recorded shapes (one example), under the
+backend's own accounting of multiply-accumulates:
+
+* TensorFlow: the ops of a ``tf.function`` graph, each costed by the flops
+  statistic TensorFlow registers for its op type (``Conv2D``, ``MatMul``,
+  ``DepthwiseConv2dNative``, ...; two FLOPs per MAC).
+* JAX: the ``conv_general_dilated`` and ``dot_general`` equations of the
+  layer's jaxpr, costed from their shapes (a ``scan`` times its length).
+* PyTorch: ``torch.utils.flop_counter.FlopCounterMode``.
+
+Anything these cannot account for exactly (a convolution or matmul op type
+without a registered cost, a loop whose trip count the graph does not
+state, a call that fails on concrete inputs) gives ``None``: the cost is
+unknown, and the budgets that count MACs or time refuse the model naming the
+layer. A trace never guesses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import keras
+
+_COSTLY = re.compile("Conv|MatMul|Einsum")  # TF op types that multiply-accumulate
+_TF_CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase")
+
+
+def measured_macs(op, node):
+    """MACs per example of the call ``node`` of operation ``op``, or ``None`` if unknown.
+
+    Args:
+        op: a layer or ``keras.ops`` operation of the walked graph.
+        node: one of its call nodes: the call's arguments and their shapes.
+    """
+    measure = {"tensorflow": _tf_macs, "jax": _jax_macs, "torch": _torch_macs}.get(
+        keras.backend.backend())
+    tensors = node.arguments.keras_tensors
+    shapes = [(1, *tuple(t.shape)[1:]) for t in tensors]
+    if measure is None or any(d is None for s in shapes for d in s):
+        return None
+
+    def call(*xs):
+        args, kwargs = node.arguments.fill_in({id(t): x for t, x in zip(tensors, xs)})
+        if isinstance(op, keras.layers.Layer):
+            kwargs = {**kwargs, "training": False}  # inference: no noise, no statistics update
+        return op(*args, **kwargs)
+
+    try:
+        macs = measure(call, [(s, t.dtype) for s, t in zip(shapes, tensors)])
+    except Exception:  # a call the backend cannot run or cost: unknown, never guessed
+        return None
+    return None if macs is None else int(macs)
+
+
+def _tf_macs(call, specs):
+    """MACs of ``call`` in its ``tf.function`` graph, by TensorFlow's registered flops."""
+    import tensorflow as tf
+    from tensorflow.python.framework import ops as tf_ops
+    from tensorflow.python.util import deprecation
+
+    graph = tf.function(call).get_concrete_function(
+        *[tf.TensorSpec(shape, dtype) for shape, dtype in specs]).graph
+    with deprecation.silence():
+        return _tf_graph_macs(graph, tf_ops)
+
+
+def _tf_graph_macs(graph, tf_ops):
+    """MACs of the ops of ``graph`` (nested function calls included), or ``None``."""
+    total = 0
+    for op in graph.get_operations():
+        if "PartitionedCall" in op.type:
+            inner = _tf_graph_macs(graph._get_function(op.get_attr("f").name).graph, tf_ops)
+            if inner is None:
+                return None
+            total += inner
+        elif op.type in _TF_CONTROL_FLOW:
+            return None  # a loop's trip count or a branch taken is not in the graph
+        elif _COSTLY.search(op.type):
+            flops = tf_ops.get_stats_for_node_def(graph, op.node_def, "flops").value
+            if flops is None:
+                return None
+            total += flops // 2
+    return total
+
+
+def _jax_macs(call, specs):
+    """MACs of ``call`` from the convolutions and dot products of its jaxpr."""
+    import jax
+
+    closed = jax.make_jaxpr(call)(*[jax.ShapeDtypeStruct(s, d) for s, d in specs])
+    return _jaxpr_macs(closed.jaxpr)
+
+
+def _jaxpr_macs(jaxpr):
+    """MACs of the equations of ``jaxpr`` (sub-jaxprs included), or ``None``."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            out_axis = eqn.params["dimension_numbers"].rhs_spec[0]
+            total += math.prod(eqn.outvars[0].aval.shape) * math.prod(rhs) // rhs[out_axis]
+        elif name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[i] for i in contract)
+        for sub in _subjaxprs(eqn.params):
+            inner = _jaxpr_macs(sub)
+            if inner is None or (inner and name in ("while", "cond")):
+                return None  # a trip count or the branch taken is not in the jaxpr
+            total += inner * (eqn.params["length"] if name == "scan" else 1)
+    return total
+
+
+def _subjaxprs(params):
+    """The jaxprs among an equation's parameters (``pjit``, ``custom_jvp_call``, ``scan``, ...)."""
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
+def _torch_macs(call, specs):
+    """MACs of ``call`` as ``torch.utils.flop_counter`` counts them (two FLOPs per MAC)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    xs = [keras.ops.zeros(shape, dtype) for shape, dtype in specs]
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        call(*xs)
+    return counter.get_total_flops() // 2
