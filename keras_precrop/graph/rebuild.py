@@ -9,25 +9,37 @@ residual stream get a :class:`~keras_precrop.layers.ChannelSlice` in front,
 and an ``Add`` whose inputs end up with different widths becomes a
 :class:`~keras_precrop.layers.PrefixAdd`. Layer names are preserved; nested
 models are rebuilt as nested models.
+
+A ``seed`` fixes the rebuild's random draws without touching Keras' global
+random state: every random initializer and every random layer's own ``seed``
+(``Dropout``, ``GaussianNoise``) that the original left unseeded gets a seed
+derived from ``seed`` and the layer's position in the walk. Seeds the user
+gave a layer are kept. Without ``seed`` they draw as Keras draws them (from
+its global state, which ``keras.utils.set_random_seed`` fixes).
 """
 
 from __future__ import annotations
 
+import copy
+
 import keras
 import numpy as np
 
+from keras_precrop.errors import ArgumentError
 from keras_precrop.graph import layers as _layers
 from keras_precrop.graph.channels import channels_width
-from keras_precrop.graph.walker import ModelGraph, functional_of, topological_nodes
+from keras_precrop.graph.walker import ModelGraph, topological_nodes
 
 
 class _Rebuilder:
     """Holds the state of one rebuild: new layers and tensors by old id."""
 
-    def __init__(self, graph: ModelGraph, widths, timing=False):
+    def __init__(self, graph: ModelGraph, widths, timing=False, seed=None):
         self.graph = graph
         self.widths = np.asarray(widths)
         self.timing = timing
+        self.seed = seed
+        self.positions = {id(rec.layer): i for i, rec in enumerate(graph.layers)}
         self.new_ops = {}
         self.calls = {}
         self.names = graph.layer_names()
@@ -69,16 +81,21 @@ class _Rebuilder:
             config = rec.handler.configure(rec, op.get_config(), self.width)
             if self.timing:
                 config = _timing_initializers(config)
+            elif self.seed is not None:
+                config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
             new = type(op).from_config({**config, "name": self.graph.traced.name(op)})
         else:  # a stateless keras.ops operation: as recorded, unless its handler re-creates it
             rec = self.graph.record(op)
             new = rec.handler.rebuild_op(rec, op, self.width)
+            if new is op:  # a copy: op's call nodes would tie the new model to the original's tensors
+                new = copy.copy(op)
+                new._inbound_nodes, new._outbound_nodes = [], []
         self.new_ops[id(op)] = new
         return new
 
     def _nested(self, model):
         """Rebuild a nested Functional/Sequential model with its own inputs."""
-        fn = functional_of(model)
+        fn = self.graph.traced.graph_of(model)
         tensors, inputs = {}, []
         for t in fn.inputs:
             seg_channels = self._new_width_of_old_tensor(t)
@@ -155,7 +172,66 @@ def _timing_initializers(config):
             for key, value in config.items()}
 
 
-def rebuild(graph: ModelGraph, widths, *, timing=False) -> keras.Model:
+def _seeded(config, sequence):
+    """``config`` with each unseeded random draw seeded from ``sequence`` (one layer's seeds).
+
+    The draws are the random initializers (``*_initializer``) and the
+    layer's own ``seed`` (random layers); each gets its own stream, in the
+    order of the config's keys.
+    """
+    keys = sorted(key for key, value in config.items()
+                  if (key == "seed" and value is None) or _unseeded_initializer(key, value))
+    seeds = dict(zip(keys, (int(s) >> 1 for s in sequence.generate_state(max(len(keys), 1)))))
+    out = dict(config)
+    for key, seed in seeds.items():
+        if key == "seed":
+            out[key] = seed
+        else:
+            value = keras.initializers.serialize(config[key]) if isinstance(
+                config[key], keras.initializers.Initializer) else config[key]
+            out[key] = {**value, "config": {**value["config"], "seed": seed}}
+    return out
+
+
+def _unseeded_initializer(key, value):
+    """Whether config entry ``key: value`` is a random initializer without a seed of its own.
+
+    An initializer object is read through its config, never called or
+    re-created, so that no draw from Keras' global random state happens.
+    """
+    if not key.endswith("_initializer"):
+        return False
+    if isinstance(value, keras.initializers.Initializer):
+        value = keras.initializers.serialize(value)
+    config = value.get("config") if isinstance(value, dict) else None
+    return isinstance(config, dict) and "seed" in config and config["seed"] is None
+
+
+def random_layers(graph):
+    """Names of ``graph``'s layers that draw at random of their own (dropout, noise) without a seed.
+
+    A rebuild's ``seed`` seeds them (see :func:`_seeded`), whatever weights
+    the rebuilt model is then given.
+    """
+    return [rec.path for rec in graph.layers if isinstance(rec.layer, keras.layers.Layer)
+            and not isinstance(rec.layer, keras.Model)
+            and "seed" in (config := rec.layer.get_config()) and config["seed"] is None]
+
+
+def check_seed(seed):
+    """``seed`` as given (``None`` or an integer >= 0); anything else raises.
+
+    Raises:
+        ArgumentError: naming ``seed``.
+    """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or seed < 0):
+        raise ArgumentError("{seed} must be None (draw from Keras' global random state) or an "
+                            "integer >= 0.", seed=seed)
+    return seed
+
+
+def rebuild(graph: ModelGraph, widths, *, timing=False, seed=None) -> keras.Model:
     """A freshly initialized copy of ``graph.model`` with new widths.
 
     Args:
@@ -164,9 +240,13 @@ def rebuild(graph: ModelGraph, widths, *, timing=False) -> keras.Model:
         timing: the copy is only timed (latency models): random initializers
             are replaced by a NumPy draw of the same scale, which under JAX
             builds several times faster (no compile per kernel shape).
+        seed: ``None`` draws the fresh weights as Keras does; an integer
+            seeds every unseeded random initializer and random layer from it
+            and the layer's position, leaving Keras' global random state as it
+            was (see the module docstring).
     """
     fn = graph.functional
-    builder = _Rebuilder(graph, widths, timing)
+    builder = _Rebuilder(graph, widths, timing, check_seed(seed))
     tensors = {}
     for t in fn.inputs:
         tensors[id(t)] = keras.Input(shape=tuple(t.shape[1:]), dtype=t.dtype,
