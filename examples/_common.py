@@ -435,6 +435,15 @@ def _costs(model, reference, masks):
     }
 
 
+def _command():
+    """This run's command line as ``results.json`` records it: the script relative to its checkout
+    (whose commit is ``git_commit``), the flags as given. ``experiments/run.py`` gives paths
+    relative to the repository, so the command reruns from any clone, on no path of this machine."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), checkout)
+    return " ".join([os.path.basename(sys.executable), script, *sys.argv[1:]])
+
+
 def _git_commit():
     """``(commit, dirty)`` of the checkout these scripts run from, or ``(None, None)``."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -516,7 +525,7 @@ def run(dataset):
     costs = _costs(_student(model), reference, masks)
     commit, dirty = _git_commit()
     record = {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": _command(),
         "git_commit": commit,
         "git_dirty": dirty,
         "dataset": dataset,

@@ -194,7 +194,7 @@ def export(args):
         code_dir = _run.code_dir_of(flags["code"], REPO)  # the grid's pinned commit, as run.py does
         command = [*_run.train_command(flags, out, args.data_dir, code_dir), "--export_init"]
         print(f"[long_schedule] exporting {out.name}", flush=True)
-        subprocess.run(command, check=True, cwd=code_dir, env={**os.environ, "PYTHONPATH": str(code_dir)})
+        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(code_dir)})
     keep = {_init_name(flags) for flags in pending}
     for folder in (work / "init").glob("*"):
         if folder.name not in keep:  # trained already, or not among the next runs
@@ -398,7 +398,7 @@ def train_one(args):
     results = {
         **record,
         "export_command": record["command"],
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": _recorded(sys.argv[1:], Path(args.work)),
         "epochs": args.epochs,
         "steps_per_epoch": steps,
         "backend": keras.backend.backend(),
@@ -443,10 +443,26 @@ def _launch(runs, work, root, epochs, extra=()):
             *extra,
         ]
         log = open(run_dir / "train.log", "a")
-        log.write(f"$ {' '.join(command)}\n")
+        log.write(f"$ {_recorded(command[2:], work)}\n")
         log.flush()
         procs[name] = (subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), run_dir)
     return procs
+
+
+def _recorded(args, work):
+    """A ``_one`` call's arguments as its run records them, in a clone's terms: the device's
+    ``work`` folder is a copy of ``.gpu`` (what ``export`` writes) and the run's folder is unpacked
+    into ``experiments/runs``, so the command reruns from any clone after ``export``; no path of
+    the device."""
+    words = ["python", "experiments/long_schedule.py"]
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if key == "--model_dir":
+            value = f"experiments/runs/{Path(value).name}"
+        elif sep and Path(value).is_relative_to(work):
+            value = (Path(".gpu") / Path(value).relative_to(work)).as_posix()
+        words.append(f"{key}{sep}{value}")
+    return " ".join(words)
 
 
 def _wait(procs, deadline):

@@ -33,8 +33,16 @@ made of its flags alone, so grids that share a run (figure 3 reuses figure
 * trains seed-major: every run's first seed before any run's second, so a
   partial grid already answers every question once,
 * with ``--commit``, commits each finished run's small files (results,
-  history, log and, where the grid asks, the final model, slimmed by
-  :func:`slim_model`) to git.
+  history and log) to git, and its final model (slimmed by
+  :func:`slim_model`) only where the grid says ``"keep_model": true``: the
+  models that other runs start from (``init_model``). Every other run is
+  reproducible from its ``results.json`` (command, seed, ``git_commit``), so
+  its ``final_model.keras`` stays on this disk, ignored by git.
+
+Paths in what a run records are relative to this repository: training runs
+from its root, with ``--model_dir=experiments/runs/<run id>`` and a data
+folder beside it written as ``../shared/tfds``, so a run's command reruns
+from any clone.
 
 Stop it at any time (Ctrl-C, ``kill``); run the same command to go on. To
 take a timing on a quiet machine, pause the training instead:
@@ -85,11 +93,9 @@ _ID_FLAGS = (
     "learning_rate",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
-# Flags that name a file of this checkout (relative to it), passed to the training script as absolute paths.
-_PATH_FLAGS = ("plan_file", "init_model")
 # Short names of flags in a run id; switches (True) appear as their name alone.
 _SHORT = {"learning_rate": "lr"}
-_COMMITTED = ("results.json", "history.csv", "train.log", "final_model.keras")
+_COMMITTED = ("results.json", "history.csv", "train.log")
 
 
 def _fmt(value):
@@ -205,21 +211,54 @@ def _missing_input(flags):
     return path if path is not None and not (REPO / path).exists() else None
 
 
+def _relative(path):
+    """``path`` relative to this repository (``../shared/tfds`` for a folder beside it), the way runs
+    record paths: a recorded command reruns from any clone. A URL (``gs://...``) stays as it is."""
+    return os.path.relpath(path, REPO) if os.path.isabs(path) else str(path)
+
+
 def train_command(flags, model_dir, data_dir, code_dir):
-    """The ``examples/train_cifar.py`` command line of ``code_dir`` that trains one run's flags."""
-    command = [sys.executable, str(code_dir / "examples" / "train_cifar.py"), f"--model_dir={model_dir}"]
+    """The ``examples/train_cifar.py`` command line of ``code_dir`` that trains one run's flags.
+
+    Paths are relative to this repository, the command's working directory
+    (a grid's ``plan_file`` and ``init_model`` are already).
+    """
+    script = str(code_dir / "examples" / "train_cifar.py")
+    command = [sys.executable, script, f"--model_dir={_relative(model_dir)}"]
     if data_dir:
-        command.append(f"--data_dir={data_dir}")
+        command.append(f"--data_dir={_relative(data_dir)}")
     for key, value in flags.items():
         if key in ("grid", "entry", "code") or value is None:
             continue
         if isinstance(value, bool):
             command.append(f"--{key}" if value else f"--no{key}")
-        elif key in _PATH_FLAGS:  # committed beside the grids, or trained here: read from this checkout
-            command.append(f"--{key}={REPO / value}")
         else:
             command.append(f"--{key}={_fmt(value)}")
     return command
+
+
+def shown(command, checkout):
+    """``command`` (interpreter, script, arguments) as a run records it: ``python``, the script
+    relative to ``checkout``, the code checkout it belongs to (its commit is the run's
+    ``git_commit``), and the arguments as given; no path of this machine."""
+    return " ".join(["python", os.path.relpath(command[1], checkout), *command[2:]])
+
+
+def kept_runs(grids):
+    """The ids of the runs whose ``final_model.keras`` is committed: those of the ``grids`` (paths)
+    that say ``"keep_model": true``, the trained models that other runs start from (``init_model``).
+
+    Raises:
+        ValueError: naming the grid whose ``keep_model`` is not true or false.
+    """
+    kept = set()
+    for path in grids:
+        keep = json.loads(Path(path).read_text()).get("keep_model", False)
+        if not isinstance(keep, bool):
+            raise ValueError(f"{path}: 'keep_model' is {keep!r}; expected true or false.")
+        if keep:
+            kept.update(run_id(flags) for flags in load_grid(path))
+    return kept
 
 
 def slim_model(path):
@@ -253,12 +292,14 @@ def slim_model(path):
     os.replace(slim, path)
 
 
-def _commit(run_dir):
-    """Commits the run's small files alone (other staged work is left as it is); a saved model
-    is slimmed first (:func:`slim_model`)."""
-    if (run_dir / "final_model.keras").exists():
+def _commit(run_dir, keep_model=False):
+    """Commits the run's small files alone (other staged work is left as it is), and with
+    ``keep_model`` its saved model, slimmed first (:func:`slim_model`); a model no run starts from
+    stays out of git (it is reproducible from ``results.json``), on this disk."""
+    names = [*_COMMITTED, "final_model.keras"] if keep_model else _COMMITTED
+    if keep_model and (run_dir / "final_model.keras").exists():
         slim_model(run_dir / "final_model.keras")
-    paths = [str(run_dir / name) for name in _COMMITTED if (run_dir / name).exists()]
+    paths = [str(run_dir / name) for name in names if (run_dir / name).exists()]
     for attempt in range(5):  # another git command may hold the index lock for a moment
         added = subprocess.run(["git", "add", "-f", *paths], cwd=REPO, capture_output=True, text=True)
         done = (
@@ -303,6 +344,7 @@ def main(argv=None):
                 seen.add(name)
                 todo.append((name, flags))
     todo.sort(key=lambda item: item[1]["seed"])  # stable: every grid's first seed first
+    kept = kept_runs(args.grid)
     if args.match:
         todo = [(name, flags) for name, flags in todo if re.search(args.match, name)]
     RUNS.mkdir(parents=True, exist_ok=True)
@@ -332,16 +374,16 @@ def main(argv=None):
         command = train_command(flags, run_dir, args.data_dir, code_dir)
         print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
         with open(run_dir / "train.log", "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
+            log.write(f"$ {shown(command, code_dir)}\n")
             log.flush()
-            env = {**os.environ, "PYTHONPATH": str(code_dir)}
-            code = subprocess.call(command, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+            env = {**os.environ, "PYTHONPATH": str(code_dir)}  # the code of code_dir, the paths of REPO
+            code = subprocess.call(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         trained += 1
         if code != 0:
             print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
             continue
         if args.commit:
-            _commit(run_dir)
+            _commit(run_dir, keep_model=name in kept)
     return 0
 
 

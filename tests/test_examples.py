@@ -139,6 +139,8 @@ def test_cifar_export_init_writes_the_untrained_model_and_its_record(tmp_path):
     assert record["params"] == model.count_params() - sum(k.size for k in kernels) + kept
     assert [record[key] for key in ("method", "epochs", "seed", "normalize")] == ["synflow", 2, 0, True]
     assert "--export_init" in record["command"] and "final_accuracy" not in record
+    # The script relative to its checkout, the flags as given: no path of this machine but those typed.
+    assert record["command"].split()[1:3] == ["examples/train_cifar.py", "--method=synflow"]
 
 
 @pytest.mark.slow

@@ -237,16 +237,18 @@ def test_driver_trains_seed_major_skipping_finished_runs(fake, tmp_path, capsys)
 
     call = {c["run"]: c for c in _calls()}
     synflow, snip = call["resnet20-synflow-params0.3-ep1-s1"], call["resnet20-snip-params0.1-ep1-s1"]
+    # Paths relative to the repository, the working directory: what the run records reruns from a clone.
     assert sorted(synflow["argv"]) == sorted([
-        f"--model_dir={runs / 'resnet20-synflow-params0.3-ep1-s1'}", f"--data_dir={tmp_path / 'data'}",
+        f"--model_dir={os.path.relpath(runs / 'resnet20-synflow-params0.3-ep1-s1', run.REPO)}",
+        f"--data_dir={os.path.relpath(tmp_path / 'data', run.REPO)}",
         "--model=resnet20", "--epochs=1", "--method=synflow", "--params=0.3", "--save_model", "--seed=1",
     ])
     assert "--nosave_model" in snip["argv"]
     assert synflow["script"] == str(fake / "examples" / "train_cifar.py")
-    assert synflow["cwd"] == synflow["pythonpath"] == str(fake)
+    assert synflow["cwd"] == str(run.REPO) and synflow["pythonpath"] == str(fake)
     log = (runs / "resnet20-snip-params0.1-ep1-s1" / "train.log").read_text().splitlines()
     assert log[0] == "earlier attempt"
-    assert log[1].startswith("$ ") and log[1].endswith(" ".join(snip["argv"]))
+    assert log[1] == f"$ python examples/train_cifar.py {' '.join(snip['argv'])}"
     assert log[2] == "fake training of resnet20-snip-params0.1-ep1-s1"
 
     assert _drive(fake, a, b) == 0  # everything finished: nothing to train
@@ -335,8 +337,8 @@ def test_a_run_waits_for_the_init_model_of_its_seed(fake, tmp_path, monkeypatch,
     assert _drive(fake, grid) == 0
     assert [c["run"] for c in _calls()] == [ids[0]]  # seed 1's model is not saved yet
     argv = _calls()[0]["argv"]
-    assert {f"--init_model={saved}", "--keep_weights", "--importance=l1", "--distill",
-            "--learning_rate=0.01", "--seed=0"} <= set(argv)
+    assert {"--init_model=runs/resnet20-baseline-ep1-s0/final_model.keras", "--keep_weights",
+            "--importance=l1", "--distill", "--learning_rate=0.01", "--seed=0"} <= set(argv)
 
 
 # ------------------------------------------------------------------ git: --commit and pinned code
@@ -389,7 +391,7 @@ def test_commit_slims_the_saved_model(repo):
     (run_dir / "results.json").write_text("{}")
     saved_trained_model(run_dir / "final_model.keras")
     size = (run_dir / "final_model.keras").stat().st_size
-    assert run._commit(run_dir)
+    assert run._commit(run_dir, keep_model=True)
     committed = git(repo, "cat-file", "-s", f"HEAD:{(run_dir / 'final_model.keras').relative_to(repo)}")
     assert int(committed) == (run_dir / "final_model.keras").stat().st_size < size / 2
 
@@ -403,8 +405,8 @@ def _committed(repo, ref="HEAD"):
 def test_commit_commits_the_runs_small_files_alone(repo, monkeypatch):
     run_dir = repo / "experiments" / "runs" / "resnet20-synflow-params0.3-ep1-s0"
     run_dir.mkdir(parents=True)
-    for name in ("results.json", "history.csv", "train.log", "checkpoint.weights.h5"):
-        (run_dir / name).write_text(name)
+    for name in ("results.json", "history.csv", "train.log", "checkpoint.weights.h5", "final_model.keras"):
+        (run_dir / name).write_text(name)  # a model no run starts from stays out of git
     (repo / "notes.txt").write_text("work in progress\n")
     git(repo, "add", "notes.txt")
     lock = repo / ".git" / "index.lock"  # another git command holds the index
@@ -438,7 +440,7 @@ def test_driver_trains_pinned_code_and_commits_finished_runs(repo, tmp_path, mon
     assert [c["run"] for c in calls] == ["resnet20-synflow-params0.3-ep1-s0", "resnet20-baseline-ep1-s0"]
     for c in calls:
         assert c["script"] == str(worktree / "examples" / "train_cifar.py")
-        assert c["cwd"] == c["pythonpath"] == str(worktree)
+        assert c["cwd"] == str(repo) and c["pythonpath"] == str(worktree)
     prefix = "experiments/runs/resnet20-synflow-params0.3-ep1-s0/"
     assert _committed(repo) == ("experiments: resnet20-synflow-params0.3-ep1-s0",
                                 [prefix + "results.json", prefix + "train.log"])
@@ -449,6 +451,28 @@ def test_driver_trains_pinned_code_and_commits_finished_runs(repo, tmp_path, mon
     assert _drive(repo, grid, args=["--commit"]) == 0  # the pinned worktree is reused
     assert _calls()[-1]["script"] == str(worktree / "examples" / "train_cifar.py")
     assert _committed(repo)[0] == "experiments: resnet20-baseline-ep1-s0"
+
+
+def test_only_keep_model_grids_commit_their_models(repo, tmp_path):
+    """``kept_runs`` is the runs of the grids that say ``"keep_model": true``; the driver commits the
+    final model of those runs alone (the fake training saves none, so one is put in place)."""
+    kept = _write_grid(tmp_path, "teachers", [{"method": "baseline", "save_model": True}], seeds=(0, 1))
+    grid = json.loads(kept.read_text())
+    kept.write_text(json.dumps({**grid, "keep_model": True}))
+    other = _write_grid(tmp_path, "other", [{"method": "synflow", "params": 0.3, "save_model": True}],
+                        seeds=(0,))
+    assert run.kept_runs([kept, other]) == {"resnet20-baseline-ep1-s0", "resnet20-baseline-ep1-s1"}
+    kept.write_text(json.dumps({**grid, "keep_model": "yes"}))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(kept))}: 'keep_model' is 'yes'; expected true"):
+        run.kept_runs([kept])
+    kept.write_text(json.dumps({**grid, "keep_model": True}))
+    for name in ("resnet20-baseline-ep1-s0", "resnet20-synflow-params0.3-ep1-s0"):
+        (run.RUNS / name).mkdir(parents=True)
+        saved_trained_model(run.RUNS / name / "final_model.keras")
+    assert _drive(repo, kept, other, args=["--commit", "--match=-s0$"]) == 0
+    files = {path for ref in ("HEAD", "HEAD~1") for path in _committed(repo, ref)[1]}
+    assert "experiments/runs/resnet20-baseline-ep1-s0/final_model.keras" in files
+    assert not any(path.endswith("final_model.keras") and "synflow" in path for path in files)
 
 
 def test_driver_refuses_code_that_is_no_commit(repo, tmp_path):
