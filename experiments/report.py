@@ -59,6 +59,16 @@ Reproduce: `bash experiments/run_all.sh` (resumable; skips finished runs), then
 mobilenet_v2_cifar` (on a quiet machine) and `python experiments/report.py`.
 The grid `long` trains on an accelerator with JAX: `experiments/long_schedule.py` (its docstring has
 the steps).
+
+Checkpoints: git keeps a run's `final_model.keras` only where its grid says `"keep_model": true`:
+the trained models that runs start from (`init_model`; grids `keep_weights_teacher` and
+`trained_teachers`) and `thm_comp`'s, which `experiments/sanity.py` rereads for its mask and
+layer-density checks; its other tables were computed while every saved model was at hand (git's
+history still holds them). Any run is reproduced from its `results.json`: `command` (seed and
+`plan_file` included; paths relative to this repository's root, where it runs) with the code of
+`git_commit`, e.g. `git worktree add ../code <git_commit>` and, from this root,
+`PYTHONPATH=../code python ../code/examples/train_cifar.py <the command's flags>`, as
+`experiments/run.py` does.
 """
 
 

@@ -547,7 +547,8 @@ def main(argv=None):
             report["skipped"].append({"run": run_dir.name, "why": "not finished"})
         elif not (run_dir / "final_model.keras").exists():
             report["skipped"].append(
-                {"run": run_dir.name, "why": "no final_model.keras: its grid saves none"}
+                {"run": run_dir.name,
+                 "why": "no final_model.keras: its grid saves none, or keeps it out of git (no keep_model)"}
             )
         else:
             print(f"[sanity] checking {run_dir.name}", flush=True)
