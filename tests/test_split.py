@@ -19,6 +19,7 @@ import keras_precrop as kp
 from keras_precrop import pai
 from keras_precrop.latency.features import Features
 from tests.conftest import assert_matches_plan, check_remove_detached, tf_macs
+from tests.test_keep_weights import assert_same_function, assert_sliced, gathered_indices, randomize
 
 L = keras.layers
 
@@ -34,6 +35,18 @@ def csp(sections, width=24):
     y = L.Conv2D(last.shape[-1], 3, padding="same", activation="relu", name="block")(last)
     y = L.Add(name="add")([y, last])
     x = L.Concatenate(name="concat")([*pieces[:-1], y])
+    x = L.Conv2D(16, 1, activation="relu", name="transition")(x)
+    return keras.Model(inputs, L.Dense(5, name="head")(L.GlobalAveragePooling2D()(x)))
+
+
+def shuffled(sections, width=24):
+    """A split whose pieces come back in reverse order (a channel shuffle), one through a conv."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 12, 3))
+    x = L.BatchNormalization(name="stem_bn")(L.Conv2D(width, 3, padding="same", name="stem")(inputs))
+    pieces = keras.ops.split(x, sections, axis=-1)
+    y = L.Conv2D(8, 3, padding="same", activation="relu", name="block")(pieces[0])
+    x = L.Concatenate(name="concat")([*pieces[:0:-1], y, pieces[0]])
     x = L.Conv2D(16, 1, activation="relu", name="transition")(x)
     return keras.Model(inputs, L.Dense(5, name="head")(L.GlobalAveragePooling2D()(x)))
 
@@ -159,3 +172,68 @@ def test_latency_features_count_the_rebuilt_split(sections):
     assert values["in:Split"] == math.prod(x.shape[1:])
     assert values["out:Split"] == sum(math.prod(t.shape[1:]) for t in pieces)
     assert values["macs:Conv2D"] + values["macs:Dense"] == tf_macs(new)
+
+
+# -- kept weights (issue 42): each piece is a sub-range of the tensor split ------------------
+
+KEPT = {"csp_halves": (csp, 2), "csp_thirds": (csp, 3), "shuffled_halves": (shuffled, 2),
+        "shuffled_indices": (shuffled, [16])}
+X = np.random.default_rng(1).normal(size=(3, 12, 12, 3)).astype("float32")
+
+
+def _pieces(width, sections, total=24):
+    """``(start, end)`` of each piece of ``width`` channels split at ``sections`` (of ``total``)."""
+    if isinstance(sections, int):
+        ends = [width * (i + 1) // sections for i in range(sections)]
+    else:
+        ends = [i * width // total for i in sections] + [width]
+    return list(zip([0, *ends[:-1]], ends))
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_kept_weights_through_a_split_keep_its_function(name):
+    """A plan that keeps every width, and one that only widens, compute the original's outputs."""
+    build, sections = KEPT[name]
+    model = randomize(build(sections))
+    plan = kp.plan(model, params=1.0)
+    assert all(v["new"] == v["width"] for v in plan.variables)
+    assert_same_function(model, kp.apply_plan(model, plan, weights="keep"), X)
+    wide = kp.reconfigure(model, params=1.5, mode="uniform", weights="keep")
+    assert any(v["new"] > v["width"] for v in wide.precrop_plan.variables)
+    assert_matches_plan(model, wide.precrop_plan, wide)
+    assert_same_function(model, wide, X)
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_kept_weights_of_each_piece_are_its_own_channels(name):
+    """Pruned: every weight is a slice of the original's; each new piece keeps channels of its
+    original piece, and the readers of a piece and of the concatenation read those channels."""
+    build, sections = KEPT[name]
+    model = randomize(build(sections), kernels=True)
+    small = kp.precrop(model, params=0.6, weights="keep")
+    assert_matches_plan(model, small.precrop_plan, small)
+    assert_sliced(model, small)
+
+    def kept(layer, weight, axis):
+        return list(gathered_indices(*(np.asarray(getattr(m.get_layer(layer), weight))
+                                       for m in (model, small)))[axis])
+
+    stem = np.array(kept("stem", "kernel", 3))
+    assert len(stem) < 24 and kept("stem_bn", "gamma", 0) == list(stem)
+    old = _pieces(24, sections)
+    parts = [stem[a:b] for a, b in _pieces(len(stem), sections)]
+    for part, (a, b) in zip(parts, old):
+        assert len(part) and ((part >= a) & (part < b)).all()
+    piece = -1 if build is csp else 0  # the piece the block conv reads
+    assert kept("block", "kernel", 2) == list(parts[piece] - old[piece][0])
+    # The concatenation: csp's is the pieces in order (the last through a residual block, whose
+    # add keeps its channels); shuffled's is the pieces reversed, the block's output, piece 0.
+    if build is csp:
+        concat = list(stem)
+    else:
+        offsets = np.cumsum([0] + [b - a for a, b in old[:0:-1]])
+        concat = [*np.concatenate([p - a + o for p, (a, _), o in zip(parts[:0:-1], old[:0:-1], offsets)]),
+                  *(np.array(kept("block", "kernel", 3)) + offsets[-1]),
+                  *(parts[0] + offsets[-1] + 8)]
+    assert kept("transition", "kernel", 2) == concat
+    assert keras.ops.convert_to_numpy(small(X)).shape == (3, 5)

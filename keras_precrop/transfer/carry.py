@@ -113,7 +113,7 @@ def _selected(graph, selection, old, key, maps, ins):
     channels = graph.tensor_channels[key]
     v = flow.plain_variable(graph, channels)
     if v is not None:
-        return selection[v]
+        return flow.per_channel(graph, channels, selection[v], graph.variables[v].width)
     old_maps = old.record.handler.channel_map(old.record, old.node)
     if maps is None or old_maps is None:
         return flow.same_as_input(graph, old, channels, ins)

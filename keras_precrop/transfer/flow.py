@@ -80,6 +80,20 @@ def plain_variable(graph, channels):
     return None
 
 
+def per_channel(graph, channels, array, step):
+    """A plain descriptor's array from its variable's ``array`` (one entry per unit channel).
+
+    A variable counts its group in units (see ``ModelGraph.scale``): a tensor
+    that a split cuts into pieces is ``scale`` blocks of the variable's
+    channels, each piece some of those blocks. Every block keeps the same
+    channels of the variable, so the pieces of a pruned tensor are the
+    pieces of the original, pruned: block ``b`` holds ``array + b * step``
+    (``-1``, a new channel, stays ``-1``).
+    """
+    scale = graph.scale(channels[0].segment)
+    return np.concatenate([np.where(array >= 0, array + b * step, -1) for b in range(scale)])
+
+
 def same_as_input(graph, call, channels, ins):
     """The first input's array, for a layer whose output channels are its input's (no channel map)."""
     if channels != graph.tensor_channels[call.inputs[0]]:

@@ -74,9 +74,10 @@ def _origins(graph, offsets):
     """
     variables = graph.variables
 
-    def ids(channels):
+    def ids(channels):  # every block of a split tensor scores the variable's channels
         v = flow.plain_variable(graph, channels)
-        return None if v is None else offsets[v] + np.arange(variables[v].width)
+        return None if v is None else flow.per_channel(
+            graph, channels, offsets[v] + np.arange(variables[v].width), 0)
 
     def outputs(call, index, ins):
         rec = call.record
