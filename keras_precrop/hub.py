@@ -18,6 +18,9 @@ task but its last layers) and re-create the task from its config around the
 rebuilt backbone, a :class:`PrunedBackbone`. The budgets are ratios of the
 backbone's parameters and MACs; the backbone's output widths stay as they
 are, so the head the task class builds fits them, and keeps its widths.
+With ``weights="keep"`` the head keeps its trained weights too: the
+backbone's outputs keep every channel in its original order (a model's
+outputs are fixed), so the head's weights are carried over whole.
 
 Nothing here imports ``keras_hub``: the task's own class re-creates it.
 """
@@ -29,6 +32,7 @@ import json
 import keras
 
 from keras_precrop import planning
+from keras_precrop.errors import ArgumentError, UnsupportedModelError
 
 
 @keras.saving.register_keras_serializable(package="keras_precrop")
@@ -72,6 +76,9 @@ def precrop(model, params=None, flops=None, **options):
         flops: MAC budget as a ratio of the backbone's MACs.
         **options: as for :func:`keras_precrop.precrop` (``mode``,
             ``round_to``, ``ignore``: names of the backbone's layers, ...).
+            With ``weights="keep"`` the backbone's surviving channels and
+            the task's head keep their trained weights (``importance``:
+            ``"l1"``, ``"l2"`` or ``"random"``).
 
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
@@ -79,22 +86,32 @@ def precrop(model, params=None, flops=None, **options):
         :class:`PrunedBackbone`; or, for a backbone, the
         :class:`PrunedBackbone`. Its ``.precrop_plan`` is the backbone's plan.
     """
-    return _rewrapped(model, planning.precrop(backbone_of(model), params, flops, **options))
+    return _pruned(planning.precrop, model, params, flops, options)
 
 
 def reconfigure(model, params=None, flops=None, **options):
     """:func:`keras_precrop.reconfigure` of a task's backbone (layers may widen); see :func:`precrop`."""
-    return _rewrapped(model, planning.reconfigure(backbone_of(model), params, flops, **options))
+    return _pruned(planning.reconfigure, model, params, flops, options)
 
 
-def apply_plan(model, plan):
+def _pruned(method, model, params, flops, options):
+    """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
+    _refuse_taylor(options.get("importance"))
+    new = method(backbone_of(model), params, flops, **options)
+    return _rewrapped(model, new, options.get("weights"))
+
+
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
     """The task (or backbone) with the widths of ``plan``, a plan of its backbone.
 
-    Plan with ``kp.plan(backbone_of(task), ...)``; see :func:`precrop`.
+    Plan with ``kp.plan(backbone_of(task), ...)``; ``weights``,
+    ``importance``, ``data`` and ``seed`` are as for
+    :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
-    new = planning.apply_plan(backbone_of(model), plan)
+    _refuse_taylor(importance)
+    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed)
     new.precrop_plan = plan
-    return _rewrapped(model, new)
+    return _rewrapped(model, new, weights)
 
 
 def backbone_of(model):
@@ -122,13 +139,50 @@ def _plain(value):
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _rewrapped(model, new):
-    """The rebuilt backbone ``new`` as a :class:`PrunedBackbone`, inside a new ``model`` task."""
+def _refuse_taylor(importance):
+    """Taylor importance takes a model's outputs as logits; a backbone's are features."""
+    if isinstance(importance, str) and importance == "taylor":
+        raise ArgumentError(
+            "{importance} ranks channels by the gradients of the model's outputs taken as logits, "
+            "but kp.hub prunes the backbone, whose outputs are features; use importance='l1', "
+            "'l2' or 'random'.", importance=importance)
+
+
+def _rewrapped(model, new, weights=None):
+    """The rebuilt backbone ``new`` as a :class:`PrunedBackbone`, inside a new ``model`` task.
+
+    With ``weights="keep"`` the task's own weights (its head) are carried too.
+    """
     backbone = backbone_of(model)
     pruned = PrunedBackbone(new.input, new.output, name=new.name, attributes=_attributes(backbone, new))
     result = pruned
     if backbone is not model:
         config = {**model.get_config(), "backbone": pruned, "preprocessor": model.preprocessor}
         result = type(model).from_config(config)
+        if weights is not None:
+            _carry_head(model, result)
     result.precrop_plan = new.precrop_plan
     return result
+
+
+def _head_weights(task):
+    """The weights of ``task`` outside its backbone (the head and any layer of the task's own)."""
+    inside = {id(w) for w in task.backbone.weights}
+    return [w for w in task.weights if id(w) not in inside]
+
+
+def _carry_head(task, new):
+    """Copy ``task``'s head weights into ``new``, the same task around its pruned backbone.
+
+    The task class built both heads from one config, onto backbone outputs
+    of the same widths in the same channel order, so they match weight for
+    weight; a head that does not is refused rather than guessed.
+    """
+    old, fresh = _head_weights(task), _head_weights(new)
+    if len(old) != len(fresh) or any(a.shape != b.shape for a, b in zip(old, fresh)):
+        raise UnsupportedModelError(
+            f"{type(task).__name__} {task.name!r}: weights='keep' cannot carry its head's weights "
+            f"({[w.path for w in old][:6]}) into the task rebuilt around the pruned backbone, "
+            "whose head has other weights; use weights=None.")
+    for a, b in zip(old, fresh):
+        b.assign(a)

@@ -24,6 +24,12 @@ keras_hub = pytest.importorskip("keras_hub")
 import keras_precrop as kp  # noqa: E402
 from keras_precrop.graph import trace  # noqa: E402
 from tests.conftest import assert_matches_plan, tf_macs  # noqa: E402
+from tests.test_keep_weights import (  # noqa: E402
+    assert_same_function,
+    assert_sliced,
+    gathered_indices,
+    randomize,
+)
 
 M = keras_hub.models
 
@@ -185,8 +191,10 @@ def _random_input(model, seed=0):
 
 
 def _assert_same_outputs(a, b, x):
-    keras.tree.map_structure(lambda u, v: np.testing.assert_allclose(u, v, atol=1e-5),
-                             a(x, training=False), b(x, training=False))
+    """``a`` and ``b`` compute the same outputs, to 1e-5 of their magnitude (at least 1)."""
+    keras.tree.map_structure(
+        lambda u, v: np.testing.assert_allclose(u, v, atol=1e-5 * max(1.0, float(np.abs(u).max()))),
+        a(x, training=False), b(x, training=False))
 
 
 def _assert_reloads(model, path, **options):
@@ -315,3 +323,71 @@ def test_apply_plan_gives_a_task_the_planned_backbone():
     assert type(new) is type(task) and new.precrop_plan is plan
     assert new.backbone.count_params() == plan.params
     assert kp.hub.precrop(task.backbone, params=0.5).count_params() == plan.params
+
+
+# -- kept weights (issue 42) ------------------------------------------------------
+
+
+def _head(task):
+    """The task's weights outside its backbone, as arrays."""
+    inside = {id(w) for w in task.backbone.weights}
+    return [np.asarray(w) for w in task.weights if id(w) not in inside]
+
+
+@pytest.mark.parametrize("name", [_param(n, {"ResNetImageClassifier", "DeepLabV3ImageSegmenter"}) for n in (
+    "ResNetImageClassifier", "RetinaNetObjectDetector", "DeepLabV3ImageSegmenter", "CSPNetImageClassifier")])
+def test_kept_weights_carry_the_task_head(name):
+    """``weights="keep"``: a plan that keeps every width gives the original task's outputs; a
+    pruned task (``apply_plan``) keeps the head's trained weights as they are."""
+    task = randomize(TASKS[name][0]())  # random biases and statistics, so a fresh head shows
+    x = _random_input(task) * 255
+    same = kp.hub.precrop(task, params=1.0, weights="keep")
+    assert all(v["new"] == v["width"] for v in same.precrop_plan.variables)
+    _assert_same_outputs(task, same, x)
+    small = kp.hub.apply_plan(task, kp.plan(task.backbone, params=0.5), weights="keep", importance="l2")
+    assert small.backbone.count_params() < task.backbone.count_params()
+    for a, b in zip(_head(task), _head(small), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_pruned_classifier_head_reads_the_channels_the_backbone_keeps():
+    """The head's kernel is the original's at the backbone's kept output channels (its last
+    normalization writes them), and the task computes that head on the pruned features."""
+    task = randomize(TASKS["ResNetImageClassifier"][0](), kernels=True)
+    small = kp.hub.precrop(task, params=0.5, weights="keep")
+    norm = [layer.name for layer in task.backbone.layers
+            if isinstance(layer, keras.layers.BatchNormalization)][-1]
+    (kept,) = gathered_indices(*(np.asarray(m.backbone.get_layer(norm).gamma) for m in (task, small)))
+    head = [m.get_layer("predictions") for m in (task, small)]
+    np.testing.assert_array_equal(np.asarray(head[1].kernel), np.asarray(head[0].kernel)[kept])
+    x = _random_input(task)
+    features = keras.layers.GlobalAveragePooling2D()(small.backbone(x, training=False))
+    np.testing.assert_allclose(np.asarray(small(x, training=False)), np.asarray(head[0](features)),
+                               rtol=1e-5, atol=1e-5 * float(np.abs(head[0](features)).max()))
+
+
+def test_hub_refuses_taylor_importance():
+    task = TASKS["ResNetImageClassifier"][0]()
+    x = _random_input(task)
+    with pytest.raises(kp.ArgumentError, match="importance='taylor'.*backbone"):
+        kp.hub.precrop(task, params=0.5, weights="keep", importance="taylor", data=(x, _labels(x)))
+    with pytest.raises(kp.ArgumentError, match="importance='taylor'"):
+        kp.hub.apply_plan(task, kp.plan(task.backbone, params=0.5), weights="keep",
+                          importance="taylor", data=(x, _labels(x)))
+
+
+@pytest.mark.parametrize("name", [_param(n, {"CSPNetBackbone_csp_bottleneck_block"}) for n in sorted(CSP)])
+def test_kept_weights_through_csp_splits(name):
+    """CSPNet splits its stages' channels with ``keras.ops.split``: a plan that keeps every width
+    and one that only widens compute the original's outputs; a pruned one keeps slices."""
+    backbone = randomize(CSP[name]())
+    x = _random_input(backbone)
+    plan = kp.plan(backbone, params=1.0)
+    assert all(v["new"] == v["width"] for v in plan.variables)
+    assert_same_function(backbone, kp.apply_plan(backbone, plan, weights="keep"), x)
+    wide = kp.reconfigure(backbone, params=1.5, mode="uniform", weights="keep")
+    assert any(v["new"] > v["width"] for v in wide.precrop_plan.variables)
+    assert_same_function(backbone, wide, x)
+    small = kp.precrop(randomize(backbone, kernels=True), params=0.5, weights="keep")
+    assert_matches_plan(backbone, small.precrop_plan, small)
+    assert_sliced(backbone, small)
