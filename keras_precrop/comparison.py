@@ -106,6 +106,7 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
     Returns:
         A :class:`Comparison`.
     """
+    _latency.timing.check_settings(batch_size, runtime, False)  # measured or not: 0 is no batch
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ArgumentError(f"{{modes}} must name modes among {sorted(MODES)}.", modes=list(modes))

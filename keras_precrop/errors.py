@@ -134,6 +134,11 @@ class InfeasibleBudgetError(ArgumentError):
     """
 
 
+class DataError(ArgumentError):
+    """User data (``data=`` of Taylor importance, ``fine_tune``'s ``train_data=``) that does not
+    fit the model: shape, dtype, labels, finiteness, emptiness; the message names the argument."""
+
+
 class UnsupportedModelError(ValueError):
     """The model cannot be analysed (subclassed, undefined shapes, ...)."""
 

@@ -41,6 +41,7 @@ from keras_precrop.errors import (
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.trace import input_specs, is_functional
 from keras_precrop.graph.walker import walk
+from keras_precrop.training._user_data import check_data
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
            "reconfigure"]
@@ -532,6 +533,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
         seed: the seed of ``importance="random"``.
     """
     importance = _transfer.check_options(weights, importance, data)
+    if importance == "taylor":  # the data fits the model, before any work on it
+        data = check_data(model, data, "data").data
     defined = _defined_spatial(model, {})
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
@@ -613,7 +616,8 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
-    _transfer.check_options(weights, importance, data)  # before the solve
+    if _transfer.check_options(weights, importance, data) == "taylor":  # before the solve
+        data = check_data(model, data, "data").data
     options.setdefault("upper", 1.0)
     the_plan = plan(model, params, flops, **options)
     new = apply_plan(model, the_plan, weights, importance, data, seed)

@@ -4,74 +4,136 @@
 the student also learns the teacher's softened outputs through
 ``keras.distillation.Distiller`` and ``LogitsDistillation``, which
 ``distiller(student, teacher)`` builds for a training loop of one's own
-(``examples/_common.py`` compiles it with the paper's recipe). Two facts of
-Keras 3.15 shape it (docs/research/issue29_keep_weights.md): the default
-``LogitsDistillation`` loss skips the softmax, so ``KLDivergence()`` is
-passed explicitly, and ``Distiller`` freezes the teacher for good, so the
-teacher's ``trainable`` is restored afterwards and a student that shares its
-variables (which would be frozen too) is refused. A model that
-``precrop(..., weights="keep")`` built owns its variables.
-"""
+(``examples/_common.py`` compiles it with the paper's recipe). Facts of
+Keras 3.15 shape it (docs/research/issue29_keep_weights.md):
 
+* the default ``LogitsDistillation`` loss skips the softmax, so
+  ``KLDivergence()`` is passed explicitly;
+* ``Distiller`` freezes the teacher for good (``teacher.trainable = False``
+  sets every layer's and variable's flag), so each flag is read before and
+  set back after the call, a layer the user froze staying frozen; a student
+  that shares the teacher's variables (which would be frozen too) is
+  refused; a model that ``precrop(..., weights="keep")`` built owns its
+  variables;
+* ``LogitsDistillation`` takes outputs as logits, and the usual tutorial CNN
+  ends in a softmax: a model whose last layer is a softmax (teacher and
+  student apart) is distilled through ``log p``, which differs from its
+  logits by a constant per example that the softened softmax ignores
+  (``_SoftmaxDistillation``), and a softmax student's default loss reads
+  probabilities.
+
+The data is checked against the student first (``training/_user_data.py``).
+"""
 from __future__ import annotations
 
 import math
+import numbers
 
 import keras
 
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import NAME_ONLY, ArgumentError
+from keras_precrop.training._user_data import check_data, outputs_probabilities
 
 
 def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
-              distill_temperature=4.0, alpha=0.5, loss=None, batch_size=None,
+              distill_temperature=4.0, alpha=0.5, loss=None, batch_size=None, steps_per_epoch=None,
               validation_data=None, verbose="auto"):
     """Train ``student`` in place for a few epochs, distilled or not.
 
+    A model that ends in a softmax (``Dense(..., activation="softmax")``,
+    a ``Softmax`` or ``Activation("softmax")`` layer: the usual tutorial
+    CNN) is recognised, and trained as such: the default loss reads its
+    outputs as probabilities, and the distillation softens the logarithms
+    of the probabilities (logits up to a constant per example). This holds
+    for the teacher and the student separately.
+
     Args:
-        student: the model to train (its outputs are logits unless ``loss``
-            says otherwise), e.g. a pruned model with kept weights.
+        student: the model to train (logits or softmax out), e.g. a pruned
+            model with kept weights; it must have trainable weights.
         train_data: an ``(x, y)`` pair of arrays or anything ``fit`` takes
             as ``x`` (a ``tf.data.Dataset`` of ``(x, y)`` batches, a
-            ``keras.utils.PyDataset``, ...).
-        teacher: the original model (logits out, same output shape); None
-            for plain fine-tuning.
+            ``keras.utils.PyDataset``, a generator, ...). Its first batch is
+            checked against ``student`` before training (input shape and
+            dtype, finite values, labels that are class indices of its
+            outputs or one-hot rows of their width); labels may be left out
+            only when distilling with ``alpha=0``.
+        teacher: the original model (same output shape); None for plain
+            fine-tuning. It does not train, and its layers' and variables'
+            ``trainable`` flags are as they were after the call.
         epochs: epochs of training.
         learning_rate: SGD (momentum 0.9)'s starting rate, decayed linearly
-            to 0 over the epochs when their steps are known (arrays, or data
-            with a ``len``), else held. A rate "rewound" to the training
-            recipe's peak recovers a heavily pruned model faster than a small
-            one (CIFAR-10 ResNet-20: 0.1 against 0.01, section "Pruning a
-            trained model" of ``experiments/README.md``). A
+            to 0 over the epochs when their steps are known (arrays, data
+            with a ``len``, or ``steps_per_epoch``), else held. A rate
+            "rewound" to the training recipe's peak recovers a heavily
+            pruned model faster than a small one (CIFAR-10 ResNet-20: 0.1
+            against 0.01, section "Pruning a trained model" of
+            ``experiments/README.md``). A
             ``keras.optimizers.schedules.LearningRateSchedule`` is used as given.
         distill_temperature: the softmax temperature of the distillation.
         alpha: the weight of the supervised loss; ``1 - alpha`` goes to
             the distillation loss (``Distiller``'s ``student_loss_weight``).
-        loss: the supervised loss; default sparse categorical cross-entropy
-            from logits.
-        batch_size: with array data (``fit``'s default: 32).
-        validation_data, verbose: as for ``fit``.
+        loss: the supervised loss; default cross-entropy of integer labels
+            (sparse) or one-hot rows, from logits or from the probabilities
+            of a softmax student. A loss of one's own turns off the check of
+            the labels' classes.
+        batch_size: with array data, a positive integer (``fit``'s default: 32).
+        steps_per_epoch: batches per epoch, as for ``fit``; required for an
+            infinite dataset.
+        validation_data, verbose: as for ``fit`` (``validation_data`` is
+            checked as ``train_data`` is).
 
     Returns:
         The ``History`` of ``fit``.
+
+    Raises:
+        ArgumentError: naming the argument at fault; ``DataError`` for data
+            that does not fit ``student``.
     """
     _check(student, teacher, epochs, learning_rate, distill_temperature, alpha)
-    loss = loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    x, y = train_data if isinstance(train_data, tuple) else (train_data, None)
-    model, frozen = student, None
-    if teacher is not None:
-        frozen = teacher.trainable
-        model = distiller(student, teacher, distill_temperature=distill_temperature, alpha=alpha)
-    steps = _steps_per_epoch(x, batch_size)
+    for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
+        _check_count(name, value)
+    checked = check_data(student, train_data, "train_data", labels=teacher is None or alpha > 0,
+                         classes=loss is None, bound=("steps_per_epoch", steps_per_epoch),
+                         batch_size=batch_size)
+    if validation_data is not None:
+        validation_data = check_data(student, validation_data, "validation_data",
+                                     classes=loss is None, batch_size=batch_size).data
+    loss = loss or _default_loss(checked.labels, outputs_probabilities(student, checked.inputs))
+    x, y = checked.data if isinstance(checked.data, tuple) else (checked.data, None)
+    steps = steps_per_epoch or _steps_per_epoch(x, batch_size)
     if steps and not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         learning_rate = keras.optimizers.schedules.PolynomialDecay(learning_rate, epochs * steps, 0.0)
+    flags = _trainable_flags(teacher) if teacher is not None else []
     try:
+        model = student if teacher is None else _distiller(
+            student, teacher, distill_temperature, alpha, checked.inputs)
         model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9), loss=loss,
                       metrics=["accuracy"])
-        return model.fit(x, y, batch_size=batch_size, epochs=epochs,
+        return model.fit(x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
                          validation_data=validation_data, verbose=verbose)
     finally:
-        if teacher is not None:
-            teacher.trainable = frozen
+        _restore_flags(flags)
+
+
+def _default_loss(labels, probabilities):
+    """Cross-entropy of ``labels`` (``"one-hot"`` rows, else class indices), from logits or from
+    ``probabilities``."""
+    kind = (keras.losses.CategoricalCrossentropy if labels == "one-hot"
+            else keras.losses.SparseCategoricalCrossentropy)
+    return kind(from_logits=not probabilities)
+
+
+def _trainable_flags(model):
+    """``(object, trainable)`` of every layer of ``model`` (itself first, each layer before its
+    sublayers) and then of every variable: what ``model.trainable = ...`` overwrites."""
+    layers = model._flatten_layers(include_self=True, recursive=True)  # Keras' own walk of them
+    return [(layer, layer.trainable) for layer in layers] + [(v, v.trainable) for v in model.weights]
+
+
+def _restore_flags(flags):
+    """Sets each ``trainable`` back (layers before their sublayers, variables last)."""
+    for obj, trainable in flags:
+        obj.trainable = trainable
 
 
 def _steps_per_epoch(x, batch_size):
@@ -91,23 +153,77 @@ def distiller(student, teacher, *, distill_temperature=4.0, alpha=0.5):
     For a training loop of one's own (callbacks, a learning-rate schedule):
     compile it with the supervised loss and fit it; its ``student`` is the
     model being trained, and its metrics are the student's. It freezes
-    ``teacher`` (``trainable = False``) for good.
+    ``teacher`` (``teacher.trainable = False``, every layer) for good.
 
     Args:
-        student: the model to train (logits out).
-        teacher: the original model (logits out, same output shape), with
-            variables of its own: a student that shares them is refused.
+        student: the model to train (logits or softmax out).
+        teacher: the original model (logits or softmax out, same output
+            shape), with variables of its own: a student that shares them
+            is refused.
         distill_temperature, alpha: as for :func:`fine_tune`.
 
     Returns:
         A ``Distiller`` with one ``LogitsDistillation`` (``KLDivergence``
-        of the softened outputs) weighted ``1 - alpha``.
+        of the softened outputs) weighted ``1 - alpha``; where a model ends
+        in a softmax, the logarithms of its probabilities are softened in
+        place of its logits.
     """
     _check_distillation(student, teacher, distill_temperature, alpha)
-    return keras.distillation.Distiller(
-        teacher=teacher, student=student, student_loss_weight=alpha,
-        distillation_losses=keras.distillation.LogitsDistillation(
-            temperature=distill_temperature, loss=keras.losses.KLDivergence()))
+    return _distiller(student, teacher, distill_temperature, alpha, None)
+
+
+def _distiller(student, teacher, temperature, alpha, inputs):
+    """:func:`distiller`'s ``Distiller``, each model's probabilities told from logits on ``inputs``
+    (a batch) where its last layer cannot be read."""
+    kl = keras.losses.KLDivergence()  # the default loss skips the softmax (module docstring)
+    flags = outputs_probabilities(teacher, inputs), outputs_probabilities(student, inputs)
+    loss = (_SoftmaxDistillation(temperature, kl, *flags) if any(flags)
+            else keras.distillation.LogitsDistillation(temperature=temperature, loss=kl))
+    return keras.distillation.Distiller(teacher=teacher, student=student,
+                                        student_loss_weight=alpha, distillation_losses=loss)
+
+
+@keras.saving.register_keras_serializable(package="keras_precrop", name="SoftmaxDistillation")
+class _SoftmaxDistillation(keras.distillation.LogitsDistillation):
+    """``LogitsDistillation`` where the teacher, the student or both output probabilities.
+
+    ``log p`` stands in for such a model's logits: it differs from them by
+    a constant per example, which a softmax ignores, so ``softmax(log p /
+    T)`` is the distribution the logits would give at temperature ``T``
+    (and ``T = 1`` gives ``p`` back).
+    """
+
+    def __init__(self, temperature=3.0, loss="kl_divergence", teacher_probabilities=False,
+                 student_probabilities=False):
+        super().__init__(temperature=temperature, loss=loss)
+        self.teacher_probabilities = teacher_probabilities
+        self.student_probabilities = student_probabilities
+
+    def compute_loss(self, teacher_outputs, student_outputs, **kwargs):
+        """``LogitsDistillation``'s loss of the two models' logits (``log p`` for probabilities)."""
+        return super().compute_loss(_logits(teacher_outputs, self.teacher_probabilities),
+                                    _logits(student_outputs, self.student_probabilities), **kwargs)
+
+    def get_config(self):
+        """The configuration, with which outputs are probabilities."""
+        return {**super().get_config(), "teacher_probabilities": self.teacher_probabilities,
+                "student_probabilities": self.student_probabilities}
+
+
+def _logits(outputs, probabilities):
+    """``outputs``, or ``log`` of them where they are ``probabilities`` (clipped away from 0,
+    as Keras' cross-entropy of probabilities does)."""
+    if not probabilities:
+        return outputs
+    return keras.ops.log(keras.ops.clip(outputs, keras.config.epsilon(), 1.0))
+
+
+def _check_count(name, value):
+    """Refuses ``value`` unless it is None or a positive integer (``True`` is not one)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                              or value < 1):
+        raise ArgumentError(f"{{{name}:subject}} must be a positive integer{{got}}",
+                            **{name: value})
 
 
 def _check(student, teacher, epochs, learning_rate, temperature, alpha):
@@ -118,8 +234,12 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
                             learning_rate=learning_rate)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ArgumentError("{epochs} must be a positive integer.", epochs=epochs)
-    if teacher is None:  # with a teacher, distiller() checks them as it builds the Distiller
-        _check_distillation(student, None, temperature, alpha)
+    _check_distillation(student, teacher, temperature, alpha)
+    if not student.trainable_weights:
+        raise ArgumentError(
+            "{student:=} has no trainable weights (student.trainable is False, or every layer of it "
+            "is frozen), so fine_tune would train nothing. Set student.trainable = True, or unfreeze "
+            "the layers to train.", student=NAME_ONLY)
 
 
 def _check_distillation(student, teacher, temperature, alpha):

@@ -1,0 +1,305 @@
+"""One check of user data against the model it is for, before any of it reaches Keras.
+
+``data=`` of Taylor importance (``precrop``, ``apply_plan``) and
+``fine_tune``'s ``train_data=`` / ``validation_data=`` come in four forms:
+an ``(x, y)`` pair of arrays, a ``tf.data.Dataset`` of batches, a
+``keras.utils.PyDataset``, or any iterable of batches (a generator, a list, a
+``torch`` ``DataLoader``). :func:`check_data` reads the first batch (the
+first ``batch_size`` rows of arrays; an iterator's batch is put back) and
+refuses, with a :class:`~keras_precrop.errors.DataError` whose message starts
+with the user's argument (``data=``, ``train_data=``), data that would
+otherwise fail deep inside Keras or TensorFlow, or train silently wrong:
+inputs of another shape than the model's or not numbers, non-finite values,
+labels that are not numbers, not class indices within the model's classes,
+or one-hot rows of another width, no batch at all, and an infinite dataset
+where the caller has no batch count to bound it.
+
+Only what one batch shows is checked (and every label of arrays, which is
+cheap); models with several inputs or outputs have their inputs and labels
+passed on unchecked.
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+import keras
+import numpy as np
+
+from keras_precrop.errors import NAME_ONLY, DataError
+
+FORMS = ("(x, y) arrays, a tf.data.Dataset or keras.utils.PyDataset of (x, y) batches, "
+         "or an iterable of (x, y) batches")
+
+
+def check_data(model, data, argument, *, labels=True, classes=True, bound=None, batch_size=None):
+    """Checks ``data`` against ``model`` and returns it, ready to read from its start.
+
+    Args:
+        model: the model the data is fed to.
+        data: the user's data, in one of the forms of the module docstring.
+        argument: the user's name for it (``"data"``, ``"train_data"``).
+        labels: whether batches must hold labels (``(x, y)``), or may be
+            inputs alone.
+        classes: whether the labels are class indices or one-hot rows of
+            the model's (single) output; False for another loss.
+        bound: ``(name, value)`` of the caller's argument that bounds the
+            batches read from an infinite dataset (``("steps_per_epoch",
+            None)``), or None where there is no such argument.
+        batch_size: rows per batch of arrays (default 32).
+
+    Returns:
+        A :class:`Checked`.
+
+    Raises:
+        DataError: naming ``argument``, saying what was expected.
+    """
+    first, data = _first_batch(data, argument, bound, batch_size or 32)
+    x, y = _split_batch(first, argument, labels)
+    _check_inputs(model, x, argument)
+    if y is None:
+        return Checked(data, None, x)
+    _check_lengths(x, y, argument)
+    return Checked(data, _check_labels(model, x, y, argument, classes), x)
+
+
+class Checked(typing.NamedTuple):
+    """What :func:`check_data` found.
+
+    Attributes:
+        data: the data to use: the user's, or for an iterator a generator
+            that yields the batch read first again.
+        labels: ``"sparse"`` (class indices), ``"one-hot"``, or None (no
+            labels, or their classes not checked).
+        inputs: the inputs of the first batch.
+    """
+
+    data: object
+    labels: str | None
+    inputs: object
+
+
+def outputs_probabilities(model, inputs=None):
+    """Whether ``model``'s (single) output is a softmax's probabilities rather than logits.
+
+    Read from the model's last layer (``activation="softmax"``, a ``Softmax``
+    or ``Activation("softmax")`` layer, ``keras.ops.softmax``, through
+    nested models); for a subclassed model, whose last layer cannot be read,
+    from its outputs on ``inputs`` (rows of non-negative numbers summing to 1).
+    """
+    outputs = getattr(model, "outputs", None)
+    if outputs is None:
+        if inputs is None or isinstance(inputs, (dict, list, tuple)):
+            return False
+        out = model(_array(inputs)[:8], training=False)
+        if isinstance(out, (dict, list, tuple)):
+            return False
+        out = _array(out)
+        return out.shape[-1] > 1 and bool(np.all(out >= 0) and np.allclose(out.sum(-1), 1, atol=1e-4))
+    if len(outputs) != 1:
+        return False
+    last = outputs[0]._keras_history.operation
+    while getattr(last, "outputs", None) is not None and len(last.outputs) == 1:  # a nested model
+        last = last.outputs[0]._keras_history.operation
+    return type(last).__name__ == "Softmax" or getattr(
+        getattr(last, "activation", None), "__name__", "") == "softmax"
+
+
+def _refuse(argument, text):
+    """A :class:`DataError` whose message is ``argument=`` followed by ``text``."""
+    return DataError("{" + argument + ":=} " + text.replace("{", "{{").replace("}", "}}"),
+                     **{argument: NAME_ONLY})
+
+
+def _is_pair(data):
+    """Whether ``data`` is one ``(x, y)`` pair of arrays (as ``fine_tune`` and Taylor read it)."""
+    return isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple)
+
+
+def _first_batch(data, argument, bound, batch_size):
+    """``(first batch, data to use)``: the batch read first, and ``data`` with nothing lost."""
+    if _is_pair(data) or (hasattr(data, "shape") and hasattr(data, "dtype")):  # arrays
+        inputs = data[0] if _is_pair(data) else data
+        if not isinstance(inputs, (dict, list)) and len(inputs) == 0:
+            raise _refuse(argument, "is empty: it holds no example.")
+        if _is_pair(data):
+            return tuple(_head(part, batch_size) for part in data), data
+        return _head(data, batch_size), data
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(data, tf.data.Dataset):
+        _check_finite_dataset(data.cardinality() == tf.data.INFINITE_CARDINALITY,
+                              "tf.data.Dataset", argument, bound)
+        return _next(iter(data.take(1)), argument), data
+    if isinstance(data, keras.utils.PyDataset):
+        count = _num_batches(data, argument)
+        _check_finite_dataset(count is None, "PyDataset", argument, bound)
+        if count == 0:
+            raise _refuse(argument, "is empty: it has no batch.")
+        return data[0], data
+    try:
+        iterator = iter(data)
+    except TypeError:
+        raise _refuse(argument, f"must be {FORMS}; got a {type(data).__name__}.") from None
+    first = _next(iterator, argument)
+    if iterator is data:  # a generator or iterator: give back the batch it has yielded
+        return first, _chained(first, iterator)
+    return first, data
+
+
+def _head(part, n):
+    """The first ``n`` examples of an array (several inputs, a list or dict, whole)."""
+    return part if isinstance(part, (dict, list)) else part[:n]
+
+
+def _num_batches(data, argument):
+    """A ``PyDataset``'s ``num_batches`` (None: infinite); one that defines neither it nor a
+    length is refused."""
+    try:
+        return data.num_batches
+    except NotImplementedError:
+        raise _refuse(argument, "is a PyDataset with neither __len__ nor num_batches: define one "
+                                "(num_batches returning None for an infinite one).") from None
+
+
+def _check_finite_dataset(infinite, kind, argument, bound):
+    """Refuses an infinite dataset unless the caller's batch-count argument is given."""
+    if not infinite or (bound is not None and bound[1] is not None):
+        return
+    if bound is None:
+        raise _refuse(argument, f"is an infinite {kind}, and every batch of it would be read. "
+                                "Pass a finite one, e.g. dataset.take(8) for 8 batches.")
+    raise _refuse(argument, f"is an infinite {kind}: pass {bound[0]}= (the number of batches to "
+                            "read per epoch), or a finite dataset.")
+
+
+def _next(iterator, argument):
+    """The first item of ``iterator``; an empty one is refused."""
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise _refuse(argument, "is empty: it yielded no batch.") from None
+
+
+def _chained(first, rest):
+    """A generator of ``first`` and then the rest of the iterator it came from."""
+    yield first
+    yield from rest
+
+
+def _split_batch(batch, argument, labels):
+    """``(x, y)`` of one batch (``y`` None where there are no labels)."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not isinstance(batch[0], dict):
+        return batch[0], batch[1]
+    if labels:
+        raise _refuse(argument, f"must give (x, y) batches: inputs and their labels; its first "
+                                f"batch is a {type(batch).__name__}, not an (x, y) pair.")
+    return (batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 1 else batch), None
+
+
+def _array(value):
+    """``value`` (a numpy array, a tensor of any backend, a list) as a numpy array."""
+    return np.asarray(value)
+
+
+def _check_inputs(model, x, argument):
+    """The inputs of one batch: numbers, finite, and of the shape of the model's (single) input."""
+    inputs = getattr(model, "inputs", None)
+    if isinstance(x, (dict, list, tuple)) or (inputs is not None and len(inputs) != 1):
+        return  # several inputs: Keras matches them to the model's itself
+    x = _array(x)
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+        raise _refuse(argument, f"has inputs of dtype {x.dtype}; {_name(model)} takes numbers.")
+    if inputs is not None:
+        expected = tuple(inputs[0].shape)
+        if not _fits(x.shape, expected):
+            raise _refuse(argument, _shape_problem(x.shape, expected, model))
+    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+        raise _refuse(argument, "has NaN or infinite inputs in its first batch.")
+
+
+def _name(model):
+    """``model 'name'``, as messages call the user's model."""
+    return f"model {model.name!r}"
+
+
+def _example(shape):
+    """One example's shape of a batch ``shape``, open sizes written as ``any``."""
+    return "(" + ", ".join("any" if d is None else str(d) for d in shape[1:]) + (
+        ",)" if len(shape) == 2 else ")")
+
+
+def _fits(given, expected):
+    """Whether a batch of shape ``given`` fits an input of shape ``expected`` (batch first)."""
+    return len(given) == len(expected) and all(
+        e is None or e == g for e, g in zip(expected[1:], given[1:]))
+
+
+def _shape_problem(given, expected, model):
+    """What is wrong with inputs of shape ``given`` for ``model``'s input of shape ``expected``."""
+    takes = f"{_name(model)} takes inputs of shape {expected}"
+    if _fits((None, *given), expected):  # single examples: ``dataset.batch(n)`` left out
+        return (f"gives single examples of shape {tuple(given)}, not batches of them ({takes}): "
+                "batch them, e.g. dataset.batch(32).")
+    return (f"has inputs of shape {tuple(given)} (a batch of {_example(given)}); {takes}: "
+            f"every example must be {_example(expected)}.")
+
+
+def _check_lengths(x, y, argument):
+    """Inputs and labels of one batch hold as many examples."""
+    if isinstance(x, (dict, list, tuple)):
+        return
+    n, m = len(_array(x)), len(_array(y))
+    if n != m:
+        raise _refuse(argument, f"has {n} inputs but {m} labels in its first batch; each input "
+                                "needs its label.")
+
+
+def _output_shape(model, x, argument):
+    """The shape of the model's single output (batch first), or None (several, or unknown)."""
+    outputs = getattr(model, "outputs", None)
+    if outputs is not None:
+        return tuple(outputs[0].shape) if len(outputs) == 1 else None
+    if isinstance(x, (dict, list, tuple)):
+        return None
+    try:  # a subclassed model: its output shape is known only by running it
+        out = model(_array(x)[:1], training=False)
+    except Exception as err:  # noqa: BLE001 - whatever fails, it fails on the user's inputs
+        raise _refuse(argument, f"has inputs of shape {tuple(_array(x).shape)} that "
+                                f"{_name(model)} cannot run on: {err}") from err
+    return None if isinstance(out, (dict, list, tuple)) else (None, *np.shape(out)[1:])
+
+
+def _check_labels(model, x, y, argument, classes):
+    """The labels of one batch (every label of arrays): numbers, finite, and, for ``classes``,
+    class indices within the model's output width or one-hot rows of that width.
+
+    Returns:
+        ``"sparse"``, ``"one-hot"``, or None where the classes are not checked.
+    """
+    if isinstance(y, (dict, list, tuple)):
+        return None
+    y = _array(y)
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise _refuse(argument, f"has labels of dtype {y.dtype}; give numbers: "
+                                "class indices (integers) or one-hot rows.")
+    if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
+        raise _refuse(argument, "has NaN or infinite labels in its first batch.")
+    shape = _output_shape(model, x, argument) if classes else None
+    if shape is None or shape[-1] is None or shape[-1] < 2:
+        return None
+    width = shape[-1]
+    if y.ndim == len(shape) and y.shape[-1] == width:
+        if np.any(y < 0):
+            raise _refuse(argument, f"has one-hot labels with negative entries (width {width}).")
+        return "one-hot"
+    if y.ndim == len(shape) - 1 or (y.ndim == len(shape) and y.shape[-1] == 1):
+        if np.any(y != np.round(y)) or np.any(y < 0) or np.any(y >= width):
+            bad = y[(y != np.round(y)) | (y < 0) | (y >= width)].ravel()[0]
+            raise _refuse(argument, f"has label {bad.item()!r}; {_name(model)} has {width} "
+                                    f"outputs, so labels are class indices 0 to {width - 1} "
+                                    f"(integers) or one-hot rows of width {width}.")
+        return "sparse"
+    raise _refuse(argument, f"has labels of shape {tuple(y.shape)} for outputs of shape {shape} "
+                            f"of {_name(model)}: give class indices (shape {shape[:-1]}) or "
+                            f"one-hot rows of width {width}.")
