@@ -244,6 +244,21 @@ def shown(command, checkout):
     return " ".join(["python", os.path.relpath(command[1], checkout), *command[2:]])
 
 
+def relativize(run_dir, code_dir):
+    """Rewrites the absolute paths left in a finished run's ``results.json`` and ``train.log``
+    relative to this repository: code older than issue 44 records its script as the pinned
+    worktree's absolute path, and a traceback names the files of ``code_dir``, this repository, the
+    folders beside it and the interpreter's (``<python>``)."""
+    prefixes = ((code_dir, ""), (REPO, ""), (REPO.parent, "../"), (Path(sys.prefix), "<python>/"))
+    for name in ("results.json", "train.log"):
+        path = run_dir / name
+        if path.exists():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for prefix, relative in prefixes:
+                text = text.replace(f"{Path(prefix).resolve()}{os.sep}", relative)
+            path.write_text(text, encoding="utf-8")
+
+
 def kept_runs(grids):
     """The ids of the runs whose ``final_model.keras`` is committed: those of the ``grids`` (paths)
     that say ``"keep_model": true``, the trained models that other runs start from (``init_model``).
@@ -382,6 +397,7 @@ def main(argv=None):
         if code != 0:
             print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
             continue
+        relativize(run_dir, code_dir)
         if args.commit:
             _commit(run_dir, keep_model=name in kept)
     return 0

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -473,6 +474,27 @@ def test_only_keep_model_grids_commit_their_models(repo, tmp_path):
     files = {path for ref in ("HEAD", "HEAD~1") for path in _committed(repo, ref)[1]}
     assert "experiments/runs/resnet20-baseline-ep1-s0/final_model.keras" in files
     assert not any(path.endswith("final_model.keras") and "synflow" in path for path in files)
+
+
+def test_relativize_leaves_no_path_of_the_machine_in_a_runs_records(tmp_path, monkeypatch):
+    """Code pinned before issue 44 records its script by the worktree's absolute path; a traceback
+    names files of the code, the repository and the interpreter: all written relative."""
+    base = tmp_path.resolve()
+    monkeypatch.setattr(run, "REPO", base / "main")
+    code, python = base / "main-code-0123abc", Path(sys.prefix).resolve()
+    run_dir = base / "main" / "experiments" / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({"command": (
+        f"python {code}/examples/train_cifar.py --model_dir={run_dir} --data_dir={base}/shared/tfds"),
+        "final_accuracy": 0.5}, indent=1))
+    (run_dir / "train.log").write_text(f'$ python x\n  File "{code}/keras_precrop/a.py", line 1\n'
+                                       f'  File "{python}/lib/json/decoder.py", line 2\n')
+    run.relativize(run_dir, code)
+    assert json.loads((run_dir / "results.json").read_text()) == {"command": (
+        "python examples/train_cifar.py --model_dir=experiments/runs/r --data_dir=../shared/tfds"),
+        "final_accuracy": 0.5}
+    assert (run_dir / "train.log").read_text() == ('$ python x\n  File "keras_precrop/a.py", line 1\n'
+                                                   '  File "<python>/lib/json/decoder.py", line 2\n')
 
 
 def test_driver_refuses_code_that_is_no_commit(repo, tmp_path):
