@@ -324,7 +324,8 @@ def _keep_options(train_ds, batch_size):
         return {}
     importance = FLAGS.importance or "l1"
     taylor = train_ds.take(math.ceil(TAYLOR_EXAMPLES / batch_size)) if importance == "taylor" else None
-    return dict(weights="keep", importance=importance, data=taylor, seed=FLAGS.seed)
+    seed = FLAGS.seed if importance == "random" else None  # nothing else of a kept model is drawn
+    return dict(weights="keep", importance=importance, data=taylor, seed=seed)
 
 
 def _student_builder(reference, train_ds, num_classes, batch_size):

@@ -23,61 +23,110 @@ The wings below this API: ``graph`` (channels, handlers, walk, rebuild),
 latency models), ``transfer`` (kept weights), ``pai`` and ``training``;
 ``planning`` orchestrates them.
 
-The core needs only Keras, NumPy and SciPy: ``pai``, ``data`` and ``train`` are
-imported on first use (``kp.pai``, ``from keras_precrop import data``).
-Importing the package registers its Keras-serializable objects
-(``ChannelSlice``, ``PrefixAdd``, ``PrunedBackbone``, ``MaskConstraint``, ``SGDWithL2``), so
-``keras.models.load_model`` reads rebuilt models, masked models and training
-checkpoints.
+``import keras_precrop`` is light: it imports neither Keras nor TensorFlow,
+so that the ``keras-precrop`` command answers ``--help`` and argument errors
+at once. Each public name is imported on first use (PEP 562). The core needs
+only Keras, NumPy and SciPy; ``data`` and ``train`` need TensorFlow for some
+of their work.
+
+The package's Keras-serializable classes (``ChannelSlice``, ``PrefixAdd``,
+``PrunedBackbone``, ``MaskConstraint``, ``SGDWithL2``) are registered with
+Keras as soon as both are imported, in either order, so after ``import
+keras_precrop`` ``keras.models.load_model`` reads rebuilt models, masked
+models and training checkpoints.
 """
 
 import importlib
-
-from keras_precrop import _startup
-
-_startup.quiet_command()  # before Keras is imported (see _startup.py)
-
-from keras_precrop import hub, models  # noqa: F401 (hub registers PrunedBackbone)
-from keras_precrop.budget import (
-    ModelProfile,
-    SolveResult,
-    WidthProblem,
-    profile,
-    solve_densities,
-    solve_widths,
-)
-from keras_precrop.comparison import Comparison, compare
-from keras_precrop.errors import (
-    ArgumentError,
-    InfeasibleBudgetError,
-    LatencyModelMismatchError,
-    PlanMismatchError,
-    RebuildMismatchError,
-    UnsupportedLayerError,
-    UnsupportedModelError,
-)
-from keras_precrop.graph import ChannelSlice, Handler, PrefixAdd, WeightSpec, register_handler
-from keras_precrop.latency import LatencyModel, latency_model
-from keras_precrop.planning import Plan, apply_plan, plan, precrop, reconfigure
-from keras_precrop.training import constraints, optimizers  # noqa: F401 (registers serializables)
-from keras_precrop.training.finetune import fine_tune
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
-# Imported on first use: they need TensorFlow (data, train) or are large (pai).
-_LAZY_SUBPACKAGES = {"data": "keras_precrop.training.data", "pai": "keras_precrop.pai",
-                     "train": "keras_precrop.training.train"}
+# Public name -> the module that defines it (a module itself where the two are one).
+_PUBLIC = {
+    **dict.fromkeys(("ModelProfile", "SolveResult", "WidthProblem", "profile", "solve_densities",
+                     "solve_widths"), "keras_precrop.budget"),
+    **dict.fromkeys(("Comparison", "compare"), "keras_precrop.comparison"),
+    **dict.fromkeys(("ArgumentError", "InfeasibleBudgetError", "LatencyModelMismatchError",
+                     "PlanMismatchError", "RebuildMismatchError", "UnsupportedLayerError",
+                     "UnsupportedModelError"), "keras_precrop.errors"),
+    **dict.fromkeys(("ChannelSlice", "Handler", "PrefixAdd", "WeightSpec", "register_handler"),
+                    "keras_precrop.graph"),
+    **dict.fromkeys(("LatencyModel", "latency_model"), "keras_precrop.latency"),
+    **dict.fromkeys(("Plan", "apply_plan", "plan", "precrop", "reconfigure"), "keras_precrop.planning"),
+    "fine_tune": "keras_precrop.training.finetune",
+}
+# Public subpackages, and where they live.
+_SUBPACKAGES = {"data": "keras_precrop.training.data", "hub": "keras_precrop.hub",
+                "models": "keras_precrop.models", "pai": "keras_precrop.pai",
+                "train": "keras_precrop.training.train"}
+# The modules that register Keras-serializable classes when they load.
+_SERIALIZABLE = ("keras_precrop.graph.layers", "keras_precrop.hub",
+                 "keras_precrop.training.constraints", "keras_precrop.training.optimizers")
+
+
+def _register_serializables():
+    """Import the modules whose classes Keras must know to load what the package saves."""
+    for module in _SERIALIZABLE:
+        importlib.import_module(module)
+
+
+def _importing_package_modules():
+    """Whether one of the package's own modules is part-way through its import."""
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for name, module in list(sys.modules.items())
+               if name.startswith(f"{__name__}."))
+
+
+class _AfterKeras:
+    """A one-shot import hook: registers the serializable classes once Keras has loaded.
+
+    ``import keras_precrop`` does not import Keras; a user who imports Keras
+    afterwards and loads a saved rebuilt model must still find ``PrefixAdd``
+    registered. The hook leaves ``sys.meta_path`` at Keras' import. When
+    Keras is imported by one of the package's own modules part-way through
+    loading, registering then could re-enter that module; the package's next
+    public name registers instead (:func:`__getattr__`).
+    """
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(cls)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                if not _importing_package_modules():
+                    _register_serializables()
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
 def __getattr__(name):
-    """Import the ``data``, ``pai`` and ``train`` subpackages on first use."""
-    if name in _LAZY_SUBPACKAGES:
-        return importlib.import_module(_LAZY_SUBPACKAGES[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """Import a public name, a subpackage or a module of the package on first use."""
+    if name in _PUBLIC or name in _SUBPACKAGES:
+        value = importlib.import_module(_SUBPACKAGES.get(name) or _PUBLIC[name])
+        value = getattr(value, name) if name in _PUBLIC else value
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    if "keras" in sys.modules:  # e.g. Keras was imported by that module (see _AfterKeras)
+        _register_serializables()
+    globals()[name] = value
+    return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBPACKAGES))
+    return sorted(set(globals()) | set(_PUBLIC) | set(_SUBPACKAGES))
 
 
 __all__ = [
@@ -115,3 +164,8 @@ __all__ = [
     "solve_widths",
     "train",
 ]
+
+if "keras" in sys.modules:  # Keras came first: register now, as a library import always did
+    _register_serializables()
+else:
+    sys.meta_path.insert(0, _AfterKeras)

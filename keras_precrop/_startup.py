@@ -3,13 +3,14 @@
 TensorFlow's C++ runtime writes start-up banners to stderr when it is
 imported (oneDNN and CPU-feature notices, preceded by absl's "log messages
 before absl::InitializeLog()" warning), before its logging reads
-``TF_CPP_MIN_LOG_LEVEL``. A command should print only its own output. Both
-``python -m keras_precrop`` and the ``keras-precrop`` console script
-(``keras_precrop.cli:main``) import this package, and with it Keras and its
-TensorFlow backend, before any code of the command runs, so the package calls
-:func:`quiet_command` before it imports Keras: when this process is the
-command it sets TensorFlow's log level and imports Keras with stderr muted. A
-library import is left exactly as Keras makes it.
+``TF_CPP_MIN_LOG_LEVEL``. A command should print only its own output.
+``import keras_precrop`` loads no Keras, so both ``python -m keras_precrop``
+and the ``keras-precrop`` console script (``keras_precrop.cli:main``) parse
+their arguments first (``--help`` and argument errors never load
+TensorFlow); the command then calls :func:`quiet_command` before anything
+imports Keras: when this process is the command it sets TensorFlow's log
+level and imports Keras with stderr muted. A library import, and a test
+calling ``main`` in-process, are left exactly as Keras makes them.
 
 This module imports nothing heavy.
 """
@@ -36,16 +37,16 @@ def is_command(argv, orig_argv):
     """Whether a process with these ``sys.argv``/``sys.orig_argv`` runs the command.
 
     The console script's ``argv[0]`` is the script (``keras-precrop``, or
-    ``keras-precrop.exe`` / ``keras-precrop-script.py`` on Windows). While
-    ``python -m`` imports the package of the module it runs, ``argv[0]`` is
-    ``"-m"`` and the module is on the original command line.
+    ``keras-precrop.exe`` / ``keras-precrop-script.py`` on Windows). Under
+    ``python -m`` the module run is on the original command line (``argv[0]``
+    is ``"-m"`` while its package is imported, then the module's file).
     """
     if not argv:
         return False
     script = re.split(r"[/\\]", argv[0])[-1]  # a POSIX or a Windows path
     if re.sub(r"(-script\.pyw?|\.exe)$", "", script) == COMMAND:
         return True
-    return argv[0] == "-m" and _module_run(orig_argv).split(".")[0] == __package__
+    return _module_run(orig_argv).split(".")[0] == __package__
 
 
 @contextlib.contextmanager

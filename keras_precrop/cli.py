@@ -5,14 +5,22 @@ Examples::
     keras-precrop profile resnet20
     keras-precrop precrop resnet20 --params 0.3 --out small.keras
     keras-precrop reconfigure efficientnet_b0 --params 0.8 --flops 1.0 --plan plan.json
-    keras-precrop precrop model.keras --apply plan.json --out small.keras
-    keras-precrop precrop trained.keras --params 0.5 --keep_weights --out small.keras
+    keras-precrop precrop trained.keras --apply plan.json --out small.keras
+    keras-precrop precrop trained.keras --params 0.5 --weights fresh --seed 1 --out small.keras
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
 
 Errors are one line naming the flag at fault as the user typed it; a flag that
 would do nothing in its command (a budget next to ``--apply``, a timing flag
 where nothing is timed) is such an error rather than silently ignored.
+
+A model read from a file keeps its trained weights in the model ``--out``
+saves (``--weights keep``, the default there); a zoo model starts fresh.
+
+The parser imports nothing heavy, and ``import keras_precrop`` loads no Keras
+(its names load on first use), so ``--help`` and argument errors answer
+without importing TensorFlow; the command imports Keras once the arguments
+are parsed.
 """
 
 from __future__ import annotations
@@ -21,14 +29,17 @@ import argparse
 import os
 import sys
 
-import keras
-
 import keras_precrop as kp
-from keras_precrop.budget.modes import FLOOR_ON, MODES
-from keras_precrop.comparison import DEFAULT_MODES
-from keras_precrop.errors import NAME_ONLY, spelled
-from keras_precrop.latency.timing import RUNTIMES
-from keras_precrop.transfer import IMPORTANCE
+from keras_precrop import _startup
+
+# The choices the parser offers, spelled here so that --help imports no library module;
+# tests/test_cli.py checks them against the library's own (MODES, FLOOR_ON, ...).
+_MODES = ("exact", "layerwise", "paper", "uniform")
+_FLOOR_ON = ("all", "streams")
+_DEFAULT_MODES = ("exact", "layerwise", "uniform")
+_RUNTIMES = ("tf", "jax", "torch", "torch_compile", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
+# Channel rankings the command line offers: taylor needs training data, which it does not load.
+_IMPORTANCE = ("l1", "l2", "random")
 
 
 def _parser(defaults=True):
@@ -67,7 +78,7 @@ def _parser(defaults=True):
                    "included, side by side")
     _model_args(p, default)
     _budget_args(p, default)
-    p.add_argument("--modes", default=default(",".join(DEFAULT_MODES)),
+    p.add_argument("--modes", default=default(",".join(_DEFAULT_MODES)),
                    help="comma-separated modes to compare (default exact,layerwise,uniform)")
     p.add_argument("--measure", action="store_true",
                    help="also time every plan's model here, interleaved, and show speedups")
@@ -97,7 +108,7 @@ def _timing_args(p, default):
     """How a latency model times variants (``kp.latency_model``'s options)."""
     p.add_argument("--batch_size", type=int, default=default(32),
                    help="examples per timed call (default 32)")
-    p.add_argument("--runtime", choices=RUNTIMES, default=default("tf"),
+    p.add_argument("--runtime", choices=_RUNTIMES, default=default("tf"),
                    help="where to time: the backend's compiled step (tf, default), LiteRT, "
                    "ONNX Runtime, or their int8 quantizations")
     p.add_argument("--training", action="store_true",
@@ -128,7 +139,7 @@ def _budget_args(p, default):
 def _planner_args(p, default):
     """Budgets, the mode and the outputs of ``precrop``/``reconfigure``."""
     _budget_args(p, default)
-    p.add_argument("--mode", choices=("auto", *sorted(MODES)), default=default("auto"),
+    p.add_argument("--mode", choices=("auto", *_MODES), default=default("auto"),
                    help="width translation (default auto: layerwise for reconfigure and for "
                    "a FLOPs budget; exact with the residual streams floored at uniform's widths "
                    "for a latency budget; exact otherwise; uniform: one width factor for all layers)")
@@ -137,18 +148,23 @@ def _planner_args(p, default):
     p.add_argument("--floor", type=float,
                    help="exact mode: no width below this ratio (0-1] of --mode uniform's widths at "
                    "the same budgets, e.g. 1.0")
-    p.add_argument("--floor_on", choices=FLOOR_ON,
+    p.add_argument("--floor_on", choices=_FLOOR_ON,
                    help="which widths --floor holds: all (default) or the residual streams alone")
-    p.add_argument("--out", help="save the rebuilt model here (.keras)")
+    p.add_argument("--out", help="save the rebuilt model here (a .keras file)")
     p.add_argument("--plan", help="write the plan as JSON here")
     p.add_argument("--apply", help="apply this plan JSON instead of solving")
-    p.add_argument("--keep_weights", action="store_true",
-                   help="MODEL.keras is trained: the model --out saves keeps each width's most "
-                   "important channels with their weights, to fine-tune (default: fresh weights)")
-    p.add_argument("--importance", choices=IMPORTANCE,
-                   help="--keep_weights: how channels are ranked (default l1; random: the control; "
-                   "taylor needs training data, which only the Python API takes)")
-    p.add_argument("--seed", type=int, default=default(0), help="seed of --importance random")
+    p.add_argument("--weights", choices=("keep", "fresh"),
+                   help="the weights of the model --out saves: keep (the default for a MODEL.keras "
+                   "file: each width keeps its most important channels with their trained weights, "
+                   "to fine-tune) or fresh (the default for a zoo model: newly initialized, as "
+                   "PreCrop prescribes)")
+    p.add_argument("--importance", choices=_IMPORTANCE,
+                   help="--weights keep: how channels are ranked (default l1; random: the control). "
+                   "Taylor importance needs training data, which only the Python API takes: "
+                   "kp.precrop(model, ..., weights='keep', importance='taylor', data=(x, y))")
+    p.add_argument("--seed", type=int,
+                   help="an integer fixes the new model's fresh weights and --importance random "
+                   "(default: drawn anew each run)")
     _all_arg(p, "unchanged ones")
 
 
@@ -169,6 +185,8 @@ def _is_file(model):
 
 def _load_model(args):
     if _is_file(args.model):
+        import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
         return keras.models.load_model(args.model, compile=False)
     shape = None
     if args.input_shape:
@@ -212,28 +230,38 @@ def _no_effect(args):
 
 def _keep_effect(args):
     """The ``_no_effect`` rules of the weight flags of ``precrop``/``reconfigure``."""
-    if not args.keep_weights:
-        return [(("importance", "seed"), "without --keep_weights: the model starts from fresh "
-                 "weights")]
-    rules = [] if args.out else [(("keep_weights",), "without --out: the plan is the same, only "
-                                  "the saved model keeps weights")]
-    if args.importance != "random":
-        rules.append((("seed",), "without --importance random: nothing is drawn at random"))
-    return rules
+    if not args.out:
+        return [(("weights", "importance", "seed"), "without --out: the plan is the same, only the "
+                 "saved model has weights")]
+    if _weights(args) == "keep":
+        return []  # a seed that seeds nothing is the library's to refuse: it knows the plan
+    why = ("with --weights fresh" if args.weights else
+           f"on zoo model {args.model}, whose weights are fresh anyway")
+    return [(("importance",), f"{why}: no channel keeps a trained weight")]
 
 
-def _keep(args, model):
-    """``apply_plan``'s weight options from ``--keep_weights`` and ``--importance`` (``{}``: fresh)."""
-    if not args.keep_weights:
-        return {}
+def _weights(args):
+    """``--weights`` as typed, or its default: keep a saved model's weights, start a zoo model fresh."""
+    return args.weights or ("keep" if _is_file(args.model) else "fresh")
+
+
+def _weight_options(args):
+    """``apply_plan``'s weight options (``weights``, ``importance``, ``seed``) from the flags."""
+    if _weights(args) == "fresh":
+        return dict(seed=args.seed)
     if not _is_file(args.model):
-        raise ValueError(f"--keep_weights keeps a trained model's weights, and {args.model} is a zoo "
+        raise ValueError(f"--weights keep keeps a trained model's weights, and {args.model} is a zoo "
                          "model with fresh ones; give a trained .keras file.")
-    if args.importance == "taylor":
-        raise ValueError("--importance taylor ranks channels by gradients on training data, which the "
-                         "command line does not load; use l1, l2 or random here, or in Python "
-                         "kp.precrop(model, ..., weights='keep', importance='taylor', data=(x, y)).")
     return dict(weights="keep", importance=args.importance or "l1", seed=args.seed)
+
+
+def _check_out(args):
+    """Refuse an ``--out`` that would save a model Keras cannot load back."""
+    out = getattr(args, "out", None)
+    if out and not out.endswith(".keras"):
+        raise ValueError(f"--out {out}: a rebuilt model is saved as a .keras file (Keras' legacy "
+                         ".h5 format cannot load its ChannelSlice and PrefixAdd layers); use e.g. "
+                         f"--out {os.path.splitext(out)[0]}.keras.")
 
 
 def _refuse_unused(args):
@@ -295,6 +323,7 @@ def _run(args):
         return
     args.model = _model_name(args)
     _refuse_unused(args)
+    _check_out(args)
     model = _load_model(args)
     {"latency": _run_latency, "profile": _run_profile, "compare": _run_compare}.get(
         args.command, _run_planner)(args, model)
@@ -344,22 +373,44 @@ def _run_compare(args, model):
 
 
 def _run_planner(args, model):
-    keep = _keep(args, model)  # before the solve: a refusal prints nothing else
+    """Solve (or read) the plan, build its model, then print and save: a refusal prints nothing.
+
+    A plan given with ``--apply`` is always built on the model, so that one
+    made for another model is refused before its table is printed.
+    """
+    options = _weight_options(args) if args.out else {}
     if args.apply:
         the_plan = _read(kp.Plan, "apply", args)
         _check_against_plan(args, the_plan)
     else:
         the_plan = kp.plan(model, args.params, args.flops, mode=args.mode, balance=args.balance,
                            floor=args.floor, floor_on=args.floor_on, **_solve_options(args))
+    new = _applied(args, model, the_plan, options) if args.out or args.apply else None
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     if args.plan:
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")
     if args.out:
-        new = kp.apply_plan(model, the_plan, **keep)
         new.save(args.out)
-        kept = f"; trained weights of the channels {keep['importance']} ranks first" if keep else ""
-        print(f"Model written to {args.out} ({new.count_params():,} params{kept})")
+        print(f"Model written to {args.out} ({new.count_params():,} params; {_which(options)})")
+
+
+def _applied(args, model, the_plan, options):
+    """``apply_plan`` of the plan; a plan of ``--apply`` that does not fit the model names the flag."""
+    try:
+        return kp.apply_plan(model, the_plan, **options)
+    except kp.PlanMismatchError as err:
+        if not args.apply or err.arguments:
+            raise
+        raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
+
+
+def _which(options):
+    """The weights the saved model starts from, in words."""
+    seeded = "" if options.get("seed") is None else f", --seed {options['seed']}"
+    if options.get("weights") == "keep":
+        return f"weights kept: the trained channels {options['importance']} ranks first{seeded}"
+    return f"fresh weights{seeded}"
 
 
 # The subcommands that plan widths, and their help.
@@ -373,10 +424,11 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "floor", "floor_on", "round_to",
           "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate",
-          "importance", "seed", *_TIMING)
+          "weights", "importance", "seed", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore and --residual are checked against the plan instead.)
-_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "importance", "seed"))
+_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "weights", "importance",
+                                                 "seed"))
 # The command that fits a latency model, as error messages advise it.
 _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 # Options that name a JSON file the command reads: what it holds, and how to get one.
@@ -389,6 +441,8 @@ def _flag(keyword, value):
     A switch (True) and an empty value show the flag alone; lists are
     comma-separated; argparse made 0 into 0.0, which shows as 0.
     """
+    from keras_precrop.errors import NAME_ONLY  # noqa: PLC0415  (NumPy: not for --help)
+
     if isinstance(value, (list, tuple)):
         text = ",".join(map(str, value))
     elif isinstance(value, float) and value.is_integer():
@@ -412,7 +466,7 @@ def _error_line(err, args):
                 return f"{_flag(keyword, value)}: {err.strerror}"
     if isinstance(err, kp.ArgumentError):  # its arguments that are flags here show as typed
         return err.format(lambda name, value: _flag(name, value) if name in vars(args)
-                          else spelled(name, value), front="cli")
+                          else kp.errors.spelled(name, value), front="cli")
     return str(err)
 
 
@@ -424,11 +478,13 @@ def _typed(argv):
 def main(argv=None):
     """Entry point of ``keras-precrop`` and ``python -m keras_precrop``.
 
-    Both import the package first, which keeps TensorFlow's start-up banners
-    off stderr (see ``keras_precrop/_startup.py``).
+    The arguments are parsed before anything imports Keras (``--help`` and
+    argument errors answer at once); then Keras is imported without
+    TensorFlow's start-up banners (see ``keras_precrop/_startup.py``).
     """
     args = _parser().parse_args(argv)
     args.typed = _typed(argv)
+    _startup.quiet_command()
     try:
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:

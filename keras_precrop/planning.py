@@ -21,6 +21,7 @@ import dataclasses
 import importlib
 import math
 import os
+import random
 
 import keras
 import numpy as np
@@ -38,7 +39,7 @@ from keras_precrop.errors import (
     RebuildMismatchError,
     UnsupportedModelError,
 )
-from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs, is_functional
 from keras_precrop.graph.walker import walk
 from keras_precrop.training._user_data import check_data
@@ -501,7 +502,7 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
     )
 
 
-def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
     """Build a copy of ``model`` with the plan's widths: freshly initialized, or with its weights.
 
     Call it inside ``strategy.scope()`` to create the pruned model's variables
@@ -530,7 +531,14 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
         data: for ``importance="taylor"``: an ``(x, y)`` batch or an
             iterable of them (integer labels or one-hot; the model's outputs
             are taken as logits).
-        seed: the seed of ``importance="random"``.
+        seed: ``None`` (default): the fresh weights and ``importance="random"``
+            draw from Keras' global random state (``keras.utils.set_random_seed``
+            fixes it). An integer >= 0 fixes both (each layer's initializers and
+            random layers get seeds derived from it and the layer's position)
+            and leaves the global state untouched: the same seed gives the same
+            model. Refused (``ArgumentError``) where it would seed nothing:
+            kept weights ranked by ``"l1"``, ``"l2"`` or ``"taylor"``, with no
+            channel gained and no random layer (``Dropout``, noise).
     """
     importance = _transfer.check_options(weights, importance, data)
     if importance == "taylor":  # the data fits the model, before any work on it
@@ -558,7 +566,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
             raise PlanMismatchError(
                 f"Plan for {plan.model_name!r} gives width variable {name!r} {w!r} channels; "
                 "a width must be a positive integer (was the plan edited by hand?).")
-    new = rebuild(graph, widths)
+    _check_seed_use(seed, importance, graph, widths)
+    new = rebuild(graph, widths, seed=seed)
     mismatch = _verify.first_mismatch(new, graph, widths, plan)
     if mismatch is not None:
         raise RebuildMismatchError(
@@ -566,13 +575,25 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=0):
             f"disagrees with the plan: {mismatch}.")
     if importance:
         gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
-        _transfer.carry_weights(graph, new, widths, importance, gradients, seed)
+        _transfer.carry_weights(graph, new, widths, importance, gradients,
+                                random.randrange(2**31) if seed is None else seed)
     if defined is not model:  # back to the model's own, undefined spatial size
         clone = _with_inputs(new, input_specs(model))
         if importance:  # a clone has new layers: carry the weights once more
             clone.set_weights(new.get_weights())
         new = clone
     return new
+
+
+def _check_seed_use(seed, importance, graph, widths):
+    """Refuse a ``seed`` that would seed nothing in ``apply_plan`` (see its docstring)."""
+    if check_seed(seed) is None or importance in (None, "random"):
+        return
+    if any(w > v.width for w, v in zip(widths, graph.variables)) or random_layers(graph):
+        return
+    raise ArgumentError("{seed} seeds nothing here: with {weights:keep} every weight comes from the "
+                        "model, {importance} ranks channels without chance, and no layer draws at "
+                        "random; leave {seed:=} out.", seed=seed, importance=importance)
 
 
 def _taylor_gradients(model, defined, data):
@@ -595,7 +616,7 @@ def _loss(gradients, model, x, y):
     return lambda: gradients.loss_value(model, None, x, y, training=False)
 
 
-def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=0,
+def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=None,
             **options):
     """PreCrop: a smaller, freshly initialized model meeting the budgets.
 
@@ -609,15 +630,20 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
             ``max_params``, ``max_macs``, ``mode``, ``round_to``,
             ``min_channels``, ``ignore``, ``residual``); e.g.
             ``precrop(model, latency=0.5)`` halves the predicted time.
-        weights, importance, data, seed: ``weights="keep"`` prunes a trained
+        weights, importance, data: ``weights="keep"`` prunes a trained
             model: the channels that survive keep their weights (see
             :func:`apply_plan`).
+        seed: an integer fixes the new model's fresh weights (and
+            ``importance="random"``) without touching Keras' global random
+            state: two calls with the same seed give the same model. Refused
+            where it seeds nothing (see :func:`apply_plan`).
 
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
     if _transfer.check_options(weights, importance, data) == "taylor":  # before the solve
         data = check_data(model, data, "data").data
+    check_seed(seed)
     options.setdefault("upper", 1.0)
     the_plan = plan(model, params, flops, **options)
     new = apply_plan(model, the_plan, weights, importance, data, seed)

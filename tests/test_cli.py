@@ -6,6 +6,7 @@ import shutil
 import subprocess
 
 import keras
+import numpy as np
 import pytest
 
 import keras_precrop as kp
@@ -349,14 +350,15 @@ def trained(tmp_path_factory):
 
 @pytest.mark.parametrize("flags, options", [
     ([], dict(importance="l1")),
-    (["--importance", "l2"], dict(importance="l2")),
+    (["--weights", "keep", "--importance", "l2"], dict(importance="l2")),
     (["--importance", "random", "--seed", "3"], dict(importance="random", seed=3)),
 ])
-def test_keep_weights_saves_the_library_s_model_with_the_trained_channels(flags, options, trained,
-                                                                           tmp_path, capsys):
+def test_a_saved_model_keeps_its_trained_weights_by_default(flags, options, trained, tmp_path,
+                                                            capsys):
     out = tmp_path / "small.keras"
-    assert main(["precrop", trained, "--params", "0.5", "--keep_weights", *flags, "--out", str(out)]) == 0
-    assert f"trained weights of the channels {options['importance']} ranks first" in capsys.readouterr().out
+    assert main(["precrop", trained, "--params", "0.5", *flags, "--out", str(out)]) == 0
+    assert (f"weights kept: the trained channels {options['importance']} ranks first"
+            in capsys.readouterr().out)
     model = keras.models.load_model(trained, compile=False)
     expected = kp.precrop(model, params=0.5, weights="keep", **options)
     small = keras.models.load_model(out, compile=False)
@@ -367,10 +369,29 @@ def test_keep_weights_saves_the_library_s_model_with_the_trained_channels(flags,
     assert not all((a == b).all() for a, b in zip(small.get_weights(), fresh.get_weights()))
 
 
-def test_keep_weights_applies_a_plan_too(trained, tmp_path, capsys):
+def test_weights_fresh_starts_a_saved_model_over_and_seed_fixes_it(trained, tmp_path, capsys):
+    out = tmp_path / "fresh.keras"
+    assert main(["precrop", trained, "--params", "0.5", "--weights", "fresh", "--seed", "4",
+                 "--out", str(out)]) == 0
+    assert "params; fresh weights, --seed 4)" in capsys.readouterr().out
+    model = keras.models.load_model(trained, compile=False)
+    expected = kp.precrop(model, params=0.5, seed=4)
+    for got, want in zip(keras.models.load_model(out, compile=False).get_weights(),
+                         expected.get_weights()):
+        assert (got == want).all()
+    # A zoo model starts fresh without being told.
+    zoo = tmp_path / "zoo.keras"
+    assert main(["precrop", "resnet20", "--params", "0.5", "--seed", "4", "--out", str(zoo)]) == 0
+    assert "params; fresh weights, --seed 4)" in capsys.readouterr().out
+    for got, want in zip(keras.models.load_model(zoo).get_weights(),
+                         kp.precrop(kp.models.get("resnet20"), params=0.5, seed=4).get_weights()):
+        assert (got == want).all()
+
+
+def test_weights_are_kept_when_a_plan_is_applied_too(trained, tmp_path, capsys):
     plan, out = str(tmp_path / "plan.json"), tmp_path / "small.keras"
     assert main(["precrop", trained, "--flops", "0.5", "--plan", plan]) == 0
-    assert main(["precrop", trained, "--apply", plan, "--keep_weights", "--out", str(out)]) == 0
+    assert main(["precrop", trained, "--apply", plan, "--out", str(out)]) == 0
     capsys.readouterr()
     model = keras.models.load_model(trained, compile=False)
     expected = kp.apply_plan(model, kp.Plan.from_json(plan), weights="keep")
@@ -379,32 +400,66 @@ def test_keep_weights_applies_a_plan_too(trained, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--params", "0.5", "--keep_weights"],
-     "--keep_weights has no effect without --out: the plan is the same, only the saved model keeps "
+    (["--params", "0.5", "--weights", "keep"],
+     "--weights keep has no effect without --out: the plan is the same, only the saved model has "
      "weights."),
-    (["--params", "0.5", "--importance", "l2", "--out", "OUT"],
-     "--importance l2 has no effect without --keep_weights: the model starts from fresh weights."),
-    (["--params", "0.5", "--keep_weights", "--seed", "3", "--out", "OUT"],
-     "--seed 3 has no effect without --importance random: nothing is drawn at random."),
-    (["--params", "0.5", "--keep_weights", "--importance", "taylor", "--out", "OUT"],
-     "--importance taylor ranks channels by gradients on training data, which the command line does "
-     "not load; use l1, l2 or random here, or in Python kp.precrop(model, ..., weights='keep', "
-     "importance='taylor', data=(x, y))."),
+    (["--params", "0.5", "--seed", "1"],
+     "--seed 1 has no effect without --out: the plan is the same, only the saved model has weights."),
+    (["--params", "0.5", "--weights", "fresh", "--importance", "l2", "--out", "OUT"],
+     "--importance l2 has no effect with --weights fresh: no channel keeps a trained weight."),
+    (["--params", "0.5", "--seed", "3", "--out", "OUT"],
+     "--seed 3 seeds nothing here: with --weights keep every weight comes from the model, "
+     "--importance l1 ranks channels without chance, and no layer draws at random; leave --seed out."),
+    (["--params", "0.5", "--out", "SMALL.h5"],
+     "--out SMALL.h5: a rebuilt model is saved as a .keras file (Keras' legacy .h5 format cannot "
+     "load its ChannelSlice and PrefixAdd layers); use e.g. --out SMALL.keras."),
 ])
-def test_keep_weights_flags_are_refused_where_they_would_do_nothing(argv, message, trained, tmp_path,
-                                                                    capsys):
+def test_weight_flags_are_refused_where_they_would_do_nothing(argv, message, trained, tmp_path,
+                                                              capsys):
     out = tmp_path / "small.keras"
-    argv = [str(out) if a == "OUT" else a for a in argv]
-    assert _error_line(["precrop", trained, *argv], capsys) == message
-    assert not out.exists()
+    argv = [str(out) if a == "OUT" else a.replace("SMALL", str(tmp_path / "small")) for a in argv]
+    assert _error_line(["precrop", trained, *argv], capsys) == message.replace(
+        "SMALL", str(tmp_path / "small"))
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_keep_weights_needs_a_trained_model_file(tmp_path, capsys):
+def test_weights_keep_needs_a_trained_model_file(tmp_path, capsys):
     out = tmp_path / "small.keras"
-    assert _error_line(["precrop", "resnet20", "--params", "0.5", "--keep_weights", "--out", str(out)],
-                       capsys) == ("--keep_weights keeps a trained model's weights, and resnet20 is a "
+    assert _error_line(["precrop", "resnet20", "--params", "0.5", "--weights", "keep", "--out", str(out)],
+                       capsys) == ("--weights keep keeps a trained model's weights, and resnet20 is a "
                                    "zoo model with fresh ones; give a trained .keras file.")
+    assert _error_line(["precrop", "resnet20", "--params", "0.5", "--importance", "l2", "--out",
+                        str(out)], capsys) == (
+        "--importance l2 has no effect on zoo model resnet20, whose weights are fresh anyway: no "
+        "channel keeps a trained weight.")
     assert not out.exists()
+
+
+def test_taylor_importance_is_not_offered(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["precrop", "resnet20", "--params", "0.5", "--importance", "taylor"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'taylor' (choose from 'l1', 'l2', 'random')" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["precrop", "--help"])
+    assert "importance='taylor', data=(x, y)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_plan_of_another_model_is_refused_before_anything_is_printed(saved, tmp_path, capsys):
+    err = _error_line(["precrop", "resnet32", "--apply", saved["plan"]], capsys)
+    assert err.startswith(f"--apply {saved['plan']} does not fit resnet32: Plan for 'resnet20' "
+                          "does not fit model 'resnet32'"), err
+
+
+def test_the_parser_offers_the_library_s_own_choices():
+    from keras_precrop.budget.modes import FLOOR_ON, MODES
+    from keras_precrop.comparison import DEFAULT_MODES
+    from keras_precrop.latency.timing import RUNTIMES
+    from keras_precrop.transfer import IMPORTANCE
+
+    assert (set(cli._MODES), cli._FLOOR_ON, cli._DEFAULT_MODES, cli._RUNTIMES) == (
+        set(MODES), FLOOR_ON, DEFAULT_MODES, RUNTIMES)
+    assert set(cli._IMPORTANCE) == set(IMPORTANCE) - {"taylor"}
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -470,6 +525,7 @@ def test_both_command_forms_profile_quietly(tmp_path):
     ([r"C:\env\Scripts\keras-precrop.exe", "list"], [], True),
     (["-m", "list"], ["python", "-m", "keras_precrop", "list"], True),
     (["-m"], ["python", "-W", "ignore", "-mkeras_precrop.cli"], True),
+    (["/env/keras_precrop/__main__.py", "list"], ["python", "-m", "keras_precrop", "list"], True),
     (["-m", "-q"], ["python", "-m", "pytest", "-q"], False),
     (["-c"], ["python", "-c", "import keras_precrop"], False),
     (["train.py"], ["python", "train.py"], False),
@@ -477,3 +533,55 @@ def test_both_command_forms_profile_quietly(tmp_path):
 ])
 def test_only_the_command_is_recognized_as_the_command(argv, orig_argv, expected):
     assert _startup.is_command(argv, orig_argv) is expected
+
+
+# -- a fast start: --help and argument errors import neither TensorFlow nor Keras ---------------
+
+HEAVY = ("tensorflow", "keras", "jax", "torch", "numpy")
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--help"], 0), (["precrop", "--help"], 0), (["compare", "--help"], 0),
+    (["latency", "--help"], 0), (["precrop", "resnet20", "--mode", "bogus"], 2), ([], 2),
+])
+def test_help_and_argument_errors_load_no_heavy_module(argv, code):
+    done = run_python(["-c", (
+        "import json, sys\n"
+        "import keras_precrop.cli as c\n"
+        f"try:\n    c.main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        f"print(json.dumps([code, sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})]),"
+        " file=sys.stderr)\n")])
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == [code, []], done.stderr[-2000:]
+    if code == 0:
+        assert done.stdout.startswith("usage: keras-precrop")
+
+
+def test_the_package_s_names_load_on_use_and_its_layers_register_with_keras_imported_after(tmp_path):
+    """``import keras_precrop`` loads no Keras; Keras imported later still loads its models."""
+    model = kp.precrop(_residual(), params=0.4, seed=0)
+    assert {"ChannelSlice", "PrefixAdd"} <= {type(layer).__name__ for layer in model.layers}
+    model.save(tmp_path / "small.keras")
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    done = run_python(["-c", (
+        "import json, sys\n"
+        "import keras_precrop as kp\n"
+        "light = 'keras' in sys.modules or 'tensorflow' in sys.modules\n"
+        "import keras, numpy as np\n"
+        f"small = keras.models.load_model({str(tmp_path / 'small.keras')!r})\n"
+        f"y = np.asarray(small(np.load({str(tmp_path / 'x.npy')!r}))).tolist()\n"
+        "names = all(getattr(kp, name) is not None for name in kp.__all__)\n"
+        "print(json.dumps([light, y, names, kp.precrop.__module__]))\n")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    light, y, names, module = json.loads(done.stdout.strip().splitlines()[-1])
+    assert light is False and names is True and module == "keras_precrop.planning"
+    np.testing.assert_allclose(y, model(x), rtol=1e-5, atol=1e-6)
+
+
+def _residual():
+    """A small residual CNN whose pruned copy has a ChannelSlice and a PrefixAdd."""
+    x = keras.Input((8, 8, 3))
+    stem = keras.layers.Conv2D(8, 3, padding="same", name="stem")(x)
+    h = keras.layers.Conv2D(8, 3, padding="same", name="a")(keras.layers.ReLU()(stem))
+    h = keras.layers.Conv2D(8, 3, padding="same", name="b")(keras.layers.Add(name="add")([stem, h]))
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h)))
