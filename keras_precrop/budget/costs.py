@@ -280,6 +280,9 @@ class ModelProfile:
     """Per-layer parameters, MACs and width variables of a functional model.
 
     Attributes:
+        graph: the walked model (:class:`~keras_precrop.graph.ModelGraph`), which
+            refers to the model and its trace: a profile keeps them alive until
+            it is dropped (a plan, by contrast, holds plain data alone).
         layers: a :class:`LayerCost` per layer (nested models flattened, names
             joined with ``/``).
         variables: the width variables (:class:`graph.Variable`): channel
@@ -383,7 +386,7 @@ class ModelProfile:
         return json.dumps(self.to_dict(), **kwargs)
 
 
-def refuse_unknown_costs(prof, budgets, arguments):
+def refuse_unknown_costs(prof, named):
     """Refuse budgets that count MACs or time when some layer's MACs are unknown.
 
     An opaque layer whose MACs the backend cannot count (``prof.unknown_macs``:
@@ -393,25 +396,24 @@ def refuse_unknown_costs(prof, budgets, arguments):
 
     Args:
         prof: the model's :class:`ModelProfile`.
-        budgets: ``{row name: budget}`` of the budgets given.
-        arguments: ``{row: (argument name, value)}``: how the user gave each.
+        named: ``{argument: value}`` of the budgets that count MACs or time
+            (``flops``, ``max_macs``, ``latency``), as the user gave them;
+            ``None`` values are budgets not given.
 
     Raises:
         ArgumentError: naming the budgets' arguments and the layers.
     """
-    rows = [row for row in budgets if row != "params"]
-    if not prof.unknown_macs or not rows:
+    named = {name: value for name, value in named.items() if value is not None}
+    if not prof.unknown_macs or not named:
         return
-    named = dict(arguments[row] for row in rows if row in arguments)
-    subject = " and ".join("{" + name + "}" for name in named) or "A MAC or latency budget"
+    subject = " and ".join("{" + name + "}" for name in named)
     layers = ", ".join(repr(path) for path in prof.unknown_macs)
     raise ArgumentError(
         f"{subject} cannot be met on model {prof.model_name!r}: the MACs of layer(s) {layers}, "
         f"kept whole (ignore= or a 'fixed' handler), cannot be counted by the "
         f"{keras.backend.backend()} backend, so the model's MACs are unknown. Give a "
         "parameter budget alone ({params:=} or {max_params:=}), or describe the layer "
-        "with keras_precrop.register_handler(...) so that its MACs are known.",
-        **named)
+        "with keras_precrop.register_handler(...) so that its MACs are known.", **named)
 
 
 def profile(model, *, ignore=(), residual="prefix"):

@@ -80,7 +80,8 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     unknown = sorted(set(budgets) - set(cm.row_names))
     if unknown:
         raise ValueError(f"budgets name rows {unknown}; the cost model has {list(cm.row_names)}")
-    refuse_unknown_costs(prof, budgets, arguments or {})
+    refuse_unknown_costs(prof, dict((arguments or {}).get(row, (row, budget))
+                                    for row, budget in budgets.items() if row != "params"))
     vector = np.array([budgets.get(row, np.inf) for row in cm.row_names], dtype=np.float64)
     info = {}
     if mode == "auto":
