@@ -44,6 +44,7 @@ import os
 import statistics
 import time
 
+import keras
 import numpy as np
 from scipy import optimize
 
@@ -191,8 +192,11 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         batch_size: examples per timed call (the latency is per batch).
         runtime: where to time (:data:`~keras_precrop.latency.timing.RUNTIMES`):
             ``"tf"`` (the backend's compiled step: a ``tf.function``, ``jax.jit``
-            or eager torch), ``"litert"`` (LiteRT interpreter; ``"tflite"``,
-            its old name, too) or ``"onnx"`` (ONNX Runtime on Keras' ONNX export).
+            or eager torch), ``"torch_compile"`` (``torch.compile`` of the torch
+            module), ``"litert"`` (LiteRT interpreter; ``"tflite"``, its old
+            name, too) or ``"onnx"`` (ONNX Runtime on Keras' ONNX export).
+            The latency model records the device this runs on here
+            (:meth:`LatencyModel.device`), and plans refuse it on another kind.
         training: time a training step (forward, backward, SGD update)
             instead of inference.
         variants: number of models timed in the first round, the original
@@ -214,7 +218,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         verbose: 1 prints progress (which variant is being prepared, timing
             rounds, the fit's error), 0 is silent.
         timer: replaces the clock: ``timer({label: keras.Model}) -> {label:
-            seconds per call}`` (e.g. for tests or another device).
+            seconds per call}`` (e.g. for tests or another device); the
+            latency model's device is then unknown (None).
         planner: makes the refinement rounds' plans:
             ``planner(profile, cost_model, {"latency": seconds}) -> widths``,
             the cost model carrying the preliminary fit's latency row;
@@ -229,10 +234,11 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     start = time.perf_counter()
     _timing.input_shape(model)
     graph = _graph.walk(model, ignore=ignore, residual=residual)
-    measure = timer or _timing.timer_of(batch_size, runtime, training, rounds, log)
+    device = None if timer else _timing.device_of(runtime)
+    measure = timer or _timing.timer_of(batch_size, runtime, training, rounds, log, device)
     fitter = _Fitter(model, graph, measure, blocks, log,
                      dict(batch_size=int(batch_size), runtime=runtime, training=bool(training),
-                          residual=residual, ignore=list(ignore)))
+                          residual=residual, ignore=list(ignore), **_timed_on(model, device)))
     fitter.time_variants(variants, scale_range, seed, holdout)
     for k in range(1, refine_rounds + 1 if refine else 1):
         if not fitter.refine(k, refine, planner or solve_plan):
@@ -245,6 +251,16 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         f"{result.error['median']:.1%}, worst {result.error['worst']:.1%}{plans_text} "
         f"(block {result.block})")
     return result
+
+
+def _timed_on(model, device):
+    """The :class:`LatencyModel` fields that say where ``model`` is timed (``device``; None:
+    by a custom timer, somewhere unknown)."""
+    known = device is not None
+    return dict(backend=keras.backend.backend() if known else None,
+                device_kind=device.kind if known else None,
+                device_name=device.name if known else None,
+                precision=model.dtype_policy.name)
 
 
 def _check_fit_options(batch_size, runtime, training, variants, rounds, holdout, scale_range,

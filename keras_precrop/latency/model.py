@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import warnings
 
 import keras
 import numpy as np
 
 from keras_precrop import _json, _tables
 from keras_precrop.budget import costs as _costs
-from keras_precrop.errors import LatencyModelMismatchError
+from keras_precrop.errors import InfeasibleBudgetError, LatencyModelMismatchError
 from keras_precrop.graph import walker as _graph
+from keras_precrop.latency import timing as _timing
 from keras_precrop.latency.features import Features, signature
 
 ROW = _costs.LATENCY_ROW  # the budget row's name in plans and cost models
 _FORMAT = 2  # version of the JSON layout (2: per-column blocks, "out:ReLU@16")
 _FIT_REMEDY = {"python": "kp.latency_model(model)",
                "cli": "`keras-precrop latency MODEL --json FILE`"}
+
+
+@contextlib.contextmanager
+def floor_said(lm):
+    """Raises a plan's :class:`InfeasibleBudgetError` with ``lm``'s latency floor said plainly
+    (:meth:`LatencyModel.unreachable`); with ``lm`` None, as it is."""
+    try:
+        yield
+    except InfeasibleBudgetError as err:
+        if lm is None:
+            raise
+        raise lm.unreachable(err) from None
 
 
 @dataclasses.dataclass
@@ -44,6 +60,12 @@ class LatencyModel(_json.JsonDataclass):
         template: the fitted model's width variables and feature terms, so
             :meth:`predict` works from JSON alone.
         fit_seconds: wall time of the whole measurement and fit.
+        backend, device_kind, device_name, precision: where it was timed:
+            the Keras backend, the device's kind (``"cpu"``, ``"gpu"``,
+            ``"tpu"``) and name (``"NVIDIA H200"``, the CPU's model) and the
+            model's dtype policy (``"float32"``, ``"mixed_float16"``); None
+            where unknown (a custom ``timer``, files written before they were
+            recorded).
     """
 
     model_name: str
@@ -62,6 +84,10 @@ class LatencyModel(_json.JsonDataclass):
     variants: list
     template: dict
     fit_seconds: float
+    backend: str | None = None
+    device_kind: str | None = None
+    device_name: str | None = None
+    precision: str | None = None
     format: int = _FORMAT
 
     @property
@@ -73,17 +99,27 @@ class LatencyModel(_json.JsonDataclass):
         """A short JSON-ready summary (what plans record)."""
         return {"model_name": self.model_name, "signature": self.signature,
                 "batch_size": self.batch_size, "runtime": self.runtime,
-                "training": self.training, "block": self.block,
+                "training": self.training, "block": self.block, "backend": self.backend,
+                "device_kind": self.device_kind, "device_name": self.device_name,
+                "precision": self.precision,
                 "error": {k: self.error[k] for k in ("median", "worst")},
                 "units": "seconds per batch"}
 
-    def check(self, graph, subject="latency_model", **argument):
-        """Raise :class:`LatencyModelMismatchError` unless ``graph`` is this architecture.
+    def check(self, graph, subject="latency_model", here=None, **argument):
+        """Raise :class:`LatencyModelMismatchError` unless ``graph`` is this architecture and
+        ``here`` is the kind of device it was timed on.
+
+        A latency model of another device kind is refused (a CPU's time goes
+        into work per channel, a GPU's into per-layer launches: a plan for one
+        is not one for the other); another chip of the same kind warns.
 
         Args:
             graph: the walked model it is used for.
             subject: how the message names this latency model, e.g.
                 ``"{latency_model}"`` with ``latency_model="fit.json"``.
+            here: the :class:`~keras_precrop.latency.timing.Device` it is used
+                on; None skips the device check (a prediction for the device
+                it was fitted on).
             **argument: the argument a ``{...}`` subject names, with its value.
         """
         found = signature(graph)
@@ -92,6 +128,27 @@ class LatencyModel(_json.JsonDataclass):
                 f"{subject} was fitted on model {self.model_name!r} (layer signature "
                 f"{self.signature}), not on model {graph.model.name!r} (signature {found}); "
                 "fit one for this model with {remedy}.", remedy=_FIT_REMEDY, **argument)
+        if here is None or self.device_kind is None:
+            return
+        message = (f"{subject} was timed on {self.device()}, and this process computes on "
+                   f"{here.kind} {here.name!r}")
+        if here.kind != self.device_kind:
+            raise LatencyModelMismatchError(
+                f"{message}: times do not carry over between kinds of device (a CPU's go into "
+                "work per channel, a GPU's into per-layer launches); fit one here with "
+                "{remedy}.", remedy=_FIT_REMEDY, **argument)
+        if here.name != self.device_name:
+            warnings.warn(str(LatencyModelMismatchError(
+                f"{message}: its times may be off here; fit one here with {{remedy}}.",
+                remedy=_FIT_REMEDY, **argument)), stacklevel=3)
+
+    def device(self):
+        """Where it was timed, in words (``gpu 'NVIDIA H200' (jax, runtime 'tf', batch 32,
+        float32)``), or that this is unknown."""
+        if self.device_kind is None:
+            return "an unrecorded device (a custom timer, or a file from before devices were kept)"
+        return (f"{self.device_kind} {self.device_name!r} ({self.backend}, runtime "
+                f"{self.runtime!r}, batch {self.batch_size}, {self.precision})")
 
     def _features(self, graph):
         return Features.of(graph, self.columns)
@@ -99,10 +156,12 @@ class LatencyModel(_json.JsonDataclass):
     def cost_row(self, graph, subject="latency_model", **argument):
         """The predicted time as a :class:`~keras_precrop.budget.costs.CostRow` over ``graph``'s widths.
 
-        ``subject`` and ``argument`` name this latency model in a mismatch
-        error, as in :meth:`check`.
+        What plans are made with, so it refuses another architecture and
+        another kind of device than this one (:meth:`check`); ``subject`` and
+        ``argument`` name this latency model in the error.
         """
-        self.check(graph, subject, **argument)
+        here = _timing.device_of(self.runtime) if self.device_kind is not None else None
+        self.check(graph, subject, here, **argument)
         f = self._features(graph)
         return _costs.CostRow(ROW, np.asarray(self.coef)[f.col] * f.mult, f.a, f.b, f.layer,
                               f.blocks)
@@ -152,6 +211,7 @@ class LatencyModel(_json.JsonDataclass):
         what = "training step" if self.training else "inference"
         print_fn(f'Latency model of "{self.model_name}": {what}, runtime {self.runtime}, '
                  f"batch {self.batch_size}, block {self.block}")
+        print_fn(f"Timed on {self.device()}")
         print_fn(f"Original: {self.seconds * 1e3:.3f} ms per batch (predicted), "
                  f"{self.variants[0]['seconds'] * 1e3:.3f} ms measured")
         print_fn(f"Held-out error: median {self.error['median']:.1%}, worst "
@@ -160,9 +220,7 @@ class LatencyModel(_json.JsonDataclass):
         if self.error.get("plans_median") is not None:
             print_fn(f"Error on the last refinement round's plans, before refitting: median "
                      f"{self.error['plans_median']:.1%}, worst {self.error['plans_worst']:.1%}")
-        t = self.template
-        share = Features.from_template(self.columns, t).matrix(
-            np.asarray(t["widths"]), np.asarray(t["fixed"]))[0] * self.coef
+        share = self._seconds_per_column()
         rows = [("Feature", "Coefficient (s/unit)", "Share of time")]
         for j in np.argsort(-share):
             if share[j] > 0:
@@ -170,6 +228,43 @@ class LatencyModel(_json.JsonDataclass):
                              f"{share[j] / share.sum():.1%}"))
         for line in _tables.table(rows):
             print_fn(line)
+
+    def _seconds_per_column(self):
+        """Each column's predicted seconds in the original model's time."""
+        t = self.template
+        return Features.from_template(self.columns, t).matrix(
+            np.asarray(t["widths"]), np.asarray(t["fixed"]))[0] * self.coef
+
+    def unreachable(self, err):
+        """``err``, a plan's :class:`InfeasibleBudgetError`, with the latency floor said plainly.
+
+        Where the latency budget is one that the narrowest widths exceed
+        (``err.limit`` holds their predicted seconds), the message adds the
+        smallest reachable latency ratio, the share of it that is this
+        model's constant per layer call (launches and call overhead, which no
+        channel count removes: small CNNs on a GPU are bound by it) and the
+        remedies: a larger batch size spreads that constant over more
+        examples, another runtime may launch less. Other errors come back as
+        they are.
+        """
+        floor = err.limit.get(ROW) if isinstance(err.limit, dict) else None
+        if floor is None:
+            return err
+        ratio = math.ceil(floor / self.seconds * 1e3) / 1e3  # rounded up: a budget that plans
+        constant = sum(s for c, s in zip(self.columns, self._seconds_per_column()) if c == "const")
+        bigger = 4 * self.batch_size
+        return InfeasibleBudgetError(
+            f"{err.template} The smallest reachable latency ratio is {ratio:g}: the narrowest "
+            f"plan is predicted at {floor * 1e3:.4g} ms per batch of {self.batch_size}, the "
+            f"original at {self.seconds * 1e3:.4g} ms, and {constant / floor:.0%} of the "
+            "narrowest plan's time is a constant per layer call that no channel count removes "
+            f"(launches and call overhead; timed on {self.device()}). Ask for a ratio of at "
+            f"least {ratio:g}, or fit the latency model with a larger batch size or another "
+            "runtime: {remedy}.", limit=err.limit, **err.arguments,
+            remedy={"python": f"kp.latency_model(model, batch_size={bigger}), or another "
+                              f"runtime= than {self.runtime!r}",
+                    "cli": f"`keras-precrop latency MODEL --batch_size {bigger}`, or another "
+                           f"--runtime than {self.runtime}"})
 
     @classmethod
     def from_dict(cls, data):

@@ -6,15 +6,19 @@ round) and summarized by medians, so a load spike hits every model alike.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import math
 import os
+import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -22,15 +26,20 @@ import numpy as np
 from keras_precrop.errors import ArgumentError
 from keras_precrop.graph.trace import input_specs
 
-RUNTIMES = ("tf", "jax", "torch", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
+RUNTIMES = ("tf", "jax", "torch", "torch_compile", "litert", "tflite", "onnx", "litert_int8",
+            "onnx_int8")
 """Where a model can be timed: ``"tf"`` (the Keras backend's own compiled step; ``"jax"`` and
-``"torch"`` name it under those backends and check that they run it), ``"litert"``
-(the LiteRT interpreter; ``"tflite"`` is its old name), ``"onnx"`` (ONNX Runtime), and the
-int8 forms of the last two (post-training quantization calibrated on a representative batch)."""
+``"torch"`` name it under those backends and check that they run it; torch runs eagerly),
+``"torch_compile"`` (the Keras model's torch module under ``torch.compile``, inference only),
+``"litert"`` (the LiteRT interpreter; ``"tflite"`` is its old name), ``"onnx"`` (ONNX Runtime),
+and the int8 forms of the last two (post-training quantization calibrated on a representative
+batch)."""
 _ONNX = (("onnxruntime", "tf2onnx", "onnx"), "onnx")
 # The optional packages of a runtime, and the extra that installs them.
-_NEEDS = {"jax": (("jax",), "jax"), "torch": (("torch",), "torch"), "onnx": _ONNX,
-          "onnx_int8": _ONNX}
+_NEEDS = {"jax": (("jax",), "jax"), "torch": (("torch",), "torch"),
+          "torch_compile": (("torch",), "torch"), "onnx": _ONNX, "onnx_int8": _ONNX}
+_BACKEND_OF = {"jax": "jax", "torch": "torch", "torch_compile": "torch"}  # runtimes of one backend
+_CXX = ("g++", "clang++", "c++")  # compilers torch.compile's inductor can build kernels with
 _LITERT = ("litert", "tflite", "litert_int8")  # converted by TensorFlow's LiteRT converter
 _CALIBRATION = 16  # random examples that calibrate an int8 model's activation ranges
 
@@ -48,8 +57,105 @@ def input_shape(model):
     return shape
 
 
-def _compiled_step(model, x, training):
-    """A no-argument callable: one compiled inference pass or SGD training step on ``x``.
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """Where a runner computes, and how its input gets there and its work is waited for.
+
+    A runner puts its input on the device once, before anything is timed, and
+    waits for every call's work before the clock is read again: on a GPU a
+    call returns once its kernels are queued, so without the wait a clock
+    times launches, and calls of interleaved models overlap in the queue.
+    Tests pass a recording device to see that order (:func:`runner`'s
+    ``device``).
+
+    Attributes:
+        kind: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+        name: the chip (``"NVIDIA H200"``, ``"TPU v4"``, the CPU's model name).
+        put: a host array -> that array resident on the device.
+        wait: called with a call's output; returns once the work that made it is done.
+    """
+
+    kind: str
+    name: str
+    put: Callable
+    wait: Callable
+
+
+def cpu_name():
+    """This machine's CPU model (``/proc/cpuinfo``'s ``model name``, else ``platform``'s)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_of(runtime):
+    """The :class:`Device` that ``runtime`` computes on in this process.
+
+    LiteRT and ONNX Runtime run on the host CPU; the backend runtimes
+    (``"tf"``, ``"jax"``, ``"torch"``, ``"torch_compile"``) on the device the
+    Keras backend puts tensors on (its first GPU or TPU, else the CPU).
+    """
+    if runtime not in _LITERT + ("onnx", "onnx_int8"):
+        backend = keras.backend.backend()
+        make = {"tensorflow": _tf_device, "jax": _jax_device, "torch": _torch_device}.get(backend)
+        if make is not None:
+            return make()
+    return Device("cpu", cpu_name(), put=lambda x: x, wait=lambda y: None)
+
+
+def _tf_device():
+    """TensorFlow's first GPU, else the CPU; the wait fetches the output to the host."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    place, kind, name = "/CPU:0", "cpu", None
+    if gpus:
+        details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+        place, kind, name = gpus[0].name, "gpu", details.get("device_name", "GPU")
+
+    def put(x):
+        with tf.device(place):
+            return tf.identity(tf.constant(x))
+
+    return Device(kind, name or cpu_name(), put, wait=lambda y: y.numpy())
+
+
+def _jax_device():
+    """JAX's first device; the wait is ``block_until_ready``."""
+    import jax
+
+    device = jax.devices()[0]
+    kind = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+    return Device(kind, cpu_name() if kind == "cpu" else device.device_kind,
+                  put=lambda x: jax.device_put(x, device), wait=jax.block_until_ready)
+
+
+def _torch_device():
+    """The device Keras' torch backend puts tensors on; the wait synchronizes that device."""
+    import torch
+
+    where = keras.ops.convert_to_tensor(np.zeros((), "float32")).device
+    kind, name = ("cpu", cpu_name()) if where.type == "cpu" else ("gpu", where.type)
+    if where.type == "cuda":
+        name = torch.cuda.get_device_name(where)
+
+    def wait(y):
+        if where.type == "mps":
+            torch.mps.synchronize()
+        elif where.type != "cpu":  # eager CPU ops are done when they return
+            getattr(torch, where.type).synchronize(where)
+
+    return Device(kind, name, put=lambda x: torch.as_tensor(x, device=where), wait=wait)
+
+
+def _compiled_step(model, x, runtime, training):
+    """A no-argument callable: launches one compiled inference pass or SGD training step on ``x``
+    (already on the device) and returns its output, without waiting for it.
 
     The only backend-specific code of the module, one function per backend.
     Each times the model's own computation, without ``predict_on_batch``'s
@@ -62,6 +168,8 @@ def _compiled_step(model, x, training):
     if step is None:
         raise ArgumentError(f"timing runs on the tensorflow, jax and torch backends, not on "
                             f"{keras.backend.backend()!r}; set KERAS_BACKEND.")
+    if runtime == "torch_compile":
+        return _torch_step(model, x, training, compiled=True)
     return step(model, x, training)
 
 
@@ -77,17 +185,16 @@ def _sgd(model):
 
 
 def _tf_step(model, x, training):
-    """A ``tf.function`` with a fixed input signature; the pass returns the outputs' sum,
-    fetched to the host, so no work is skipped; the step is forward, loss, gradients and
-    ``SGD(momentum=0.9).apply``."""
+    """A ``tf.function`` with a fixed input signature; the pass returns the outputs' sum
+    (fetching it waits for the work; no output is skipped); the step is forward, loss,
+    gradients and ``SGD(momentum=0.9).apply``, returning the loss."""
     import tensorflow as tf
 
     spec = tf.TensorSpec(x.shape, tf.float32)
-    x = tf.constant(x)
     if not training:
         forward = tf.function(lambda inputs: tf.reduce_sum(model(inputs, training=False)),
                               input_signature=[spec])
-        return lambda: float(forward(x))
+        return lambda: forward(x)
     optimizer = _sgd(model)
 
     @tf.function(input_signature=[spec])
@@ -98,19 +205,18 @@ def _tf_step(model, x, training):
         optimizer.apply(grads, model.trainable_variables)
         return loss
 
-    return lambda: float(step(x))
+    return lambda: step(x)
 
 
 def _jax_step(model, x, training):
-    """``jax.jit`` of the model's ``stateless_call`` (and of a stateless SGD step), waited for."""
+    """``jax.jit`` of the model's ``stateless_call`` (and of a stateless SGD step)."""
     import jax
 
     state = [[v.value for v in model.trainable_variables],
              [v.value for v in model.non_trainable_variables]]
-    x = jax.numpy.asarray(x)
     if not training:
         forward = jax.jit(lambda tv, ntv, inputs: model.stateless_call(tv, ntv, inputs)[0])
-        return lambda: forward(*state, x).block_until_ready()
+        return lambda: forward(*state, x)
     optimizer = _sgd(model)
     state.append([v.value for v in optimizer.variables])
 
@@ -127,29 +233,32 @@ def _jax_step(model, x, training):
     def run():
         tv, ntv, ov, value = step(*state, x)
         state[:] = [tv, ntv, ov]
-        value.block_until_ready()
+        return value
 
     return run
 
 
-def _torch_step(model, x, training):
-    """The model called eagerly on a torch tensor (no gradients for inference; a backward pass
-    and ``torch.optim.SGD(momentum=0.9)`` for training)."""
+def _torch_step(model, x, training, compiled=False):
+    """The model called eagerly on a torch tensor, or its module under ``torch.compile``
+    (no gradients for inference; a backward pass and ``torch.optim.SGD(momentum=0.9)`` for
+    training, eager only)."""
     import torch
 
-    x = torch.as_tensor(x)
+    call = torch.compile(model) if compiled else model
     if not training:
         def forward():
             with torch.no_grad():
-                model(x, training=False)
+                return call(x, training=False)
         return forward
     optimizer = torch.optim.SGD([v.value for v in model.trainable_variables], lr=1e-3,
                                 momentum=0.9)
 
     def step():
         optimizer.zero_grad()
-        _mean_square(model(x, training=True)).backward()
+        loss = _mean_square(model(x, training=True))
+        loss.backward()
         optimizer.step()
+        return loss
 
     return step
 
@@ -298,50 +407,69 @@ def _check_installed(runtime):
         raise ArgumentError(f"{{runtime}} needs {hint}", runtime=runtime)
 
 
-def runner(model, batch_size, runtime="tf", training=False, seed=0):
-    """A no-argument callable that runs ``model`` once on a fixed random batch.
+def runner(model, batch_size, runtime="tf", training=False, seed=0, device=None):
+    """A no-argument callable that runs ``model`` once on a fixed random batch and waits for it.
+
+    The batch is put on the device once, here; each call launches the work
+    (a compiled step's first call compiles it: :func:`interleaved` warms up),
+    waits until the device has done it, and returns the output.
 
     Args:
         model: a single-input Keras model with a fixed input shape.
         batch_size: examples per call.
-        runtime: ``"tf"`` (the backend's compiled step), ``"litert"`` (or its
+        runtime: ``"tf"`` (the backend's compiled step), ``"torch_compile"``
+            (``torch.compile`` of the model's module), ``"litert"`` (or its
             old name ``"tflite"``: the LiteRT interpreter), ``"onnx"`` (ONNX
             Runtime, the model exported by Keras), or ``"litert_int8"`` /
             ``"onnx_int8"`` (their int8 quantizations); one thread per usable core.
         training: time a training step (forward, backward, SGD update)
             instead of inference; ``"tf"`` only.
         seed: seed of the random batch.
+        device: the :class:`Device` to put the batch on and wait for
+            (default :func:`device_of` the runtime); tests pass a recording one.
     """
     check_settings(batch_size, runtime, training)
     x = np.random.default_rng(seed).standard_normal(
         (batch_size,) + input_shape(model)).astype("float32")
     _check_installed(runtime)
+    device = device or device_of(runtime)
+    x = device.put(x)
     int8 = runtime.endswith("_int8")
     if runtime in _LITERT:
-        return _litert_step(model, x, _usable_cpus(), int8)
-    if runtime in ("onnx", "onnx_int8"):
-        return _onnx_step(model, x, _usable_cpus(), int8)
-    return _compiled_step(model, x, training)
+        launch = _litert_step(model, x, _usable_cpus(), int8)
+    elif runtime in ("onnx", "onnx_int8"):
+        launch = _onnx_step(model, x, _usable_cpus(), int8)
+    else:
+        launch = _compiled_step(model, x, runtime, training)
+
+    def call():
+        y = launch()
+        device.wait(y)
+        return y
+
+    return call
 
 
 def _usable_cpus():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def _calls_per_sample(fn, target_s):
+def _calls_per_sample(fn, target_s, clock):
     """How many back-to-back calls make one sample last about ``target_s``."""
-    start = time.perf_counter()
+    start = clock()
     fn()
-    return max(1, math.ceil(target_s / max(time.perf_counter() - start, 1e-6)))
+    return max(1, math.ceil(target_s / max(clock() - start, 1e-6)))
 
 
-def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
+def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None, clock=time.perf_counter):
     """Time several callables round-robin; seconds per call, one entry per round.
 
-    Each callable is warmed up (tracing, allocator and kernel caches), its
-    inner loop calibrated so that a sample lasts about ``target_s``; then each
-    round times every callable once, the order rotated by one each round, so
-    slow phases of a shared machine hit all of them alike.
+    Each callable is warmed up (tracing, compilation, allocator and kernel
+    caches), its inner loop calibrated so that a sample lasts about
+    ``target_s``; then each round times every callable once, the order
+    rotated by one each round, so slow phases of a shared machine hit all of
+    them alike. A sample reads the clock, makes its calls (each of
+    :func:`runner`'s waits for its own work) and reads the clock again.
 
     Args:
         fns: ``{name: no-argument callable}``.
@@ -349,6 +477,7 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
         warmup: untimed calls per callable before calibrating.
         target_s: approximate duration of one sample.
         log: called with a progress line per round, if given.
+        clock: seconds, read before and after each sample (tests record it).
 
     Returns:
         ``{name: [seconds per call, one per round]}``.
@@ -363,7 +492,7 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
                 fns[name]()
     finally:
         tf_logger.setLevel(level)
-    inner = {name: _calls_per_sample(fns[name], target_s) for name in names}
+    inner = {name: _calls_per_sample(fns[name], target_s, clock) for name in names}
     samples = {name: [] for name in names}
     for r in range(rounds):
         if log:
@@ -371,10 +500,10 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             fn, n = fns[name], inner[name]
-            start = time.perf_counter()
+            start = clock()
             for _ in range(n):
                 fn()
-            samples[name].append((time.perf_counter() - start) / n)
+            samples[name].append((clock() - start) / n)
     return samples
 
 
@@ -410,12 +539,13 @@ def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
     return ratio
 
 
-def timer_of(batch_size, runtime, training, rounds, log):
+def timer_of(batch_size, runtime, training, rounds, log, device=None):
     """The default timer: median seconds per call of each model, interleaved.
 
     A model timed again (the refinement round's anchors) reuses its
-    prepared runner.
+    prepared runner. ``device`` is :func:`runner`'s.
     """
+    device = device or device_of(runtime)
     prepared = {}  # id(model) -> (model, runner)
 
     def measure(models):
@@ -423,7 +553,8 @@ def timer_of(batch_size, runtime, training, rounds, log):
         for i, (name, model) in enumerate(models.items(), start=1):
             if id(model) not in prepared:
                 log(f"preparing variant {i}/{len(models)} ({name})")
-                prepared[id(model)] = (model, runner(model, batch_size, runtime, training))
+                prepared[id(model)] = (model, runner(model, batch_size, runtime, training,
+                                                             device=device))
             fns[name] = prepared[id(model)][1]
         samples = interleaved(fns, rounds, log=log)
         return {name: statistics.median(s) for name, s in samples.items()}
@@ -439,6 +570,7 @@ def check_settings(batch_size, runtime, training):
     if runtime not in RUNTIMES:
         raise ArgumentError(f"{{runtime:subject}} must be one of {RUNTIMES}{{got}}", runtime=runtime)
     _check_backend(runtime)
+    _check_compiler(runtime)
     if training and runtime not in ("tf", "jax", "torch"):
         raise ArgumentError("{training} times a training step, which only {runtime:tf} runs",
                             training=training)
@@ -447,14 +579,29 @@ def check_settings(batch_size, runtime, training):
 def _check_backend(runtime):
     """Raises :class:`~keras_precrop.ArgumentError` where the Keras backend cannot run ``runtime``.
 
-    ``"jax"`` and ``"torch"`` time that backend's own step; the LiteRT runtimes
+    ``"jax"``, ``"torch"`` and ``"torch_compile"`` time that backend's own step; the LiteRT runtimes
     convert the model by calling it on TensorFlow tensors, which only the
     TensorFlow backend takes (another one failed deep inside the converter).
     """
     backend = keras.backend.backend()
-    need = runtime if runtime in ("jax", "torch") else (
-        "tensorflow" if runtime in _LITERT else backend)
+    need = _BACKEND_OF.get(runtime, "tensorflow" if runtime in _LITERT else backend)
     if backend != need:
         raise ArgumentError(f"{{runtime}} times the model under KERAS_BACKEND={need}; this "
                             f"process runs {backend!r} (set KERAS_BACKEND before Keras is "
                             "imported)", runtime=runtime)
+
+
+def _check_compiler(runtime):
+    """Raises :class:`~keras_precrop.ArgumentError` for ``"torch_compile"`` without a C++ compiler.
+
+    ``torch.compile``'s inductor generates C++ (on a CPU) or Triton kernels
+    (on a GPU, launched through C) and builds them with the machine's
+    compiler; without one the first call fails deep inside torch.
+    """
+    if runtime != "torch_compile":
+        return
+    found = [c for c in (os.environ.get("CXX"), *_CXX) if c and shutil.which(c)]
+    if not found:
+        raise ArgumentError("{runtime} builds its kernels with a C++ compiler, and none of "
+                            f"{', '.join(_CXX)} (or $CXX) is on PATH here; install one, or time "
+                            "the eager model with {runtime:torch}", runtime=runtime)
