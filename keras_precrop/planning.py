@@ -351,9 +351,10 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     arguments = {row: argument for row, (_, argument) in given.items()}
 
     def solve_for(b):
-        return solve(prof, cm, b, mode=mode, upper=upper, round_to=round_to,
-                     min_channels=min_channels, balance=balance, floor=floor,
-                     floor_on=floor_on, arguments=arguments)
+        with _latency.floor_said(lm):  # a latency budget below it names it, with remedies
+            return solve(prof, cm, b, mode=mode, upper=upper, round_to=round_to,
+                         min_channels=min_channels, balance=balance, floor=floor,
+                         floor_on=floor_on, arguments=arguments)
 
     if calibrate:
         options = latency_model if isinstance(latency_model, dict) else {}
