@@ -402,3 +402,67 @@ def test_nested_model_built_for_any_size_is_traced_at_the_size_it_is_called_on()
     new = kp.precrop(model, flops=0.5)
     assert_matches_plan(model, new.precrop_plan, new)
     assert "encoder_enc" in {layer.name for layer in new.layers}
+
+
+# -- issue 42, defect 14: plans by place; Keras' own wrapper layers stay whole ---
+
+
+class AutoBlock(L.Layer):
+    """A block whose sublayers have Keras' automatic names (``conv2d_7``, ...)."""
+
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(filters, 3, padding="same")
+        self.bn = L.BatchNormalization()
+
+    def call(self, x, training=None):
+        return ops.relu(self.bn(self.conv(x), training=training))
+
+
+class AutoNet(keras.Model):
+    """A subclassed model named nowhere: every name is Keras' global counter."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.stem = L.Conv2D(8, 3, padding="same")
+        self.blocks = [AutoBlock(8), AutoBlock(16)]
+        self.pool = L.GlobalAveragePooling2D()
+        self.head = L.Dense(10)
+
+    def call(self, x, training=None):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.head(self.pool(x))
+
+
+def test_a_plan_applies_to_another_instance_of_a_subclassed_model():
+    first, second = AutoNet(), AutoNet()
+    for model in (first, second):
+        model(np.zeros((1, 16, 16, 3), "float32"))
+    assert [layer.name for layer in first.layers] != [layer.name for layer in second.layers]
+    plan = kp.plan(first, params=0.5)
+    new = kp.apply_plan(second, plan)
+    assert_matches_plan(second, plan, new)
+    assert new.count_params() == kp.apply_plan(first, plan).count_params() == plan.params
+
+
+@pytest.mark.parametrize("wrap", ["bidirectional", "time_distributed", "rnn"])
+def test_keras_wrapper_layers_stay_whole_and_are_named_when_unsupported(wrap):
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6, 8))
+    wrapped = {"bidirectional": lambda: L.Bidirectional(L.LSTM(4), name="wrapped"),
+               "time_distributed": lambda: L.TimeDistributed(L.Dense(5), name="wrapped"),
+               "rnn": lambda: L.RNN(L.SimpleRNNCell(4), name="wrapped")}[wrap]()
+    h = L.Dense(6, name="hidden")(L.Flatten()(wrapped(x)))
+    model = keras.Model(x, L.Dense(2, name="out")(h))
+    assert not trace.is_composite(model.get_layer("wrapped"))
+    with pytest.raises(kp.UnsupportedLayerError) as err:
+        kp.profile(model)
+    message = str(err.value)
+    assert "'wrapped'" in message and "call() failed" not in message
+    assert err.value.arguments == {"ignore": ["wrapped"]}
+    prof = kp.profile(model, ignore=["wrapped"])
+    assert prof.total_params == model.count_params()
+    if wrap == "time_distributed":  # no loop: its MACs are TensorFlow's own
+        assert prof.total_macs == tf_macs(model)

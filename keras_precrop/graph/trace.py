@@ -37,6 +37,8 @@ import warnings
 import weakref
 
 import keras
+from keras.src.backend.common import global_state
+from keras.src.layers.layer import CallContext
 from keras.src.utils.naming import to_snake_case
 
 from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
@@ -100,15 +102,19 @@ def _trace(model, ignore) -> Traced:
     fn = _graph_of(model)
     found = {}  # id -> (layer, name by place); dissolved composites in ``composites``
     composites = {}
-    for op in list(fn.operations) if fn is not None else _sublayers(model):
-        _collect(op, op.name, ignore, found, composites)
+    for op, name in _top_level(model, fn):
+        if name != op.name:
+            found[id(op)] = (op, name)
+        _collect(op, name, ignore, found, composites)
     if fn is not None and not composites:
         return Traced(fn)
     if fn is None:
         composites[id(model)] = model
     names = {i: name for i, (_, name) in found.items()}
+    base = dict(names)
     with _renamed(found, composites), _dissolving(composites, names):
         functional = _retrace(model, fn)
+    _check_training_branches(model, fn, (found, composites, base), (functional, names))
     return Traced(functional, {i: name for i, name in names.items() if i not in composites})
 
 
@@ -154,6 +160,11 @@ def is_composite(op) -> bool:
     they are called on, which the MACs need). (A layer without sublayers and
     without a handler stays whole, and the walker refuses it by name.)
 
+    Keras' own layers that hold sublayers (``Bidirectional``,
+    ``TimeDistributed``, ``RNN``, ``MultiHeadAttention``) are not a user's
+    composites: they stay whole, and their handler (or ``ignore``) says
+    how their channels flow.
+
     (*) ``keras.layers.Identity`` dissolves too: keras_hub builds it with a
     ``DTypePolicy`` object, which its ``get_config`` cannot serialize (Keras
     3.15), so a rebuilt graph could not hold it.
@@ -162,11 +173,42 @@ def is_composite(op) -> bool:
         return False
     if type(op) is keras.layers.Identity:  # computes nothing; and may not serialize (*)
         return True
+    if _is_keras_layer(op):  # Bidirectional, TimeDistributed, RNN, ...: not the user's code
+        return False
     graph = _graph_of(op) if isinstance(op, keras.Model) else None
     if graph is not None:
         undefined = any(None in tuple(t.shape)[1:] for t in graph.inputs)
         return undefined or any(is_composite(s) for s in graph.operations)
     return handlers.handler_of(op) is None and not _own_variables(op) and bool(_sublayers(op))
+
+
+def _is_keras_layer(op):
+    """Whether ``op`` is one of Keras' own layers (not a model, not a user's subclass)."""
+    return type(op).__module__.startswith("keras.") and not isinstance(op, keras.Model)
+
+
+def _own_name(layer):
+    """``layer``'s name, or its class's snake-case name where Keras generated it.
+
+    Keras numbers automatic names across the process (the second instance of
+    a model holds ``global_average_pooling2d_1``); naming such a layer by its
+    class and its place in its owner (numbered by :func:`_unique`) makes
+    every instance of an architecture name its layers alike, so a plan made
+    on one applies to another.
+    """
+    auto = to_snake_case(type(layer).__name__)
+    return auto if re.fullmatch(re.escape(auto) + r"(_\d+)?", layer.name) else layer.name
+
+
+def _top_level(model, fn):
+    """``(operation, name)`` of the top level of ``model``: a functional graph's
+    operations by their own names, a subclassed model's sublayers by their place."""
+    if fn is not None:
+        return [(op, op.name) for op in fn.operations]
+    layers = _sublayers(model)
+    taken = {layer.name for layer in layers if _own_name(layer) == layer.name}
+    return [(layer, layer.name if _own_name(layer) == layer.name else
+             _unique(_own_name(layer), taken)) for layer in layers]
 
 
 def _collect(op, name, ignore, found, composites):
@@ -178,7 +220,7 @@ def _collect(op, name, ignore, found, composites):
     taken = {n for _, n in found.values()}
     for sub in _sublayers(op):
         if id(sub) not in found:
-            sub_name = _unique(_place_name(name, sub.name), taken)
+            sub_name = _unique(_place_name(name, _own_name(sub)), taken)
             found[id(sub)] = (sub, sub_name)
             _collect(sub, sub_name, ignore, found, composites)
 
@@ -245,9 +287,19 @@ def _dissolving(composites, names):
 
 
 def _run_call(layer, name, args, kwargs):
-    """``layer.call(*args, **kwargs)`` on symbolic tensors, or a clear refusal."""
+    """``layer.call(*args, **kwargs)`` on symbolic tensors, or a clear refusal.
+
+    A ``call`` that takes ``training`` and is not given it gets the mode of
+    the trace (see :func:`_training`), as Keras passes an outer call's
+    ``training`` down to the layers it calls.
+    """
     call = type(layer).call
-    parameters = inspect.signature(call).parameters.values()
+    signature = inspect.signature(call).parameters
+    context = global_state.get_global_attribute("current_call_ctx")
+    mode = None if context is None else context.get_value("training")
+    if "training" in signature and kwargs.get("training") is None and mode is not None:
+        kwargs = {**kwargs, "training": mode}
+    parameters = signature.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         accepted = {p.name for p in parameters}
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
@@ -320,9 +372,96 @@ def _retrace(model, fn):
     return keras.Model(x, model(x), name=model.name)
 
 
+@contextlib.contextmanager
+def _training(mode):
+    """Call layers as ``model(x, training=mode)`` does: Keras' call context holds ``mode``."""
+    previous = global_state.get_global_attribute("current_call_ctx")
+    context = CallContext(entry_layer=None)  # no layer ends it: restored below
+    context.set_value("training", mode)
+    global_state.set_global_attribute("current_call_ctx", context)
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("current_call_ctx", previous)
+
+
+def _check_training_branches(model, fn, collected, inference):
+    """Refuse a model whose ``call`` code records another graph when training.
+
+    The graph is traced as Keras calls a model for inference (``training``
+    left ``None``, which layers treat as ``False``); a Python branch on
+    ``training`` (``if training: x = self.noise(x)``) is then not in it, and
+    the pruned model would lack it. So the model is traced once more with
+    ``training=True``, and the two graphs (their layers and operations and
+    how they connect) must agree. Layers that behave differently in training
+    by themselves (``Dropout``, ``GaussianNoise``, ``BatchNormalization``)
+    are called in both and keep that behaviour in the rebuilt model.
+
+    Args:
+        model, fn: the model and its functional graph (``None``: subclassed).
+        collected: ``(found, composites, names)`` of the trace before it ran.
+        inference: ``(functional, names)``: the traced graph and its names.
+    """
+    found, composites, base = collected
+    names = dict(base)
+    with _renamed(found, composites), _dissolving(composites, names), _training(True):
+        training = _retrace(model, fn)
+    (ops, wiring), (t_ops, t_wiring) = _structure(*inference), _structure(training, names)
+    if wiring == t_wiring:
+        return
+    differ = [(*(t_ops.get(k) or ops[k]), k in t_ops) for k in {*ops} ^ {*t_ops}]
+    differ = [d for d in differ if d[1]] or differ  # (name, is a layer, only when training)
+    where = "only when training" if all(d[2] for d in differ) else "differently when training"
+    called = ", ".join(sorted(repr(d[0]) for d in differ)) or "its layers (wired otherwise)"
+    owners = sorted({_owner(d[0], found, composites, model) or "" for d in differ or [("",)]})
+    fix = ("Call such layers unconditionally (Dropout, GaussianNoise and the other noise "
+           "layers already do nothing outside training, and keep that in the pruned model)")
+    if "" in owners:
+        raise UnsupportedModelError(
+            f"Model {model.name!r} of class {type(model).__name__} calls {called} {where}: its "
+            "call() branches on `training`, and a trace records one graph, so the pruned model "
+            f"would lose that branch. {fix}.")
+    raise UnsupportedLayerError(
+        f"Layer(s) {', '.join(map(repr, owners))} call {called} {where}: their call() branches "
+        "on `training`, and a trace records one graph, so the pruned model would lose that "
+        f"branch. {fix}, or keep them whole with {{ignore}} (their channels then stay fixed).",
+        ignore=owners)
+
+
+def _structure(functional, names):
+    """``({key: (name, is a layer)}, outputs)``: a traced graph's operations and wiring.
+
+    An operation's key is its name by place (a layer of a dissolved composite,
+    an operation one records) or the object itself (the model's own layers),
+    so two traces of one model give equal keys; ``outputs`` hashes how every
+    output is computed from the inputs, so the two are equal when the graphs are.
+    """
+    keys = {id(t): ("input", i) for i, t in enumerate(functional.inputs)}
+    ops = {}
+    for depth in sorted(functional._nodes_by_depth, reverse=True):
+        for node in functional._nodes_by_depth[depth]:
+            op = node.operation
+            if isinstance(op, keras.layers.InputLayer):
+                continue
+            key = names.get(id(op), id(op))
+            ops[key] = (names.get(id(op), op.name), isinstance(op, keras.layers.Layer))
+            call = (key, tuple(keys[id(t)] for t in node.arguments.keras_tensors))
+            for i, t in enumerate(node.outputs):
+                keys[id(t)] = hash((call, i))
+    return ops, tuple(keys[id(t)] for t in functional.outputs)
+
+
+def _owner(name, found, composites, model):
+    """The innermost dissolved composite whose ``call`` holds the layer or op named ``name``
+    (by place, ``block1_noise``), or ``None`` for the model's own ``call``."""
+    owners = [n for i, (_, n) in found.items() if i in composites and i != id(model)
+              and name.startswith(f"{n}_")]
+    return max(owners, key=len, default=None)
+
+
 def _input_name(model):
-    """The name of a subclassed model's traced input."""
-    return f"{model.name}_input"
+    """The name of a subclassed model's traced input (alike for every instance of its class)."""
+    return f"{_own_name(model)}_input"
 
 
 def _built_shape(model):
