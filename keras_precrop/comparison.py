@@ -17,7 +17,7 @@ from keras_precrop import _json, _tables
 from keras_precrop import latency as _latency
 from keras_precrop.budget.modes import MODES
 from keras_precrop.errors import ArgumentError
-from keras_precrop.planning import apply_plan, plan
+from keras_precrop.planning import Subject, apply_plan, plan
 
 DEFAULT_MODES = ("exact", "layerwise", "uniform")
 
@@ -118,8 +118,9 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
             options.get("latency_model"), model, residual=options.get("residual", "prefix"),
             ignore=tuple(options.get("ignore", ())))
         options.setdefault("calibrate", 0)
-    plans = {m: plan(model, params, flops, mode=m, **options) for m in modes}
-    auto = _auto_row(plans, plan(model, params, flops, **options))
+    subject = Subject(model)  # one walk of the model for every plan and rebuild
+    plans = {m: plan(subject, params, flops, mode=m, **options) for m in modes}
+    auto = _auto_row(plans, plan(subject, params, flops, **options))
     given = {k: v for k, v in (("params", params), ("flops", flops), *options.items())
              if k in ("params", "flops", "latency", "max_params", "max_macs") and v is not None}
     rows = [_row(m, p) for m, p in plans.items()]
@@ -129,7 +130,7 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         settings = (dict(batch_size=lm.batch_size, runtime=lm.runtime, training=lm.training)
                     if lm is not None else dict(batch_size=batch_size, runtime=runtime,
                                                 training=False))
-        timing = _measure(model, plans, rows, settings, rounds, verbose)
+        timing = _measure(subject, plans, rows, settings, rounds, verbose)
     return Comparison(model.name, given, auto, rows, timing)
 
 
@@ -163,9 +164,10 @@ def _factor(row):
     return f">= {row['floor_ratio']:.3f}" + (" (streams)" if row.get("floor_on") == "streams" else "")
 
 
-def _measure(model, plans, rows, settings, rounds, verbose):
-    """Times the original and each plan's model interleaved; fills the rows' speedups."""
-    models = {"original": model, **{mode: apply_plan(model, p) for mode, p in plans.items()}}
+def _measure(subject, plans, rows, settings, rounds, verbose):
+    """Times the original (``subject.model``) and each plan's model interleaved; fills the rows'
+    speedups."""
+    models = {"original": subject.model, **{mode: apply_plan(subject, p) for mode, p in plans.items()}}
     log = _latency.timing.logger(verbose)
     fns = {name: _latency.runner(m, **settings) for name, m in models.items()}
     samples = _latency.interleaved(fns, rounds, log=log)

@@ -249,7 +249,8 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
-        model: a functional or Sequential Keras model with a defined input shape.
+        model: a functional or Sequential Keras model with a defined input shape
+            (or a :class:`Subject` of one, whose walk it reuses).
         params: parameter budget as a ratio of the model's parameters.
         flops: FLOP (= MAC) budget as a ratio of the model's MACs.
         max_params: absolute parameter budget (instead of ``params``).
@@ -326,9 +327,12 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     measured_here = latency_model is None or isinstance(latency_model, dict)
     calibrate = _check_calibrate(calibrate, latency_budget is not None and measured_here,
                                  latency_budget is not None)
-    measured = _defined_spatial(model, {"flops": flops, "max_macs": max_macs, "latency": latency,
-                                        "latency_model": latency_model})
-    prof = _costs.profile(measured, ignore=ignore, residual=residual)
+    subject = Subject.of(model)
+    model, macs_arguments = subject.model, {"flops": flops, "max_macs": max_macs,
+                                            "latency": latency, "latency_model": latency_model}
+    measured = subject.defined(macs_arguments)
+    prof = subject.profile(ignore, residual, macs_arguments)
+    _costs.refuse_unknown_costs(prof, {"flops": flops, "max_macs": max_macs, "latency": latency})
     given = {row: _resolve_budget(row, ratio, absolute, original, can_grow)
              for row, ratio, absolute, original in (
                  ("params", params, max_params, prof.total_params),
@@ -377,23 +381,70 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
 
 
-def _defined_spatial(model, macs_arguments):
-    """``model``, or a copy of it whose inputs' undefined spatial sizes are :data:`_PROBE_SIZE`.
+class Subject:
+    """The user's model as one call of the package sees it: walked once, the walk handed down.
 
-    Parameters do not depend on the spatial size, so a model built as
-    ``keras.Input((None, None, 3))`` can be planned under parameter budgets
-    on a copy with a defined size (its MACs are then those at that size).
-    Budgets that count MACs or time need the model's own size.
+    :func:`precrop` plans and applies with one walk of the model (the
+    rebuild, its check and the copy of weights read that walk; only the
+    rebuilt model is walked once more), and :func:`compare` plans every mode
+    with it. A subject lives for one call: nothing in the package keeps a
+    model, its trace or its walk afterwards, so dropping the results frees
+    the model. :func:`plan` and :func:`apply_plan` take one in place of the
+    model.
 
-    Args:
-        model: the model to plan or rebuild.
-        macs_arguments: ``{name: value}`` of the arguments that need MACs or
-            timing (``flops``, ``latency``, ...); those given are refused.
+    Attributes:
+        model: the user's model.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._defined = None  # the copy at a defined spatial size, once made
+        self._profile = None  # ((ignore, residual), the profile of the one walk)
+
+    @classmethod
+    def of(cls, model):
+        """``model`` if it is a subject already, else a new subject of it."""
+        return model if isinstance(model, cls) else cls(model)
+
+    def defined(self, macs_arguments):
+        """The model, or a copy whose undefined spatial sizes are :data:`_PROBE_SIZE` (made once).
+
+        Parameters do not depend on the spatial size, so a model built as
+        ``keras.Input((None, None, 3))`` can be planned under parameter budgets
+        on a copy with a defined size (its MACs are then those at that size).
+        Budgets that count MACs or time need the model's own size.
+
+        Args:
+            macs_arguments: ``{name: value}`` of the arguments that need MACs or
+                timing (``flops``, ``latency``, ...); those given are refused.
+        """
+        specs = _probe_specs(self.model, macs_arguments)
+        if specs is None:
+            return self.model
+        if self._defined is None:
+            self._defined = _with_inputs(self.model, specs)
+        return self._defined
+
+    def profile(self, ignore, residual, macs_arguments):
+        """The profile of the walk of :meth:`defined` (``profile.graph``), walked once per
+        ``ignore`` and ``residual``."""
+        defined, key = self.defined(macs_arguments), (frozenset(ignore), residual)
+        if self._profile is None or self._profile[0] != key:
+            self._profile = key, _costs.ModelProfile(walk(defined, ignore=ignore, residual=residual))
+        return self._profile[1]
+
+
+def _probe_specs(model, macs_arguments):
+    """``None`` for a model whose spatial sizes are defined, else its inputs at :data:`_PROBE_SIZE`.
+
+    Raises:
+        ArgumentError: for an undefined size under arguments that need MACs or time
+            (see :meth:`Subject.defined`).
     """
     specs = input_specs(model)  # an unsupported model gets the walker's error here
     shapes = [shape for _, shape in specs]
     if all(None not in shape[1:] for shape in shapes):
-        return model
+        return None
     given = {k: v for k, v in macs_arguments.items() if v is not None}
     if given:
         raise ArgumentError(
@@ -401,8 +452,7 @@ def _defined_spatial(model, macs_arguments):
             f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
             f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
             "or give a parameter budget alone.", **given)
-    return _with_inputs(model, [(name, tuple(_PROBE_SIZE if d is None else d for d in shape))
-                                for name, shape in specs])
+    return [(name, tuple(_PROBE_SIZE if d is None else d for d in shape)) for name, shape in specs]
 
 
 def _with_inputs(model, specs):
@@ -515,7 +565,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     first layer that differs.
 
     Args:
-        model: the model the plan was made for (trained, for ``weights="keep"``).
+        model: the model the plan was made for (trained, for ``weights="keep"``),
+            or a :class:`Subject` of it, whose walk it reuses.
         plan: a :class:`Plan`.
         weights: ``None``: fresh weights, as PreCrop prescribes. ``"keep"``:
             every width variable keeps its most important channels, with
@@ -542,12 +593,41 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             channel gained and no random layer (``Dropout``, noise).
     """
     importance = _transfer.check_options(weights, importance, data)
+    subject = Subject.of(model)
+    model = subject.model
     if importance == "taylor":  # the data fits the model, before any work on it
         data = check_data(model, data, "data").data
-    defined = _defined_spatial(model, {})
+    defined = subject.defined({})
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
-    graph = walk(defined, ignore=plan.ignore, residual=plan.residual)
+    graph = subject.profile(plan.ignore, plan.residual, {}).graph
+    widths = _planned_widths(graph, plan, model)
+    _check_seed_use(seed, importance, graph, widths)
+    new = rebuild(graph, widths, seed=seed)
+    rebuilt, mismatch = _verify.check(new, graph, widths, plan)  # the one walk of the new model
+    if mismatch is not None:
+        raise RebuildMismatchError(
+            f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
+            f"disagrees with the plan: {mismatch}.")
+    if importance:
+        gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
+        _transfer.carry_weights(graph, new, widths, importance, gradients,
+                                random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
+    if defined is not model:  # back to the model's own, undefined spatial size
+        clone = _with_inputs(new, input_specs(model))
+        if importance:  # a clone has new layers: carry the weights once more
+            clone.set_weights(new.get_weights())
+        new = clone
+    return new
+
+
+def _planned_widths(graph, plan, model):
+    """The plan's width of every variable of ``graph`` (the walked ``model``), in order.
+
+    Raises:
+        PlanMismatchError: the plan was made for another architecture, or
+            gives a width that is not a positive integer.
+    """
     variables = graph.variables
     planned = {v["name"]: v for v in plan.variables}
     names = [v.name for v in variables]
@@ -567,23 +647,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             raise PlanMismatchError(
                 f"Plan for {plan.model_name!r} gives width variable {name!r} {w!r} channels; "
                 "a width must be a positive integer (was the plan edited by hand?).")
-    _check_seed_use(seed, importance, graph, widths)
-    new = rebuild(graph, widths, seed=seed)
-    mismatch = _verify.first_mismatch(new, graph, widths, plan)
-    if mismatch is not None:
-        raise RebuildMismatchError(
-            f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
-            f"disagrees with the plan: {mismatch}.")
-    if importance:
-        gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
-        _transfer.carry_weights(graph, new, widths, importance, gradients,
-                                random.randrange(2**31) if seed is None else seed)
-    if defined is not model:  # back to the model's own, undefined spatial size
-        clone = _with_inputs(new, input_specs(model))
-        if importance:  # a clone has new layers: carry the weights once more
-            clone.set_weights(new.get_weights())
-        new = clone
-    return new
+    return widths
 
 
 def _check_seed_use(seed, importance, graph, widths):
@@ -646,8 +710,9 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
         data = check_data(model, data, "data").data
     check_seed(seed)
     options.setdefault("upper", 1.0)
-    the_plan = plan(model, params, flops, **options)
-    new = apply_plan(model, the_plan, weights, importance, data, seed)
+    subject = Subject(model)  # one walk of the model for the plan, the rebuild and the weights
+    the_plan = plan(subject, params, flops, **options)
+    new = apply_plan(subject, the_plan, weights, importance, data, seed)
     new.precrop_plan = the_plan
     return new
 

@@ -1,7 +1,7 @@
 """Checking a rebuilt model against the plan it was built from.
 
 A plan predicts, layer by layer, the parameters, MACs and output width of the
-model :func:`~keras_precrop.apply_plan` builds. :func:`first_mismatch` walks
+model :func:`~keras_precrop.apply_plan` builds. :func:`check` walks
 the rebuilt model afresh (its widths now come from the new layers' configs
 and shapes, not from the plan) and compares the two, so a rebuild that
 disagrees with its plan (a bug, or a plan edited by hand) is reported, naming
@@ -21,8 +21,8 @@ def _planned_width(graph, widths, rec):
     return channels_width(rec.outputs[0][0], lambda s: graph.new_width(s, widths))
 
 
-def first_mismatch(new_model, graph, widths, plan):
-    """Where ``new_model`` first disagrees with ``plan``, or ``None``.
+def check(new_model, graph, widths, plan):
+    """Walk ``new_model`` once and find where it first disagrees with ``plan``.
 
     Args:
         new_model: the model rebuilt from ``graph`` with ``widths``.
@@ -33,14 +33,21 @@ def first_mismatch(new_model, graph, widths, plan):
             (``params_new``, ``macs_new``) and totals were predicted.
 
     Returns:
-        A sentence naming the first mismatching layer and both values, or
-        ``None`` when every layer, and both totals, agree.
+        ``(rebuilt, mismatch)``: the walk of ``new_model`` (which carrying
+        weights reads too, so the rebuilt model is walked once; ``None`` when
+        it does not walk) and a sentence naming the first mismatching layer
+        and both values, or ``None`` when every layer, and both totals, agree.
     """
     try:
         rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix")
         prof = _costs.ModelProfile(rebuilt)
     except (UnsupportedLayerError, UnsupportedModelError) as err:
-        return f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"
+        return None, f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"
+    return rebuilt, _first_mismatch(rebuilt, prof, graph, widths, plan)
+
+
+def _first_mismatch(rebuilt, prof, graph, widths, plan):
+    """The first disagreement between the walked rebuilt model and ``plan``, or ``None``."""
     actual = {row.name: row for row in prof.layers}
     records = {rec.path: rec for rec in rebuilt.layers}
     planned = {layer["name"]: layer for layer in plan.layers}
@@ -61,7 +68,7 @@ def first_mismatch(new_model, graph, widths, plan):
     for row in prof.layers:  # inserted ChannelSlices cost nothing
         if row.name not in planned and (row.params or row.macs):
             return f"layer {row.name!r} is not in the plan but costs {row.params:,} parameters"
-    for label, have, want in (("parameters", new_model.count_params(), plan.params),
+    for label, have, want in (("parameters", rebuilt.model.count_params(), plan.params),
                               ("MACs", prof.total_macs, plan.macs)):
         if have != want:
             return f"the rebuilt model has {have:,} {label} in total; the plan predicts {want:,}"

@@ -160,5 +160,5 @@ def test_check_walks_the_rebuilt_model_once(monkeypatch):
     real_walk = verify._graph.walk
     monkeypatch.setattr(verify._graph, "walk", lambda m, **kw: walked.append(m) or real_walk(m, **kw))
     monkeypatch.setattr(type(new), "__call__", lambda *a, **kw: pytest.fail("the check ran the model"))
-    assert verify.first_mismatch(new, graph, widths, plan) is None
+    assert verify.check(new, graph, widths, plan)[1] is None
     assert walked == [new]

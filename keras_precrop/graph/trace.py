@@ -18,9 +18,11 @@ first ``keras.ops.add`` its ``call`` records. The layers' names live in
 (its layers' names are changed while the traced graph is built, so that two
 blocks' ``conv1`` do not clash, and restored afterwards). The walker reports
 these names and the rebuild gives them to the new layers. The traced graph
-calls the model's own layers once more, which records a call node on each as
-any second call of a layer does in Keras; the model's config, outputs and
-``get_layer(...).output`` stay as they were.
+calls the model's own layers once more, which in Keras records a call node on
+each; those nodes are taken off the layers again when the trace ends (they
+live on in the traced graph alone), so the model's nodes, config, outputs and
+``get_layer(...).output`` stay as they were. Nothing is cached: each call of
+the package traces once and hands the :class:`Traced` graph down.
 
 A ``call`` that cannot run on symbolic tensors (a Python ``if`` on a tensor's
 value, a ``tf.*`` or ``jax.numpy`` function on its inputs) is refused with the
@@ -34,7 +36,6 @@ import dataclasses
 import inspect
 import re
 import warnings
-import weakref
 
 import keras
 from keras.src.backend.common import global_state
@@ -49,6 +50,10 @@ from keras_precrop.graph import handlers
 class Traced:
     """A model as the walker reads it.
 
+    One call of the package (``profile``, ``plan``, ``precrop``, ...) traces
+    a model once and hands this down; nothing keeps it afterwards, and the
+    model's own layers keep no reference to it (see :func:`_calls_undone`).
+
     Attributes:
         functional: a Functional model whose nodes are layers the walker knows
             (or the model itself when nothing needed tracing).
@@ -58,33 +63,39 @@ class Traced:
 
     functional: keras.Model
     names: dict = dataclasses.field(default_factory=dict)
+    _nested: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def name(self, op):
         """The name the walker and the rebuild use for operation ``op``."""
         return self.names.get(id(op), op.name)
 
+    def graph_of(self, model):
+        """The functional graph of ``model``, a model nested in :attr:`functional`.
 
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        Traced once per :class:`Traced` (a nested model kept whole by
+        ``ignore`` may still hold composites), so the walk and the rebuild
+        see the same tensors.
+        """
+        if id(model) not in self._nested:
+            self._nested[id(model)] = traced(model).functional
+        return self._nested[id(model)]
 
 
 def traced(model, ignore=()) -> Traced:
     """``model`` as a functional graph of layers the walker knows.
 
     A Functional or built Sequential model without composite layers is
-    returned as it is; anything else is traced once per ``ignore`` set (the
-    result is cached on the model, so the walk and the rebuild see the same
-    tensors).
+    returned as it is; anything else is traced, afresh on each call: nothing
+    is cached, since a cache would keep every model it saw alive. A caller
+    traces once and hands the result down (the walk, the rebuild and the
+    copy of weights must see the same tensors).
 
     Args:
         model: a Functional, Sequential or subclassed ``keras.Model``, built.
         ignore: names of layers to keep whole (an ignored composite is not
             dissolved; the walker then keeps its channels fixed).
     """
-    key = frozenset(ignore)
-    per_model = _CACHE.setdefault(model, {})
-    if key not in per_model:
-        per_model[key] = _trace(model, key)
-    return per_model[key]
+    return _trace(model, frozenset(ignore))
 
 
 def input_specs(model):
@@ -112,7 +123,7 @@ def _trace(model, ignore) -> Traced:
         composites[id(model)] = model
     names = {i: name for i, (_, name) in found.items()}
     base = dict(names)
-    with _renamed(found, composites), _dissolving(composites, names):
+    with _calls_undone(model), _renamed(found, composites), _dissolving(composites, names):
         functional = _retrace(model, fn)
     _check_training_branches(model, fn, (found, composites, base), (functional, names))
     return Traced(functional, {i: name for i, name in names.items() if i not in composites})
@@ -254,6 +265,41 @@ def _renamed(found, composites):
     finally:
         for layer, name in old:
             layer.name = name
+
+
+@contextlib.contextmanager
+def _calls_undone(model):
+    """Leave the operations of ``model`` with the call nodes they had before the trace.
+
+    A trace calls the model's layers (and a functional model's ``keras.ops``
+    operations) on new tensors, and Keras records each call as a node in the
+    operation's ``_inbound_nodes`` and in the ``_outbound_nodes`` of the
+    operations that fed it. The traced graph keeps its nodes in its own
+    ``_nodes_by_depth`` and tensors' histories, which is all the walk, the
+    rebuild and the copy of weights read; the model's lists get back what
+    they held, after a trace that fails too, so the model keeps no reference
+    to the trace (see ``keras/src/ops/node.py``).
+    """
+    saved = [(op, list(op._inbound_nodes), list(op._outbound_nodes))
+             for op in _operations(model)]
+    try:
+        yield
+    finally:
+        for op, inbound, outbound in saved:
+            op._inbound_nodes[:] = inbound
+            op._outbound_nodes[:] = outbound
+
+
+def _operations(model):
+    """Every operation a trace of ``model`` may call: its layers, those of nested layers and
+    models, and the ``keras.ops`` operations recorded in its functional graphs."""
+    found = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        found[id(layer)] = layer
+        graph = getattr(layer, "_functional", None) if isinstance(layer, keras.Sequential) else layer
+        for op in graph.operations if graph is not None and is_functional(graph) else ():
+            found.setdefault(id(op), op)
+    return list(found.values())
 
 
 @contextlib.contextmanager
@@ -404,7 +450,8 @@ def _check_training_branches(model, fn, collected, inference):
     """
     found, composites, base = collected
     names = dict(base)
-    with _renamed(found, composites), _dissolving(composites, names), _training(True):
+    with (_calls_undone(model), _renamed(found, composites), _dissolving(composites, names),
+          _training(True)):
         training = _retrace(model, fn)
     (ops, wiring), (t_ops, t_wiring) = _structure(*inference), _structure(training, names)
     if wiring == t_wiring:
@@ -432,24 +479,18 @@ def _structure(functional, names):
     """``({key: (name, is a layer)}, outputs)``: a traced graph's operations and wiring.
 
     An operation's key is its name by place (a layer of a dissolved composite,
-    an operation one records), else its class and rank among the operations of
-    its class (the model's own layers, and a layer a ``call`` creates anew on
-    every call, as keras_hub's ASPP does its ``Resizing``), so two traces of
-    one model give equal keys; ``outputs`` hashes how every
+    an operation one records) or the object itself (the model's own layers),
+    so two traces of one model give equal keys; ``outputs`` hashes how every
     output is computed from the inputs, so the two are equal when the graphs are.
     """
     keys = {id(t): ("input", i) for i, t in enumerate(functional.inputs)}
-    ops, created = {}, {}
+    ops = {}
     for depth in sorted(functional._nodes_by_depth, reverse=True):
         for node in functional._nodes_by_depth[depth]:
             op = node.operation
             if isinstance(op, keras.layers.InputLayer):
                 continue
-            key = names.get(id(op))
-            if key is None:  # by class and order: a layer a call creates anew differs by object
-                kind = type(op).__name__
-                created[kind] = created.get(kind, -1) + 1
-                key = (kind, created[kind])
+            key = names.get(id(op), id(op))
             ops[key] = (names.get(id(op), op.name), isinstance(op, keras.layers.Layer))
             call = (key, tuple(keys[id(t)] for t in node.arguments.keras_tensors))
             for i, t in enumerate(node.outputs):

@@ -44,19 +44,9 @@ from keras_precrop.graph.channels import (
 # The walk.
 
 
-def functional_of(model, ignore=()):
-    """The functional graph the walker reads for ``model``.
-
-    A Functional or built Sequential model's own graph; a subclassed model,
-    or a model holding composite layers, traced into one (see ``trace.py``).
-    """
-    return _trace.traced(model, ignore).functional
-
-
 def names_of(model, ignore=()):
     """Every name and ``outer/inner`` path ``ignore=`` may give for ``model``'s layers."""
-    traced = _trace.traced(model, ignore)
-    return set(layer_names(traced.functional, name=traced.name))
+    return set(layer_names(_trace.traced(model, ignore)))
 
 
 def topological_nodes(fn):
@@ -65,17 +55,21 @@ def topological_nodes(fn):
         yield from fn._nodes_by_depth[depth]
 
 
-def layer_names(fn, prefix="", name=lambda op: op.name):
-    """Bare names and ``outer/inner`` paths of every operation of ``fn``.
+def layer_names(traced, fn=None, prefix=""):
+    """Bare names and ``outer/inner`` paths of every operation of a traced model.
 
-    ``name`` gives an operation's name (a trace names the layers of dissolved
-    composites by their place, ``block1_conv1``).
+    Args:
+        traced: the model's :class:`~keras_precrop.graph.trace.Traced` graph
+            (which names the layers of dissolved composites by their place,
+            ``block1_conv1``, and holds the graphs of nested models).
+        fn: the graph to name, ``traced.functional`` or a nested model's.
+        prefix: the ``outer/`` path of ``fn``'s operations.
     """
-    for op in fn.operations:
-        yield name(op)
-        yield prefix + name(op)
+    for op in (traced.functional if fn is None else fn).operations:
+        yield traced.name(op)
+        yield prefix + traced.name(op)
         if isinstance(op, keras.Model):
-            yield from layer_names(functional_of(op), f"{prefix}{name(op)}/")
+            yield from layer_names(traced, traced.graph_of(op), f"{prefix}{traced.name(op)}/")
 
 
 @dataclasses.dataclass
@@ -175,7 +169,7 @@ class ModelGraph:
 
     def layer_names(self):
         """Every name and ``outer/inner`` path of the model's operations."""
-        return set(layer_names(self.functional, name=self.traced.name))
+        return set(layer_names(self.traced))
 
     def width(self, channels):
         """Original number of channels of a descriptor (e.g. ``tensor_channels[key]``)."""
@@ -197,9 +191,9 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     if residual not in ("prefix", "tie"):
         raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
     ignore = set(ignore)
-    traced = _trace.traced(model, ignore)
+    traced = _trace.traced(model, ignore)  # the one trace of this walk; the graph holds it
     fn = traced.functional
-    missing = sorted(ignore - names_of(model, ignore))
+    missing = sorted(ignore - set(layer_names(traced)))
     if missing:
         raise ArgumentError(
             f"{{ignore}} names no layer of model {model.name!r}; layers are "
@@ -249,7 +243,7 @@ class _Walker:
             ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
             path = prefix + self.traced.name(op)
             if isinstance(op, keras.Model):
-                inner = functional_of(op)
+                inner = self.traced.graph_of(op)
                 for t_in, t, ch in zip(inner.inputs, args, ins):
                     tensors[id(t_in)] = ch
                     self._alias[id(t_in)] = self.key(t)

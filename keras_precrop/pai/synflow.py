@@ -122,8 +122,7 @@ class _LinearizedModel:
     PyTorch runs eagerly); each call to :meth:`flow_and_scores` only runs it.
     """
 
-    def __init__(self, model, paths, input_shape, dtype):
-        traced = trace.traced(model)
+    def __init__(self, traced, paths, input_shape, dtype):
         model = traced.functional
         with gradients.precision(dtype):
             target = model if _usable_as_is(model, dtype) else _clone_in(model, dtype, traced.name)
@@ -196,13 +195,20 @@ def _input_shape(tensor, input_shape):
     return input_shape
 
 
+def _scorer(model, include_bias, include_batchnorm, input_shape, dtype):
+    """The scorer of ``model``'s prunable weights, from one trace of the model."""
+    traced = trace.traced(model)
+    paths = list(common.prunable_weights(traced.functional, include_bias, include_batchnorm))
+    return _Scorer(traced, paths, input_shape, dtype)
+
+
 class _Scorer:
     """Scores with a float32 linearized copy while its flow fits, float64 otherwise."""
 
-    def __init__(self, model, paths, input_shape, dtype):
+    def __init__(self, traced, paths, input_shape, dtype):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}.")
-        self._args = (model, paths, input_shape)
+        self._args = (traced, paths, input_shape)
         self._auto = dtype == "auto"
         self.linearized = _LinearizedModel(*self._args, "float32" if self._auto else dtype)
 
@@ -258,8 +264,8 @@ def synflow_scores(model, masks=None, include_bias=False, include_batchnorm=Fals
     Returns:
         ``{path: float64 array}`` for every prunable weight.
     """
-    paths = list(common.prunable_weights(model, include_bias, include_batchnorm))
-    scorer = _Scorer(model, paths, input_shape, dtype)
+    scorer = _scorer(model, include_bias, include_batchnorm, input_shape, dtype)
+    paths = scorer.linearized.paths
     masks = masks or {}
     shapes = scorer.linearized.shapes
     flat = np.concatenate(
@@ -316,8 +322,7 @@ def synflow(
     density = common.check_density(density)
     densities = common.density_schedule(density, iterations, schedule)
     common.check_scope(scope)
-    paths = list(common.prunable_weights(model, include_bias, include_batchnorm))
-    scorer = _Scorer(model, paths, input_shape, dtype)
+    scorer = _scorer(model, include_bias, include_batchnorm, input_shape, dtype)
     sizes = scorer.linearized.sizes
     alive = np.arange(sum(sizes))
     flat_mask = np.ones(alive.size)

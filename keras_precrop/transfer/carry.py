@@ -22,7 +22,6 @@ import numpy as np
 
 from keras_precrop.errors import ArgumentError, UnsupportedLayerError
 from keras_precrop.graph.channels import input_shape
-from keras_precrop.graph.walker import walk
 from keras_precrop.transfer import flow
 from keras_precrop.transfer.importance import IMPORTANCE, channel_scores, grouped
 from keras_precrop.transfer.selection import select
@@ -58,13 +57,15 @@ def check_options(weights, importance, data):
     return importance
 
 
-def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0):
+def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0, *, new_graph):
     """Copy the trained weights of the channels that survive from ``graph.model`` into ``new_model``.
 
     Args:
         graph: the walked original model.
         new_model: the model ``graph.rebuild(graph, widths)`` built; its
             weights are overwritten.
+        new_graph: the walk of ``new_model`` (the check of the rebuild made it;
+            a model is walked once per call).
         widths: the new width of every variable of ``graph.variables``.
         importance: how channels are chosen (see ``importance.py``).
         gradients: for ``"taylor"``, one ``{id(weight): gradient}`` per batch.
@@ -75,8 +76,6 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
     """
     values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
     selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
-    new_graph = walk(new_model, ignore=[rec.path for rec in graph.layers if rec.ignored],
-                     residual=graph.residual)
     old_calls = flow.indexed_calls(graph)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
     grows = any(w > v.width for w, v in zip(widths, graph.variables))
