@@ -14,6 +14,8 @@ each other.
 """
 
 import collections
+import hashlib
+import json
 import math
 import os
 import pathlib
@@ -140,7 +142,7 @@ def tf_macs(model):
 # -- a rebuilt model against its plan ------------------------------------------
 
 
-def _layers(model):
+def layers_by_path(model):
     """Layers of ``model`` with nested models' layers in place, by ``/`` path.
 
     A subclassed model or one holding composite layers is read through its
@@ -150,7 +152,7 @@ def _layers(model):
     for layer in traced.functional.layers:
         name = traced.name(layer)
         if isinstance(layer, keras.Model):
-            for path, inner in _layers(layer):
+            for path, inner in layers_by_path(layer):
                 yield f"{name}/{path}", inner
         else:
             yield name, layer
@@ -172,8 +174,8 @@ def assert_matches_plan(model, plan, new):
     else:  # no TensorFlow graph to trace: the walker's count of the rebuilt model
         assert profile(new).total_macs == plan.macs
     rows = {row["name"]: row for row in plan.layers}
-    old = dict(_layers(model))
-    for path, layer in _layers(new):
+    old = dict(layers_by_path(model))
+    for path, layer in layers_by_path(new):
         row = rows.get(path)
         key = "filters" if hasattr(layer, "filters") else "units" if hasattr(layer, "units") else None
         if row is None or key is None:
@@ -229,20 +231,22 @@ def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
 BLOCKS = ("conv", "residual", "projection", "concat", "depthwise", "separable",
           "se", "nested_functional", "nested_sequential", "ops", "pool", "grouped",
           "grouped_depthwise", "norms", "op_nodes", "nasnet")
+# ``keras.ops.split`` of the channel axis (CSP-style): drawn only where a strategy asks for them.
+SPLITS = ("split_equal", "split_unequal")
 
 
 @st.composite
-def block_specs(draw):
-    """A list of (kind, width, stride) block descriptions."""
-    n = draw(st.integers(1, 6))
+def block_specs(draw, blocks=BLOCKS, max_blocks=6):
+    """A list of (kind, width, stride) block descriptions, kinds drawn from ``blocks``."""
+    n = draw(st.integers(1, max_blocks))
     return [
-        (draw(st.sampled_from(BLOCKS)), draw(st.integers(2, 12)), draw(st.sampled_from((1, 1, 2))))
+        (draw(st.sampled_from(blocks)), draw(st.integers(2, 12)), draw(st.sampled_from((1, 1, 2))))
         for _ in range(n)
     ]
 
 
 @st.composite
-def random_cnns(draw):
+def random_cnns(draw, blocks=BLOCKS, max_blocks=6):
     """A random functional CNN (spec kept on ``model.spec`` for debugging).
 
     Its blocks: plain convs (strided or not), residual blocks with identity or
@@ -252,9 +256,10 @@ def random_cnns(draw):
     convolutions (depthwise-style and ``groups = g``), layer and group
     normalization and NASNet-like cells (padding, cropping and a projection
     feeding adds none of which holds the stream's creator), ending in a pooled
-    or flattened dense head.
+    or flattened dense head. ``blocks`` chooses the kinds (``BLOCKS + SPLITS``
+    adds channel splits), ``max_blocks`` the most blocks.
     """
-    spec = draw(block_specs())
+    spec = draw(block_specs(blocks, max_blocks))
     head = draw(st.sampled_from(("gap", "flatten")))
     size = draw(st.sampled_from((8, 12, 16)))
     model = build_cnn(spec, head, size)
@@ -339,6 +344,8 @@ def build_cnn(spec, head, size):
             x = keras.ops.multiply(y, keras.ops.sigmoid(gate))
         elif kind == "nasnet":
             x = _nasnet_cell(x, width, nm)
+        elif kind in SPLITS:
+            x = _split_block(x, width, kind == "split_equal", nm)
     if head == "gap":
         x = L.GlobalAveragePooling2D(name=nm())(x)
     else:
@@ -361,6 +368,180 @@ def _nasnet_cell(x, width, nm):
         L.ZeroPadding2D(((0, 1), (0, 1)), name=nm())(p))
     side = L.Conv2D(width, 1, name=nm())(shifted)
     return L.Concatenate(name=nm())([p, a, b, c, side])
+
+
+def _split_block(x, width, equal, nm):
+    """CSP-style: a conv's channels split in two; an equal split's second half goes through a
+    residual conv block, an unequal split's larger piece through a conv; concatenated back, the
+    unequal pieces in reverse order (a shuffle)."""
+    if equal:
+        first, second = keras.ops.split(L.Conv2D(2 * width, 1, name=nm())(x), 2, axis=-1)
+        y = L.Conv2D(width, 3, padding="same", activation="relu", name=nm())(second)
+        return L.Concatenate(name=nm())([first, L.Add(name=nm())([y, second])])
+    first, second = keras.ops.split(L.Conv2D(width + 3, 1, name=nm())(x), [width // 2 + 1], axis=-1)
+    y = L.Conv2D(width, 3, padding="same", name=nm())(second)
+    return L.Concatenate(name=nm())([y, first])
+
+
+# -- random subclassed models of composite layers (hypothesis) -----------------
+
+
+class ResidualBlock(L.Layer):
+    """conv-BN-relu-conv plus the block's input: a user's composite layer."""
+
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = L.Conv2D(filters, 3, padding="same", name="conv1")
+        self.bn1 = L.BatchNormalization(name="bn1")
+        self.conv2 = None  # as wide as the block's input: made in build
+
+    def build(self, input_shape):
+        self.conv2 = L.Conv2D(input_shape[-1], 3, padding="same", name="conv2")
+
+    def call(self, x, training=None):
+        y = keras.ops.relu(self.bn1(self.conv1(x), training=training))
+        return keras.ops.relu(x + self.conv2(y))
+
+
+class SqueezeExcite(L.Layer):
+    """A squeeze-excite gate written with ``keras.ops``: mean, two dense layers, multiply.
+
+    (The gate is kept 4-D: ``gate[:, None, None, :]`` is a ``GetItem`` op, which the walker
+    refuses by name.)
+    """
+
+    def __init__(self, squeeze, **kwargs):
+        super().__init__(**kwargs)
+        self.squeeze = L.Dense(squeeze, activation="relu", name="squeeze")
+        self.excite = None  # as wide as the block's input: made in build
+
+    def build(self, input_shape):
+        self.excite = L.Dense(input_shape[-1], activation="sigmoid", name="excite")
+
+    def call(self, x, training=None):
+        return x * self.excite(self.squeeze(keras.ops.mean(x, axis=(1, 2), keepdims=True)))
+
+
+class DepthwiseBlock(L.Layer):
+    """Depthwise conv, BN, relu, then a pointwise conv to ``filters``."""
+
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.depthwise = L.DepthwiseConv2D(3, padding="same", name="depthwise")
+        self.bn = L.BatchNormalization(name="bn")
+        self.pointwise = L.Conv2D(filters, 1, name="pointwise")
+
+    def call(self, x, training=None):
+        return self.pointwise(keras.ops.relu(self.bn(self.depthwise(x), training=training)))
+
+
+class SplitBlock(L.Layer):
+    """``keras.ops.split`` inside a composite: ``2 * filters`` channels, one half through a conv."""
+
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.expand = L.Conv2D(2 * filters, 1, name="expand")
+        self.conv = L.Conv2D(filters, 3, padding="same", name="conv")
+
+    def call(self, x, training=None):
+        first, second = keras.ops.split(self.expand(x), 2, axis=-1)
+        return keras.ops.concatenate([first, self.conv(second)], axis=-1)
+
+
+class Stage(L.Layer):
+    """Blocks inside a block: a nested composite."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks = blocks
+
+    def call(self, x, training=None):
+        for block in self.blocks:
+            x = block(x, training=training)
+        return x
+
+
+class RandomNet(keras.Model):
+    """A subclassed model: a stem, a composite body (a ``Stage`` of blocks) and a dense head."""
+
+    def __init__(self, body, **kwargs):
+        super().__init__(**kwargs)
+        self.stem = L.Conv2D(8, 3, padding="same", name="stem")
+        self.body = body
+        self.head = L.Dense(5, name="head")
+
+    def call(self, x, training=None):
+        x = self.body(self.stem(x), training=training)
+        return self.head(keras.ops.mean(x, axis=(1, 2)))
+
+
+COMPOSITES = ("residual", "se", "depthwise", "split", "stage", "functional")
+
+
+def _composite(kind, width, channels, name):
+    """One composite block of ``kind`` on ``channels`` input channels, and its output channels.
+
+    ``stage`` is a ``Stage`` of a residual and an SE block; ``functional`` a functional
+    ``keras.Model`` of conv-BN-relu built for any spatial size.
+    """
+    if kind == "residual":
+        return ResidualBlock(width, name=name), channels
+    if kind == "se":
+        return SqueezeExcite(max(1, width // 2), name=name), channels
+    if kind == "depthwise":
+        return DepthwiseBlock(width, name=name), width
+    if kind == "split":
+        return SplitBlock(width, name=name), 2 * width
+    if kind == "stage":
+        return Stage([ResidualBlock(width, name="res"), SqueezeExcite(2, name="se")],
+                     name=name), channels
+    inner = keras.Input((None, None, channels))
+    y = L.Conv2D(width, 3, padding="same", name="conv")(inner)
+    return keras.Model(inner, L.ReLU(name="relu")(L.BatchNormalization(name="bn")(y)), name=name), width
+
+
+@st.composite
+def random_subclassed(draw, max_blocks=4):
+    """A built subclassed ``RandomNet`` of random composite blocks (spec on ``model.spec``)."""
+    spec = [(draw(st.sampled_from(COMPOSITES)), draw(st.integers(2, 12)))
+            for _ in range(draw(st.integers(1, max_blocks)))]
+    size = draw(st.sampled_from((8, 12)))
+    blocks, channels = [], 8  # the stem's
+    for i, (kind, width) in enumerate(spec):
+        block, channels = _composite(kind, width, channels, f"block{i}")
+        blocks.append(block)
+    model = RandomNet(Stage(blocks, name="body"), name="random_net")
+    model(np.zeros((1, size, size, 3), "float32"))
+    model.spec = (spec, size)
+    return model
+
+
+# -- what a user can see of their model -----------------------------------------
+
+
+def model_fingerprint(model):
+    """Everything a user can see of ``model``, to compare before and after a call.
+
+    Returns:
+        ``{"weights": sha256 of every variable's path and bytes, "variables": (path, trainable) of
+        each, "layers": (name, class, trainable) of every layer (nested too), "nodes": (name,
+        inbound, outbound) call-node counts of every layer, "config": get_config() as JSON (None
+        for a subclassed model without one)}``.
+    """
+    digest = hashlib.sha256()
+    for w in model.weights:
+        digest.update(w.path.encode() + np.ascontiguousarray(keras.ops.convert_to_numpy(w)).tobytes())
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    try:
+        config = json.dumps(model.get_config(), sort_keys=True, default=repr)
+    except NotImplementedError:
+        config = None
+    return {"weights": digest.hexdigest(),
+            "variables": [(w.path, w.trainable) for w in model.variables],
+            "layers": [(layer.name, type(layer).__name__, layer.trainable) for layer in layers],
+            "nodes": [(layer.name, len(layer._inbound_nodes), len(layer._outbound_nodes))
+                      for layer in layers],
+            "config": config}
 
 
 # -- small models and mask counts for the pruning baselines ---------------------

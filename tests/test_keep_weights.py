@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from tests.conftest import assert_matches_plan, mixed_cnn
+from tests.conftest import assert_matches_plan, layers_by_path, mixed_cnn
 from tests.test_applications import CONSTRUCTORS, MIN_SIZE
 
 L = keras.layers
@@ -106,12 +106,16 @@ def gathered_indices(old, new):
 
 
 def assert_sliced(model, new):
-    """Every weight of every layer of ``new`` is a slice of the same layer's original weight."""
-    old_layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    """Every weight of every layer of ``new`` is a slice of the same layer's original weight.
+
+    Layers are paired by their place (:func:`layers_by_path`: a subclassed model's or a
+    composite's sublayers by the names its trace gives them, as the rebuilt model has them).
+    """
+    old_layers = dict(layers_by_path(model))
     checked = 0
-    for layer in new._flatten_layers(include_self=False):
-        old = old_layers.get(layer.name)
-        if old is None or not layer.weights or isinstance(layer, keras.Model):
+    for path, layer in layers_by_path(new):
+        old = old_layers.get(path)
+        if old is None or not layer.weights:
             continue
         groups = getattr(layer, "groups", 1)
         for w_old, w_new in zip(old.weights, layer.weights):
