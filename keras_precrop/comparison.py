@@ -90,8 +90,9 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         model: a functional or Sequential Keras model with a defined input shape.
         params, flops: budget ratios, as in :func:`keras_precrop.plan`.
         modes: the translation modes to compare (default exact, layerwise,
-            uniform); ``mode="auto"``'s pick is marked in the table, and
-            added as a row when it is none of them (``Comparison.auto_mode``).
+            uniform; one mode may be given as a string); ``mode="auto"``'s
+            pick is marked in the table, and added as a row when it is none
+            of them (``Comparison.auto_mode``).
         measure: also time the original and every plan's rebuilt model on
             this machine, interleaved, and report the speedups.
         rounds: interleaved timing rounds when measuring.
@@ -107,9 +108,11 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         A :class:`Comparison`.
     """
     _latency.timing.check_settings(batch_size, runtime, False)  # measured or not: 0 is no batch
+    _latency.timing.check_rounds(rounds)
+    asked, modes = modes, [modes] if isinstance(modes, str) else list(modes)  # not "e", "x", ...
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
-        raise ArgumentError(f"{{modes}} must name modes among {sorted(MODES)}.", modes=list(modes))
+        raise ArgumentError(f"{{modes}} must name modes among {sorted(MODES)}.", modes=asked)
     if "mode" in options:
         raise ArgumentError("{mode} is what compare varies; give modes=[...] instead.",
                             mode=options["mode"])

@@ -17,10 +17,11 @@ It reads the graph and budget wings, never the planning floor above it.
 """
 
 from keras_precrop.errors import LatencyModelMismatchError
-from keras_precrop.latency.calibrate import calibrated
+from keras_precrop.latency.calibrate import CalibrationWarning, calibrated
 from keras_precrop.latency.fit import latency_model, resolve
-from keras_precrop.latency.model import ROW, LatencyModel, floor_said
+from keras_precrop.latency.model import ROW, LatencyModel, UnusableLatencyModel, floor_said
 from keras_precrop.latency.timing import RUNTIMES, interleaved, runner, time_ratio, to_tflite
 
-__all__ = ["ROW", "RUNTIMES", "LatencyModel", "LatencyModelMismatchError", "calibrated",
-           "floor_said", "interleaved", "latency_model", "resolve", "runner", "time_ratio", "to_tflite"]
+__all__ = ["ROW", "RUNTIMES", "CalibrationWarning", "LatencyModel", "LatencyModelMismatchError",
+           "UnusableLatencyModel", "calibrated", "floor_said", "interleaved", "latency_model",
+           "resolve", "runner", "time_ratio", "to_tflite"]

@@ -2,67 +2,145 @@
 
 A latency model's prediction of its own plan can be off (a plan shrinks some
 layers far more than the timed variants did); :func:`calibrated` corrects the
-latency budget by the measured ratio of each round's plan.
+latency budget by the measured ratio of each round's plan, and once a plan
+under the target and one over it are known, searches between them. A budget
+is a ceiling, not a licence to return a model far below it: a kept plan that
+measures far under the target, or that cuts a layer to a few channels, is
+kept with a :class:`CalibrationWarning` saying so.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
 
 from keras_precrop.errors import InfeasibleBudgetError
 from keras_precrop.latency.model import ROW
 
 CALIBRATION_SLACK = 0.03  # a measured time ratio this far above the budget meets it (timing noise)
+FAR_UNDER = 0.7  # a kept plan measuring under this share of the target is far under it
+_CONVERGED = 1e-3  # bracketing budgets closer than this (relative) are one budget
+
+
+class CalibrationWarning(UserWarning):
+    """A calibrated latency plan that measures far under its target or cuts a layer to a few
+    channels: the latency model mispredicts this model's plans."""
 
 
 def calibrated(solve, measure, predicted, budgets, target, rounds):
     """Widths whose *measured* time ratio meets the latency budget ``target``.
 
     ``solve(budgets)`` plans, ``measure(widths)`` times the rebuilt model
-    against the original, ``predicted(widths)`` is the latency model's
-    time. After each round the latency row's budget is scaled by ``target /
-    measured`` (a multiplicative correction of the latency model's bias near
-    the plan), up to ``rounds`` times, until the measured ratio is within
+    against the original (a float; one with a ``narrowed`` attribute, as
+    :func:`~keras_precrop.latency.timing.time_ratio` returns, also names the
+    layers it cuts to a few channels), ``predicted(widths)`` is the latency
+    model's time. After each round the latency row's budget is corrected,
+    up to ``rounds`` times, until the measured ratio is within
     ``CALIBRATION_SLACK`` of ``target``, the latency budget no longer binds
-    (another budget does) or a corrected budget is infeasible. A budget under
-    the narrowest plan's predicted time is first raised to that time, once:
-    the fastest plan the latency model makes may still measure within
-    ``target`` (the model can overrate narrow plans); in the first round, the
-    error is raised if it does not. Returns the
-    plan meeting ``target`` with the largest measured ratio (the least
-    pruned), else the fastest one, and the rounds in its info.
+    (another budget does) or a corrected budget is infeasible: while every
+    plan so far measures on one side of ``target``, the budget is scaled by
+    ``target / measured``; once the plans bracket it (the plan measuring
+    closest under ``target`` and the one closest over it), the next budget
+    is the geometric mean of theirs (a bisection: a measured ratio need not
+    fall as the budget does, and a jump by the ratio alone swung between a
+    collapsed plan and one over the target). A budget under the narrowest
+    plan's predicted time is first raised to that time, once: the fastest
+    plan the latency model makes may still measure within ``target``; in
+    the first round, the error is raised if it does not.
+
+    Returns:
+        The plan meeting ``target`` with the largest measured ratio (the
+        least pruned), else the fastest one, and its info with
+        ``latency_calibration``: ``target``, ``measured``, ``met``, ``rounds``
+        (each round's ``budget``, as a ratio of the original's predicted
+        time, and ``measured`` ratio; ``same_plan_as``: the round, counted
+        from 1, whose plan a round repeats, which is not timed again) and, where the kept plan measures under
+        ``FAR_UNDER`` times ``target`` or cuts a layer to a few channels,
+        ``warning`` (also issued as a :class:`CalibrationWarning`).
     """
     budget, history, plans = dict(budgets), [], []
     original = budgets[ROW] / target
     for k in range(rounds + 1):
         try:
-            previous = history[-1]["budget"] * original if history else math.inf
-            widths, info, refused = _solve_at_least_narrowest(solve, budget, previous)
+            lowest = min((h["budget"] for h in history), default=math.inf) * original
+            widths, info, refused = _solve_at_least_narrowest(solve, budget, lowest)
         except InfeasibleBudgetError:
             if k == 0:
                 raise
             break
-        ratio = measure(widths)
+        same = next((j for j, p in enumerate(plans) if np.array_equal(p[1], widths)), None)
+        ratio = measure(widths) if same is None else plans[same][0]  # a plan is timed once
         if refused is not None and k == 0 and ratio > target * (1 + CALIBRATION_SLACK):
             raise refused  # the latency model was right: even the narrowest plan is too slow
-        history.append({"budget": float(budget[ROW] / original), "measured": float(ratio)})
+        history.append({"budget": float(budget[ROW] / original), "measured": float(ratio),
+                        **({} if same is None else {"same_plan_as": same + 1})})
         plans.append((ratio, widths, info))
         slack = predicted(widths) < budget[ROW] * (1 - 0.01)
-        if abs(ratio / target - 1) <= CALIBRATION_SLACK or (ratio < target and slack):
+        following = _next_budget(history, target)
+        if abs(ratio / target - 1) <= CALIBRATION_SLACK or (ratio < target and slack) \
+                or following is None:
             break
-        budget[ROW] *= target / ratio
+        budget[ROW] = following * original
     meeting = [p for p in plans if p[0] <= target * (1 + CALIBRATION_SLACK)]
     ratio, widths, info = max(meeting, key=lambda p: p[0]) if meeting else min(plans, key=lambda p: p[0])
-    return widths, {**info, "latency_calibration": {
-        "target": float(target), "measured": float(ratio), "met": bool(meeting), "rounds": history}}
+    calibration = {"target": float(target), "measured": float(ratio), "met": bool(meeting),
+                   "rounds": history}
+    warning = _far_below(ratio, target, getattr(ratio, "narrowed", ())) if meeting else None
+    if warning:
+        calibration["warning"] = warning
+        warnings.warn(CalibrationWarning(warning), stacklevel=3)
+    return widths, {**info, "latency_calibration": calibration}
 
 
-def _solve_at_least_narrowest(solve, budget, previous):
+def _next_budget(history, target):
+    """The next round's latency budget (a ratio of the original's predicted time), or None.
+
+    With rounds measuring on both sides of ``target``: the geometric mean of
+    the budgets of the round measuring closest under it (the latest of
+    equals) and of the one closest over it; None once those are one budget.
+    With rounds on one side only: the budget of the round closest to
+    ``target`` scaled by ``target / measured``.
+    """
+    under = [(h["measured"], i) for i, h in enumerate(history) if h["measured"] <= target]
+    over = [(-h["measured"], i) for i, h in enumerate(history) if h["measured"] > target]
+    if under and over:
+        low, high = history[max(under)[1]]["budget"], history[max(over)[1]]["budget"]
+        if abs(math.log(high / low)) < _CONVERGED:
+            return None
+        return math.sqrt(low * high)
+    closest = history[max(under or over)[1]]
+    return closest["budget"] * target / closest["measured"]
+
+
+def _far_below(ratio, target, narrowed):
+    """What is wrong with a kept plan measuring ``ratio`` of the original's time for the
+    budget ``target``, whose measurement names the ``narrowed`` layers ``(name, kept,
+    original)``; None if nothing is."""
+    problems = []
+    if ratio < FAR_UNDER * target:
+        problems.append(f"it measures {ratio:.3f} of the original's time, far under the target "
+                        f"latency={target:g} ({ratio / target:.0%} of it)")
+    if narrowed:
+        cut = ", ".join(f"{name!r} from {before} to {after}" for name, after, before in narrowed[:5])
+        more = f" and {len(narrowed) - 5} more" if len(narrowed) > 5 else ""
+        problems.append(f"it measures {ratio:.3f} of the original's time and cuts layers to a few "
+                        f"channels: {cut}{more}")
+    if not problems:
+        return None
+    return ("The calibrated latency plan is kept, but " + "; ".join(problems) + ". The latency "
+            "model mispredicts this model's plans: fit it with more variants and refinement "
+            "(kp.latency_model(model, variants=20, refine_rounds=2)), or give more calibrate= "
+            "rounds.")
+
+
+def _solve_at_least_narrowest(solve, budget, lowest):
     """``solve(budget)``; a latency budget the narrowest plan exceeds is raised to its time.
 
-    Only where the latency row alone is infeasible, and only if ``previous``
-    (the latency budget planned last; ``inf`` before the first round) was
-    above that time, so the narrowest plan is planned once.
+    Only where the latency row alone is infeasible, and only if ``lowest``
+    (the lowest latency budget planned so far; ``inf`` before the first
+    round) was above that time, so the narrowest plan is planned once.
 
     Returns:
         The widths, their info, and the :class:`InfeasibleBudgetError` that
@@ -72,7 +150,7 @@ def _solve_at_least_narrowest(solve, budget, previous):
         return (*solve(budget), None)
     except InfeasibleBudgetError as err:
         floor = (err.limit or {}).get(ROW)
-        if floor is None or set(err.limit) != {ROW} or floor * (1 + 1e-6) >= previous:
+        if floor is None or set(err.limit) != {ROW} or floor * (1 + 1e-6) >= lowest:
             raise
         budget[ROW] = floor * (1 + 1e-6)
         return (*solve(budget), err)

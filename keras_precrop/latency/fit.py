@@ -55,7 +55,13 @@ from keras_precrop.graph import walker as _graph
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.latency import timing as _timing
 from keras_precrop.latency.features import Features, signature
-from keras_precrop.latency.model import ROW, LatencyModel
+from keras_precrop.latency.model import (
+    FIT_REMEDY,
+    MIN_HELD_OUT,
+    ROW,
+    LatencyModel,
+    UnusableLatencyModel,
+)
 
 _RIDGE = (0.0, 1e-4, 1e-3, 1e-2)  # candidate penalties on the columns' time shares
 _SAME_SCORE = 1e-6  # cross-validated errors closer than this tie (the simpler fit wins)
@@ -203,7 +209,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             included (>= 6).
         rounds: interleaved timing rounds (medians over rounds).
         holdout: share of the random variants held out of the fit to
-            measure its error.
+            measure its error (at least one; the error is reported from 3
+            or more, else it is None: ``variants=16`` holds out 3).
         blocks: candidate block sizes of the rounded copies of the features
             (1: none).
         scale_range: smallest and largest width factor of the random
@@ -247,8 +254,7 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     plans_text = (f"; on its last plans before refitting median "
                   f"{result.error['plans_median']:.1%}, worst {result.error['plans_worst']:.1%}"
                   if result.error["plans_median"] is not None else "")
-    log(f"fitted in {result.fit_seconds:.0f} s: held-out error median "
-        f"{result.error['median']:.1%}, worst {result.error['worst']:.1%}{plans_text} "
+    log(f"fitted in {result.fit_seconds:.0f} s: {result.held_out_text()}{plans_text} "
         f"(block {result.block})")
     return result
 
@@ -269,8 +275,7 @@ def _check_fit_options(batch_size, runtime, training, variants, rounds, holdout,
     _timing.check_settings(batch_size, runtime, training)
     if isinstance(variants, bool) or not isinstance(variants, (int, np.integer)) or variants < 6:
         raise ArgumentError("{variants:subject} must be an integer >= 6{got}", variants=variants)
-    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-        raise ArgumentError("{rounds:subject} must be a positive integer{got}", rounds=rounds)
+    _timing.check_rounds(rounds)
     if not 0 < holdout < 1:
         raise ArgumentError("{holdout:subject} must be a share in (0, 1){got}", holdout=holdout)
     lo, hi = scale_range
@@ -330,10 +335,8 @@ class _Fitter:
     def refine(self, k, ratios, planner):
         """Refinement round ``k``: plan at ``ratios``, time the plans, refit; False if none."""
         self.log(f"refinement round {k}: plans at latency {list(ratios)} (block {self.block})")
-        held_errors = _relative_errors(self.X[self.held], self.t[self.held], self.beta)
-        preliminary = self.assemble(variants=[], fit_seconds=0.0,
-                                    error={"median": float(np.median(held_errors)),
-                                           "worst": float(held_errors.max())})
+        preliminary = self.assemble(variants=[], fit_seconds=0.0, error=_held_out_error(
+            _relative_errors(self.X[self.held], self.t[self.held], self.beta)))
         plans = _plan_widths(planner, self.prof, preliminary, ratios, self.widths, self.log)
         if not plans:
             return False
@@ -371,7 +374,7 @@ class _Fitter:
         """The final :class:`LatencyModel`: errors held out, on the fit and on the last plans."""
         errors, held, plans = _relative_errors(self.X, self.t, self.beta), self.held, self.plan_errors
         return self.assemble(
-            error={"median": float(np.median(errors[held])), "worst": float(errors[held].max()),
+            error={**_held_out_error(errors[held]),
                    "train_median": float(np.median(errors[~held])),
                    "train_worst": float(errors[~held].max()),
                    "cross_validated_rms": float(self.cv),
@@ -382,6 +385,15 @@ class _Fitter:
                       for label, s, p, h, r in zip(self.labels, self.t, self.X @ self.beta, held,
                                                    self.refined)],
             fit_seconds=fit_seconds)
+
+
+def _held_out_error(errors):
+    """``median`` and ``worst`` of the held-out variants' relative ``errors``: None for both
+    from fewer than :data:`MIN_HELD_OUT` variants, which cannot estimate an error (one
+    variant's 0.0% said nothing about the next)."""
+    if len(errors) < MIN_HELD_OUT:
+        return {"median": None, "worst": None}
+    return {"median": float(np.median(errors)), "worst": float(np.max(errors))}
 
 
 def resolve(latency_model_arg, model, argument="latency_model", **defaults):
@@ -395,7 +407,13 @@ def resolve(latency_model_arg, model, argument="latency_model", **defaults):
     if isinstance(latency_model_arg, LatencyModel):
         return latency_model_arg
     if isinstance(latency_model_arg, (str, os.PathLike)):
-        return LatencyModel.from_json(os.fspath(latency_model_arg))
+        path = os.fspath(latency_model_arg)
+        try:
+            return LatencyModel.from_json(path)
+        except UnusableLatencyModel as err:  # named as the argument, with the remedy
+            what = err.reason.replace("{", "{{").replace("}", "}}")
+            raise ArgumentError(f"{{{argument}}} {what}; fit a latency model with {{remedy}}.",
+                                remedy=FIT_REMEDY, **{argument: path}) from None
     if latency_model_arg is None or isinstance(latency_model_arg, dict):
         return latency_model(model, **{**defaults, **(latency_model_arg or {})})
     raise TypeError(f"{argument} must be a LatencyModel, a JSON file path, a dict of "

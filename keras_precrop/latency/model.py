@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import warnings
 
@@ -19,7 +20,8 @@ from keras_precrop.latency.features import Features, signature
 
 ROW = _costs.LATENCY_ROW  # the budget row's name in plans and cost models
 _FORMAT = 2  # version of the JSON layout (2: per-column blocks, "out:ReLU@16")
-_FIT_REMEDY = {"python": "kp.latency_model(model)",
+MIN_HELD_OUT = 3  # held-out variants an error is estimated from (fewer: not estimated)
+FIT_REMEDY = {"python": "kp.latency_model(model)",
                "cli": "`keras-precrop latency MODEL --json FILE`"}
 
 
@@ -33,6 +35,21 @@ def floor_said(lm):
         if lm is None:
             raise
         raise lm.unreachable(err) from None
+
+
+# What LatencyModel.summary's feature names mean, printed under its table.
+_LEGEND = (
+    "Features: macs:<class> = multiply-accumulates of that layer class; in:<class> / out:<class> = "
+    "elements (pixels x channels) the class reads / writes; const = a fixed time per layer call "
+    "(launches, call overhead), with the work of layers whose widths are all fixed; <feature>@<n> "
+    "= the same with every prunable width rounded up to a multiple of n (kernels that work on "
+    "blocks of n channels pay for a partly filled block). Counts are per example; coefficients "
+    "are seconds per batch per unit.",
+    "A share is time that scales with that feature across the timed widths, not a profile of "
+    "the layer class: a feature of one width (a global pooling reads only the last width) also "
+    "takes the time of other layers that scale with that width; features proportional at every "
+    "width share a row (a = b), since no fit can split their time.",
+)
 
 
 @dataclasses.dataclass
@@ -51,7 +68,9 @@ class LatencyModel(_json.JsonDataclass):
         columns, coef: feature names (``macs:Conv2D``, ``out:ReLU``,
             ``const``, ``out:ReLU@16``, ...) and seconds per unit of each.
         error: relative prediction error on the held-out variants
-            (``median``, ``worst``), on the fitted ones (``train_median``,
+            (``median``, ``worst``; None where fewer than
+            :data:`MIN_HELD_OUT` were held out, too few to estimate it), on
+            the fitted ones (``train_median``,
             ``train_worst``) and on the last refinement round's plans as
             the fit that made them predicted them, before they were timed
             (``plans_median``, ``plans_worst``; None without refinement).
@@ -127,7 +146,7 @@ class LatencyModel(_json.JsonDataclass):
             raise LatencyModelMismatchError(
                 f"{subject} was fitted on model {self.model_name!r} (layer signature "
                 f"{self.signature}), not on model {graph.model.name!r} (signature {found}); "
-                "fit one for this model with {remedy}.", remedy=_FIT_REMEDY, **argument)
+                "fit one for this model with {remedy}.", remedy=FIT_REMEDY, **argument)
         if here is None or self.device_kind is None:
             return
         message = (f"{subject} was timed on {self.device()}, and this process computes on "
@@ -136,11 +155,11 @@ class LatencyModel(_json.JsonDataclass):
             raise LatencyModelMismatchError(
                 f"{message}: times do not carry over between kinds of device (a CPU's go into "
                 "work per channel, a GPU's into per-layer launches); fit one here with "
-                "{remedy}.", remedy=_FIT_REMEDY, **argument)
+                "{remedy}.", remedy=FIT_REMEDY, **argument)
         if here.name != self.device_name:
             warnings.warn(str(LatencyModelMismatchError(
                 f"{message}: its times may be off here; fit one here with {{remedy}}.",
-                remedy=_FIT_REMEDY, **argument)), stacklevel=3)
+                remedy=FIT_REMEDY, **argument)), stacklevel=3)
 
     def device(self):
         """Where it was timed, in words (``gpu 'NVIDIA H200' (jax, runtime 'tf', batch 32,
@@ -206,28 +225,65 @@ class LatencyModel(_json.JsonDataclass):
     def _evaluate(self, features, widths, fixed):
         return features.matrix(widths, fixed)[0] @ np.asarray(self.coef)
 
+    def held_out_text(self):
+        """The held-out error in words, or that too few variants were held out to estimate it."""
+        held = sum(v["held_out"] for v in self.variants)
+        if self.error.get("median") is None or held < MIN_HELD_OUT:
+            cv = self.error.get("cross_validated_rms")
+            return (f"held-out error not estimated ({held} of {len(self.variants)} variants held "
+                    f"out; at least {MIN_HELD_OUT} are needed: raise variants= or holdout=)"
+                    + (f"; leave-one-out RMS error on the fitted variants {cv:.1%}"
+                       if cv is not None else ""))
+        return (f"held-out error median {self.error['median']:.1%}, worst "
+                f"{self.error['worst']:.1%} ({held} of {len(self.variants)} variants)")
+
     def summary(self, print_fn=print):
-        """Print the fit: what was timed, its error and the largest coefficients' shares."""
+        """Print the fit: what was timed, its error, the share of time of each feature, and a
+        legend of the feature names.
+
+        Features that are proportional to each other at every width of this
+        model (``in:ReLU`` and ``out:ReLU``; a global pooling's input and the
+        dense layer it feeds; the per-call constant and work of layers whose
+        widths are all fixed) cannot be told apart by any fit, which splits
+        their time among them at will: they share one row.
+        """
         what = "training step" if self.training else "inference"
         print_fn(f'Latency model of "{self.model_name}": {what}, runtime {self.runtime}, '
                  f"batch {self.batch_size}, block {self.block}")
         print_fn(f"Timed on {self.device()}")
         print_fn(f"Original: {self.seconds * 1e3:.3f} ms per batch (predicted), "
                  f"{self.variants[0]['seconds'] * 1e3:.3f} ms measured")
-        print_fn(f"Held-out error: median {self.error['median']:.1%}, worst "
-                 f"{self.error['worst']:.1%} ({sum(v['held_out'] for v in self.variants)} of "
-                 f"{len(self.variants)} variants); fitted in {self.fit_seconds:.0f} s")
+        text = self.held_out_text()
+        print_fn(f"{text[0].upper()}{text[1:]}; fitted in {self.fit_seconds:.0f} s")
         if self.error.get("plans_median") is not None:
             print_fn(f"Error on the last refinement round's plans, before refitting: median "
                      f"{self.error['plans_median']:.1%}, worst {self.error['plans_worst']:.1%}")
         share = self._seconds_per_column()
         rows = [("Feature", "Coefficient (s/unit)", "Share of time")]
-        for j in np.argsort(-share):
-            if share[j] > 0:
-                rows.append((self.columns[j], f"{self.coef[j]:.3e}",
-                             f"{share[j] / share.sum():.1%}"))
+        for group in sorted(self._proportional_groups(), key=lambda g: -share[g].sum()):
+            if share[group].sum() > 0:
+                coef = f"{self.coef[group[0]]:.3e}" if len(group) == 1 else "(together)"
+                rows.append((" = ".join(self.columns[j] for j in group), coef,
+                             f"{share[group].sum() / share.sum():.1%}"))
         for line in _tables.table(rows):
             print_fn(line)
+        for line in _LEGEND:
+            print_fn(line)
+
+    def _proportional_groups(self):
+        """Column indices in groups of columns proportional to each other at every width
+        (found at the original widths and 7 random scalings of them), ``const`` first."""
+        t = self.template
+        widths, fixed = np.asarray(t["widths"], dtype=np.float64), np.asarray(t["fixed"])
+        rng = np.random.default_rng(0)
+        scaled = np.where(fixed, widths, np.maximum(1, np.round(
+            widths * rng.uniform(0.25, 1.0, (7, len(widths))))))
+        m = Features.from_template(self.columns, t).matrix(np.vstack([widths, scaled]), fixed)
+        groups = {}
+        for j in sorted(range(len(self.columns)), key=lambda j: self.columns[j] != "const"):
+            key = tuple(np.round(m[:, j] / m[0, j], 9)) if m[0, j] else ("zero", j)
+            groups.setdefault(key, []).append(j)
+        return [np.array(g) for g in groups.values()]
 
     def _seconds_per_column(self):
         """Each column's predicted seconds in the original model's time."""
@@ -267,16 +323,114 @@ class LatencyModel(_json.JsonDataclass):
                            f"--runtime than {self.runtime}"})
 
     @classmethod
+    def from_json(cls, text_or_path):
+        """A latency model from JSON text or a ``.json`` file (:meth:`to_json`'s).
+
+        Raises:
+            UnusableLatencyModel: the file cannot be read, is cut off or not
+                JSON, holds something else (a plan) or a latency model that
+                cannot predict (coefficients that are not finite, negative or
+                all zero, a template that does not fit its columns); the
+                message names the file and what is wrong.
+        """
+        text, source = str(text_or_path), "the JSON text"
+        if not text.lstrip().startswith("{"):
+            source = f"file {text!r}"
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as err:
+                raise UnusableLatencyModel(source, f"cannot be read ({err.strerror})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            cut = err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string")
+            reason = ("is cut off: its JSON ends in the middle (was it written completely?)" if cut
+                      else f"is not JSON ({err.msg} at line {err.lineno}, column {err.colno})")
+            raise UnusableLatencyModel(source, reason) from None
+        try:
+            return cls.from_dict(data)
+        except UnusableLatencyModel as err:
+            raise UnusableLatencyModel(source, err.reason) from None
+
+    @classmethod
     def from_dict(cls, data):
         """A latency model from :meth:`to_dict`'s data (format 1 files too).
 
         Format 1 rounded every feature to ``block``; its columns are renamed
-        ``<feature>@<block>``, which predicts the same.
+        ``<feature>@<block>``, which predicts the same. Data that is no
+        latency model, or one that cannot predict, raises
+        :class:`UnusableLatencyModel`.
         """
+        reason = _not_a_latency_model(data)
+        if reason:
+            raise UnusableLatencyModel("the data", reason)
         version = data.get("format", _FORMAT)
         if version == 1:
             suffix = f"@{data['block']}" if data["block"] > 1 else ""
             data = {**data, "columns": [c + suffix for c in data["columns"]], "format": _FORMAT}
         elif version != _FORMAT:
-            raise ValueError(f"latency model format {version} is not {_FORMAT}; refit it")
+            raise UnusableLatencyModel("the data", f"is of latency model format {version!r}, "
+                                                   f"which this version does not read ({_FORMAT})")
+        reason = _cannot_predict(data)
+        if reason:
+            raise UnusableLatencyModel("the data", reason)
         return super().from_dict(data)
+
+
+class UnusableLatencyModel(ValueError):
+    """A latency model file or text that is none, or cannot predict.
+
+    Attributes:
+        source: what was read (``file 'lm.json'``).
+        reason: what is wrong, as a predicate of it (``is cut off: ...``).
+    """
+
+    def __init__(self, source, reason):
+        super().__init__(f"{source} {reason}")
+        self.source, self.reason = source, reason
+
+
+_PLAN_FIELDS = {"variables", "layers", "budgets"}  # a plan's (kp.Plan.to_json), not a latency model's
+
+
+def _not_a_latency_model(data):
+    """What makes ``data`` (parsed JSON) something other than a latency model, or None."""
+    if not isinstance(data, dict):
+        return f"is not a latency model: it holds a JSON {type(data).__name__}, not an object"
+    if _PLAN_FIELDS <= set(data) and "coef" not in data:
+        return ("is a plan (what kp.plan and `keras-precrop precrop --plan` write), not a latency "
+                "model (what kp.latency_model and `keras-precrop latency --json` write)")
+    fields = dataclasses.fields(LatencyModel)
+    missing = sorted(f.name for f in fields if f.default is dataclasses.MISSING
+                     and f.name not in data)
+    if missing:
+        return f"is not a latency model: it lacks the fields {missing}"
+    return None
+
+
+def _cannot_predict(data):
+    """Why the latency model ``data`` (format 2) cannot predict a time, or None."""
+    columns, t = data["columns"], data["template"]
+    try:
+        coef = np.asarray(data["coef"], dtype=np.float64)
+        terms = [np.asarray(t[k], dtype=np.float64) for k in ("col", "mult", "a", "b")]
+        widths = np.asarray(t["widths"], dtype=np.float64)
+    except (TypeError, ValueError, KeyError) as err:
+        return f"holds a coefficient or template entry that is not a number ({err})"
+    if coef.shape != (len(columns),):
+        return f"holds {coef.size} coefficients for {len(columns)} feature columns"
+    bad = [f"{c!r}: {v:.3g}" for c, v in zip(columns, coef) if not np.isfinite(v) or v < 0]
+    if bad:
+        return (f"holds coefficients that are not finite non-negative seconds ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}); a fitted time is never negative or NaN")
+    if not coef.any():
+        return "predicts no time at all: every coefficient is zero"
+    col, mult, a, b = terms
+    if len({len(x) for x in terms}) != 1 or not len(widths) == len(t.get("names", ())) \
+            == len(t.get("fixed", ())) \
+            or not np.all(np.isfinite(mult)) or not np.all(np.isfinite(widths)) \
+            or (len(col) and (col.min() < 0 or col.max() >= len(columns) or min(a.min(), b.min()) < 0
+                              or max(a.max(), b.max()) > len(widths))):
+        return "holds a template that does not fit its feature columns and width variables"
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import ArgumentError
-from keras_precrop.graph.trace import input_specs
+from keras_precrop.graph import trace as _trace
 
 RUNTIMES = ("tf", "jax", "torch", "torch_compile", "litert", "tflite", "onnx", "litert_int8",
             "onnx_int8")
@@ -46,7 +47,7 @@ _CALIBRATION = 16  # random examples that calibrate an int8 model's activation r
 
 def input_shape(model):
     """The one input shape of ``model`` (a subclassed model's: the one it was built with)."""
-    specs = input_specs(model)
+    specs = _trace.input_specs(model)
     if len(specs) != 1:
         raise ValueError(f"Model {model.name!r} has {len(specs)} inputs; latency "
                          "models time single-input models.")
@@ -482,6 +483,7 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None, clock=time.perf_c
     Returns:
         ``{name: [seconds per call, one per round]}``.
     """
+    check_rounds(rounds)
     names = list(fns)
     tf_logger = logging.getLogger("tensorflow")
     level = tf_logger.level
@@ -514,13 +516,59 @@ def logger(verbose):
     return lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)
 
 
+class Measured(float):
+    """A measured time ratio, with the layers the timed candidate cuts to a few channels.
+
+    Attributes:
+        narrowed: ``(name, channels, original channels)`` of every layer
+            with filters or units that the candidate cuts to
+            :data:`FEW_CHANNELS` or fewer, or under :data:`NARROW_SHARE` of
+            the original's, narrowest share first.
+    """
+
+    narrowed: tuple = ()
+
+    def __new__(cls, value, narrowed=()):
+        self = super().__new__(cls, value)
+        self.narrowed = tuple(narrowed)
+        return self
+
+
+FEW_CHANNELS = 2  # a layer cut to this many channels or fewer has collapsed
+NARROW_SHARE = 0.1  # ... and so has one cut under this share of its channels
+
+
+def _channels_of(layer):
+    """A layer's chosen output width (``filters``, ``units``), or None."""
+    width = getattr(layer, "filters", None) or getattr(layer, "units", None)
+    return width if isinstance(width, int) else None
+
+
+def narrowed(original, candidate):
+    """``(name, channels, original channels)`` of the layers ``candidate`` (a rebuild of
+    ``original``) cuts to a few channels (see :class:`Measured`), narrowest share first.
+
+    Layers are matched by the names the rebuild gives them (the walk's).
+    """
+    traced = _trace.traced(original)
+    widths = {traced.name(op): _channels_of(op) for op in traced.functional.operations}
+    cut = []
+    for layer in candidate.layers:
+        after, before = _channels_of(layer), widths.get(layer.name)
+        if after is not None and before is not None and after < before \
+                and (after <= FEW_CHANNELS or after < NARROW_SHARE * before):
+            cut.append((layer.name, after, before))
+    return tuple(sorted(cut, key=lambda c: c[1] / c[2]))
+
+
 def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
     """A function ``ratio(candidate)``: the measured time of ``candidate`` over ``model``'s.
 
     Both are timed as ``latency_model`` was (batch size, runtime, inference
     or training step), interleaved and summarized by medians; ``model`` is
     prepared once. This is the measurement a latency plan is calibrated
-    against (``plan(calibrate=...)``).
+    against (``plan(calibrate=...)``): each call is a round, and prints its
+    measured ratio (and the layers the candidate cuts to a few channels).
 
     Args:
         latency_model: the :class:`LatencyModel` whose timing settings apply.
@@ -528,13 +576,24 @@ def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
         rounds: interleaved timing rounds per call of ``ratio``.
         verbose: 1 prints timing progress, 0 is silent.
         timer: replaces the clock, as in :func:`latency_model`.
+
+    Returns:
+        ``ratio(candidate) ->`` :class:`Measured`.
     """
+    log = logger(verbose)
     measure = timer or timer_of(latency_model.batch_size, latency_model.runtime,
-                              latency_model.training, rounds, logger(verbose))
+                              latency_model.training, rounds, log)
+    done = itertools.count(1)
 
     def ratio(candidate):
         seconds = measure({"original": model, "candidate": candidate})
-        return float(seconds["candidate"]) / float(seconds["original"])
+        result = Measured(float(seconds["candidate"]) / float(seconds["original"]),
+                          narrowed(model, candidate))
+        cut = "".join(f"; cuts {name!r} from {before} to {after} channels"
+                      for name, after, before in result.narrowed[:3])
+        log(f"calibration round {next(done)}: the plan measures {result:.3f} of the "
+            f"original's time{cut}")
+        return result
 
     return ratio
 
@@ -560,6 +619,13 @@ def timer_of(batch_size, runtime, training, rounds, log, device=None):
         return {name: statistics.median(s) for name, s in samples.items()}
 
     return measure
+
+
+def check_rounds(rounds):
+    """Raises :class:`~keras_precrop.ArgumentError` unless ``rounds`` (timing rounds, whose
+    median is the time) is a positive integer."""
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ArgumentError("{rounds:subject} must be a positive integer{got}", rounds=rounds)
 
 
 def check_settings(batch_size, runtime, training):
