@@ -7,6 +7,8 @@ Public API (everything else is private):
 * ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig
   (``weights="keep"``: prune or widen a trained model, keeping its weights).
 * ``fine_tune``: train such a model a little, distilled from the original or not.
+* ``GradualPruning``: a ``fit`` callback that prunes a trained model's channels
+  gradually towards a plan, then ``finalize()`` rebuilds it smaller.
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
 * ``compare``: the modes side by side, uniform width scaling included.
 * ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
@@ -55,6 +57,7 @@ _PUBLIC = {
     **dict.fromkeys(("LatencyModel", "latency_model"), "keras_precrop.latency"),
     **dict.fromkeys(("Plan", "apply_plan", "plan", "precrop", "reconfigure"), "keras_precrop.planning"),
     "fine_tune": "keras_precrop.training.finetune",
+    "GradualPruning": "keras_precrop.gradual",
 }
 # Public subpackages, and where they live.
 _SUBPACKAGES = {"data": "keras_precrop.training.data", "hub": "keras_precrop.hub",
@@ -133,6 +136,7 @@ __all__ = [
     "ArgumentError",
     "ChannelSlice",
     "Comparison",
+    "GradualPruning",
     "Handler",
     "InfeasibleBudgetError",
     "LatencyModel",

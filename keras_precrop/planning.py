@@ -601,14 +601,9 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
     graph = subject.profile(plan.ignore, plan.residual, {}).graph
-    widths = _planned_widths(graph, plan, model)
+    widths = planned_widths(graph, plan, model)
     _check_seed_use(seed, importance, graph, widths)
-    new = rebuild(graph, widths, seed=seed)
-    rebuilt, mismatch = _verify.check(new, graph, widths, plan)  # the one walk of the new model
-    if mismatch is not None:
-        raise RebuildMismatchError(
-            f"Model {model.name!r} rebuilt from plan for {plan.model_name!r} "
-            f"disagrees with the plan: {mismatch}.")
+    new, rebuilt = build_checked(graph, widths, plan, seed)
     if importance:
         gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
         _transfer.carry_weights(graph, new, widths, importance, gradients,
@@ -621,7 +616,23 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     return new
 
 
-def _planned_widths(graph, plan, model):
+def build_checked(graph, widths, plan, seed=None):
+    """``graph``'s model rebuilt at ``widths`` (fresh weights) and its walk, checked against ``plan``.
+
+    Raises:
+        RebuildMismatchError: the rebuilt model's costs disagree with the plan
+            (a model that disagrees is never returned).
+    """
+    new = rebuild(graph, widths, seed=seed)
+    rebuilt, mismatch = _verify.check(new, graph, widths, plan)  # the one walk of the new model
+    if mismatch is not None:
+        raise RebuildMismatchError(
+            f"Model {graph.model.name!r} rebuilt from plan for {plan.model_name!r} "
+            f"disagrees with the plan: {mismatch}.")
+    return new, rebuilt
+
+
+def planned_widths(graph, plan, model):
     """The plan's width of every variable of ``graph`` (the walked ``model``), in order.
 
     Raises:

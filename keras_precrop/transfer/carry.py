@@ -57,7 +57,8 @@ def check_options(weights, importance, data):
     return importance
 
 
-def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0, *, new_graph):
+def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0, *, new_graph,
+                  selection=None):
     """Copy the trained weights of the channels that survive from ``graph.model`` into ``new_model``.
 
     Args:
@@ -70,12 +71,37 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
         importance: how channels are chosen (see ``importance.py``).
         gradients: for ``"taylor"``, one ``{id(weight): gradient}`` per batch.
         seed: the seed of ``"random"``.
+        selection: the channels to keep, chosen before (gradual pruning's
+            last masks); ``None`` ranks them by ``importance`` now.
 
     Returns:
         ``{variable index: original channel of each new channel (-1: new)}``.
     """
     values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
-    selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
+    if selection is None:
+        selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
+    for _, new_w, value in carried(graph, new_graph, widths, selection, values):
+        new_w.assign(value)
+    return selection
+
+
+def carried(graph, new_graph, widths, selection, values):
+    """Each weight of the rebuilt model with the value it takes from the original's.
+
+    The one traversal behind :func:`carry_weights`; gradual pruning carries
+    each weight's flat indices through it to learn which elements a rebuild
+    keeps (its masks).
+
+    Args:
+        graph, new_graph: the walks of the original and the rebuilt model.
+        widths: the new width of every variable.
+        selection: the original channel of each new channel, per variable
+            (:func:`~keras_precrop.transfer.selection.select`).
+        values: ``{id(original weight): numpy array}`` to carry.
+
+    Yields:
+        ``(original weight, rebuilt weight, carried numpy value)``.
+    """
     old_calls = flow.indexed_calls(graph)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
     grows = any(w > v.width for w, v in zip(widths, graph.variables))
@@ -87,8 +113,7 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
             raise UnsupportedLayerError(  # a channel lost on the way: never carry a guess
                 f"{path}: cannot follow the kept channels to carry its weights. Keep its "
                 "channels with {ignore}.", ignore=[old.record.layer.name])
-        _carry_layer(old, new_layers[path], values, in_sel, out_sel)
-    return selection
+        yield from _carried_layer(old, new_layers[path], values, in_sel, out_sel)
 
 
 def _tensor_selections(graph, new_graph, selection, old_calls):
@@ -157,8 +182,8 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
             "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.layer.name])
 
 
-def _carry_layer(old, new_layer, values, in_sel, out_sel):
-    """Assign each weight of ``new_layer`` the kept slices of the original layer's."""
+def _carried_layer(old, new_layer, values, in_sel, out_sel):
+    """Each weight of ``new_layer`` with the kept slices of the original layer's."""
     rec = old.record
     width = input_shape(old.node)[-1]
     axes = rec.handler.channel_axes(rec, old.node)
@@ -169,7 +194,7 @@ def _carry_layer(old, new_layer, values, in_sel, out_sel):
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
                 f"shape {tuple(new_w.shape)}. Keep its channels with {{ignore}}.",
                 ignore=[rec.layer.name])
-        new_w.assign(carried)
+        yield w, new_w, carried
 
 
 def _sliced(value, new_w, roles, in_sel, out_sel, width):

@@ -1,0 +1,247 @@
+"""Gradual structured pruning during ``model.fit``: channel masks that grow on a schedule.
+
+A trained model pruned in one shot falls to chance and must climb back. Pruned
+gradually (Zhu & Gupta 2017's schedule), it keeps learning while its channels
+go a few at a time. :class:`GradualPruning` is a Keras callback, the shape
+TFMOT's ``prune_low_magnitude`` + ``UpdatePruningStep`` gave Keras users, but
+structured and ending in a really smaller model:
+
+* every ``frequency`` optimizer steps between ``start_step`` and ``end_step``
+  it ranks the channels of every width variable of a :class:`~keras_precrop.Plan`
+  (``importance``: the weights' L1/L2 norm, re-ranked as training goes) and
+  masks the lowest ones, as many as a cubic schedule says (from the original
+  widths at ``start_step`` to the plan's at ``end_step``);
+* a masked channel is zeroed in every weight that writes or reads it, the way
+  the rebuild would cut it (kernels, biases, normalization scales, a reader's
+  input rows, a residual stream's writers and readers' prefixes): the masks
+  are computed by carrying an index array through the same code that carries
+  kept weights into a rebuilt model (``transfer.carry``), so the masked model
+  computes exactly what the rebuilt one will;
+* after each optimizer step the masks are applied again (``regrow=False``, the
+  default: a masked channel stays at zero) or only at the next update
+  (``regrow=True``: soft filter pruning, a masked channel may train back and
+  win its place again);
+* :meth:`GradualPruning.finalize` rebuilds the dense smaller model with the
+  surviving weights (checked against the plan like every rebuild); its outputs
+  equal the masked model's.
+
+The model is never rebuilt during ``fit``, so the optimizer (its momentum,
+every variable it holds) keeps following the same variables, on every backend.
+Works with ``keras.distillation.Distiller``: the callback prunes its student.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+
+from keras_precrop.errors import ArgumentError
+from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.graph.walker import walk
+from keras_precrop.planning import Plan, build_checked, planned_widths
+from keras_precrop.transfer.carry import carried, carry_weights
+from keras_precrop.transfer.importance import channel_scores
+from keras_precrop.transfer.selection import select
+
+SCHEDULES = ("cubic", "linear")
+IMPORTANCE = ("l1", "l2")
+
+
+def schedule_fraction(step, start_step, end_step, schedule="cubic"):
+    """How far pruning has gone at optimizer step ``step``: 0 at ``start_step``, 1 from ``end_step``.
+
+    ``"cubic"`` is Zhu & Gupta's ``1 - (1 - t)^3``: most channels go early,
+    while the network is still close to the trained one, few near the end.
+    """
+    if end_step <= start_step:
+        return 1.0 if step >= end_step else 0.0
+    t = min(max((step - start_step) / (end_step - start_step), 0.0), 1.0)
+    return 1.0 - (1.0 - t) ** 3 if schedule == "cubic" else t
+
+
+def widths_at(variables, targets, fraction):
+    """Every width variable's width when pruning has gone ``fraction`` of the way to ``targets``.
+
+    Rounded up to each variable's ``multiple``; a view or writer never
+    exceeds its bound's width at the same fraction (both interpolate alike).
+    """
+    out = []
+    for v, target in zip(variables, targets):
+        width = v.width - fraction * (v.width - target)
+        out.append(int(min(v.width, max(target, math.ceil(width / v.multiple - 1e-9) * v.multiple))))
+    for i, v in enumerate(variables):
+        if v.bound is not None:
+            out[i] = min(out[i], out[v.bound])
+    return out
+
+
+class GradualPruning(keras.callbacks.Callback):
+    """Prune a model's channels gradually during ``fit``, towards a plan's widths.
+
+    Example::
+
+        plan = kp.plan(model, latency=0.5)                  # widths to reach
+        steps = len(train_ds)                               # prune over epoch 1
+        pruning = kp.GradualPruning(plan, end_step=steps)
+        model.fit(train_ds, epochs=3, callbacks=[pruning])
+        small = pruning.finalize()                          # the dense, smaller model
+
+    Args:
+        plan: a :class:`~keras_precrop.Plan` made for the model being
+            trained (``kp.plan(model, latency=0.5)``).
+        end_step: the optimizer step (``optimizer.iterations``) at which the
+            model reaches the plan's widths; the masks stay fixed afterwards.
+        start_step: the step at which pruning starts (0: at once).
+        frequency: optimizer steps between two updates of the masks.
+        schedule: ``"cubic"`` (default) or ``"linear"``; see
+            :func:`schedule_fraction`.
+        importance: how channels are ranked at each update: ``"l1"`` or
+            ``"l2"`` norm of the weights that write and read each channel,
+            each layer's share normalized (see ``transfer/importance.py``).
+        regrow: ``False``: masked weights are zeroed after every optimizer
+            step, so a channel once masked stays out. ``True``: zeroed at the
+            updates only, so it may train back in between and be ranked in.
+        model: the model to prune; default: the model being fitted (the
+            student of a ``keras.distillation.Distiller``).
+        verbose: 1 prints a line at each update (widths reached, masked
+            channels), 0 is silent.
+    """
+
+    def __init__(self, plan, end_step, *, start_step=0, frequency=50, schedule="cubic",
+                 importance="l1", regrow=False, model=None, verbose=1):
+        super().__init__()
+        _check(plan, end_step, start_step, frequency, schedule, importance, regrow)
+        self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
+        self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
+        self.regrow, self.verbose, self._target = bool(regrow), verbose, model
+        self._graph = self._masks = self._selection = self._widths = None
+        self._fraction = None
+
+    @property
+    def pruned(self):
+        """The model whose channels are masked (the fitted model, or its student)."""
+        model = self._target if self._target is not None else self.model
+        return getattr(model, "student", model)
+
+    def on_train_begin(self, logs=None):
+        if self._graph is None:
+            model = self.pruned
+            self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
+            self._targets = planned_widths(self._graph, self.plan, model)
+        self._update(self._step(), force=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        due = self.start_step <= step <= self.end_step + self.frequency - 1
+        if due and (step - self.start_step) % self.frequency == 0 or step == self.end_step:
+            self._update(step)
+        elif not self.regrow or step > self.end_step:
+            self._apply()
+
+    def _step(self):
+        """The optimizer's step count: it survives ``BackupAndRestore`` and resumes the schedule."""
+        model = self._target if self._target is not None else self.model
+        return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+    def _update(self, step, force=False):
+        """Re-rank the channels and mask as many as the schedule says at ``step``."""
+        fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
+        if not force and fraction == self._fraction and not self.regrow:
+            self._apply()
+            return
+        self._fraction = fraction
+        self._widths = widths_at(self._graph.variables, self._targets, fraction)
+        self._masks, self._selection = channel_masks(self._graph, self._widths, self.importance)
+        self._apply()
+        if self.verbose:
+            masked = sum(int(m.size - m.sum()) for _, m in self._masks)
+            print(f"GradualPruning: step {step}, {fraction:.0%} of the way to the plan, "
+                  f"{masked:,} weights masked", flush=True)
+
+    def _apply(self):
+        """Zero the masked weights of the pruned model."""
+        for variable, mask in self._masks:
+            variable.assign(keras.ops.convert_to_numpy(variable) * mask)
+
+    def finalize(self):
+        """The dense smaller model: the plan's widths, with the surviving channels' weights.
+
+        Call it after ``fit`` has reached ``end_step``. The model is rebuilt
+        from the walk made at the start of training, with the channels of the
+        last update (the masks), and checked against the plan; its outputs
+        equal the masked model's.
+
+        Returns:
+            A new ``keras.Model``; ``.precrop_plan`` holds the plan.
+
+        Raises:
+            ArgumentError: pruning has not reached the plan yet.
+        """
+        if self._graph is None or self._fraction != 1.0:
+            reached = "not started" if self._graph is None else f"{self._fraction:.0%} of the way"
+            raise ArgumentError(
+                f"GradualPruning.finalize: pruning has {reached}; fit the model past "
+                f"{{end_step}} first.", end_step=self.end_step)
+        self._apply()
+        new, rebuilt = build_checked(self._graph, self._targets, self.plan)
+        carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
+        new.precrop_plan = self.plan
+        return new
+
+
+def channel_masks(graph, widths, importance="l1"):
+    """0/1 masks of ``graph.model``'s weights that cut it to ``widths``, and the channels kept.
+
+    Channels are ranked by ``importance`` on the current weights and chosen
+    as ``apply_plan(..., weights="keep")`` would; the masks are found by
+    carrying each weight's flat index through the rebuild at ``widths``, so
+    a weight element is kept exactly when the rebuilt model would hold it.
+
+    Returns:
+        ``([(variable, mask)], selection)``: the trainable weights with at
+        least one masked element, and the kept channels of every variable.
+    """
+    model = graph.model
+    values = {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
+    selection = select(graph, widths, channel_scores(graph, values, importance))
+    index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
+             for w in model.weights}
+    new = rebuild(graph, widths, timing=True)
+    new_graph = walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored],
+                     residual=graph.residual)
+    masks = []
+    for w, _, kept in carried(graph, new_graph, widths, selection, index):
+        if not w.trainable:
+            continue
+        mask = np.zeros(math.prod(w.shape), np.float32)
+        kept = kept.ravel().astype(np.int64)
+        mask[kept[kept > 0] - 1] = 1.0
+        if mask.min() == 0:
+            masks.append((w, mask.reshape(w.shape)))
+    return masks, selection
+
+
+def _check(plan, end_step, start_step, frequency, schedule, importance, regrow):
+    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say."""
+    if not isinstance(plan, Plan):
+        raise ArgumentError("{plan} must be a keras_precrop.Plan, e.g. kp.plan(model, latency=0.5).",
+                            plan=plan)
+    for name, value, low in (("end_step", end_step, 0), ("start_step", start_step, 0),
+                             ("frequency", frequency, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ArgumentError(f"{{{name}}} must be an integer >= {low}.", **{name: value})
+    if end_step < start_step:
+        raise ArgumentError("{end_step} must not come before start_step=" + str(start_step) + ".",
+                            end_step=end_step)
+    if schedule not in SCHEDULES:
+        raise ArgumentError(f"{{schedule}} must be one of {list(SCHEDULES)}.", schedule=schedule)
+    if importance not in IMPORTANCE:
+        raise ArgumentError(f"{{importance}} must be one of {list(IMPORTANCE)} during fit.",
+                            importance=importance)
+    if not isinstance(regrow, bool):
+        raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
+
+
+__all__ = ["GradualPruning", "channel_masks", "schedule_fraction", "widths_at"]

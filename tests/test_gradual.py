@@ -1,0 +1,198 @@
+"""Gradual structured pruning during ``fit`` (``kp.GradualPruning``), against independent references.
+
+* the schedule: the cubic and linear closed forms;
+* masks: a model whose masked weights are zeroed computes what the rebuilt
+  smaller model computes (a forward pass of each), on residual streams with
+  prefix readers, concatenations, depthwise and squeeze-excite blocks;
+* ``fit``: the masked weights are exactly zero after training, every kept
+  weight still trained, the finalized model matches its plan (Keras'
+  ``count_params``) and computes what the masked model computes, through a
+  ``keras.distillation.Distiller`` too;
+* bad arguments name themselves.
+"""
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import keras_precrop as kp
+from keras_precrop import gradual
+from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.graph.walker import walk
+from keras_precrop.transfer.carry import carry_weights
+from tests.conftest import random_cnns
+
+L = keras.layers
+
+
+def _resnet_block_model(seed=0):
+    """A stem, two residual blocks (one with squeeze-excite), a concat and a depthwise conv."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = L.ReLU()(L.BatchNormalization(name="stem_bn")(L.Conv2D(16, 3, padding="same", use_bias=False,
+                                                                name="stem")(inputs)))
+    for b in range(2):
+        y = L.ReLU()(L.BatchNormalization(name=f"b{b}_bn1")(
+            L.Conv2D(12, 3, padding="same", use_bias=False, name=f"b{b}_c1")(x)))
+        y = L.BatchNormalization(name=f"b{b}_bn2")(
+            L.Conv2D(16, 3, padding="same", use_bias=False, name=f"b{b}_c2")(y))
+        if b == 1:
+            g = L.GlobalAveragePooling2D(keepdims=True)(y)
+            g = L.Conv2D(4, 1, activation="relu", name="se1")(g)
+            y = L.Multiply()([y, L.Conv2D(16, 1, activation="sigmoid", name="se2")(g)])
+        x = L.ReLU()(L.Add()([x, y]))
+    c = L.Concatenate()([x, L.Conv2D(6, 1, name="side")(x)])
+    c = L.DepthwiseConv2D(3, padding="same", name="dw")(c)
+    out = L.Dense(5, name="fc")(L.GlobalAveragePooling2D()(c))
+    return keras.Model(inputs, out)
+
+
+def _masked_copy(model, masks):
+    """A copy of ``model`` (same weights) with the masked weights zeroed."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    twin = {id(w): c for w, c in zip(model.weights, copy.weights, strict=True)}
+    for w, mask in masks:
+        target = twin[id(w)]
+        target.assign(keras.ops.convert_to_numpy(target) * mask)
+    return copy
+
+
+def _batch(shape, n=4, seed=1):
+    return np.random.default_rng(seed).normal(size=(n, *shape[1:])).astype("float32")
+
+
+def test_schedule_closed_forms():
+    f = gradual.schedule_fraction
+    assert f(0, 10, 110) == 0.0 and f(10, 10, 110) == 0.0
+    assert f(60, 10, 110) == pytest.approx(1 - 0.5 ** 3)
+    assert f(60, 10, 110, "linear") == pytest.approx(0.5)
+    assert f(110, 10, 110) == 1.0 and f(500, 10, 110) == 1.0
+    assert f(5, 5, 5) == 1.0 and f(4, 5, 5) == 0.0
+
+
+def test_widths_interpolate_within_bounds():
+    model = _resnet_block_model()
+    the_plan = kp.plan(model, params=0.4)
+    graph = walk(model, ignore=the_plan.ignore, residual=the_plan.residual)
+    targets = [v["new"] for v in the_plan.variables]
+    assert gradual.widths_at(graph.variables, targets, 0.0) == [v.width for v in graph.variables]
+    assert gradual.widths_at(graph.variables, targets, 1.0) == targets
+    for fraction in (0.2, 0.5, 0.9):
+        widths = gradual.widths_at(graph.variables, targets, fraction)
+        for w, v, t in zip(widths, graph.variables, targets):
+            assert t <= w <= v.width and w % v.multiple == 0
+            if v.bound is not None:
+                assert w <= widths[v.bound]
+
+
+def _assert_masks_match_rebuild(model, the_plan, fraction):
+    graph = walk(model, ignore=the_plan.ignore, residual=the_plan.residual)
+    targets = [v["new"] for v in the_plan.variables]
+    widths = gradual.widths_at(graph.variables, targets, fraction)
+    masks, selection = gradual.channel_masks(graph, widths)
+    small = rebuild(graph, widths)
+    carry_weights(graph, small, widths, new_graph=walk(small, residual=graph.residual),
+                  selection=selection)
+    x = _batch(model.inputs[0].shape)
+    masked = _masked_copy(model, masks)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(masked(x)),
+                               keras.ops.convert_to_numpy(small(x)), rtol=1e-4, atol=1e-4)
+    kept = sum(int(m.sum()) for _, m in masks)
+    dropped = sum(int(m.size - m.sum()) for _, m in masks)
+    assert small.count_params() < model.count_params() or fraction == 0.0
+    return kept, dropped
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_masked_model_computes_the_rebuilt_model(fraction):
+    model = _resnet_block_model()
+    kept, dropped = _assert_masks_match_rebuild(model, kp.plan(model, params=0.4), fraction)
+    assert dropped > 0 and kept > 0
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(model=random_cnns())
+def test_masks_match_rebuild_on_random_models(model):
+    try:
+        the_plan = kp.plan(model, params=0.5)
+    except kp.InfeasibleBudgetError:
+        return
+    _assert_masks_match_rebuild(model, the_plan, 1.0)
+
+
+def _fit_setup(seed=0):
+    model = _resnet_block_model(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(32, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 5, 32)
+    return model, x, y
+
+
+def test_fit_prunes_gradually_and_finalizes_exactly():
+    model, x, y = _fit_setup()
+    original = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.4)
+    pruning = kp.GradualPruning(the_plan, end_step=6, frequency=2, verbose=0)
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[pruning], verbose=0)  # 16 steps
+    small = pruning.finalize()
+    assert small.count_params() == the_plan.predicted["params"]
+    masks, _ = gradual.channel_masks(pruning._graph, pruning._widths)
+    for w, mask in pruning._masks:
+        assert not np.any(keras.ops.convert_to_numpy(w)[mask == 0])
+    trained = dict(zip([w.path for w in model.trainable_weights], original))
+    for w, mask in pruning._masks:  # every kept weight still learns
+        kept = mask == 1
+        assert not np.allclose(keras.ops.convert_to_numpy(w)[kept], trained[w.path][kept])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+
+
+def test_regrow_masks_only_at_updates():
+    model, x, y = _fit_setup(1)
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.5)
+    pruning = kp.GradualPruning(the_plan, end_step=8, frequency=4, regrow=True, verbose=0)
+    model.fit(x[:28], y[:28], batch_size=4, epochs=1, callbacks=[pruning], verbose=0)
+    # 7 steps: masks made at steps 0 and 4, none since
+    regrown = [np.any(keras.ops.convert_to_numpy(w)[m == 0]) for w, m in pruning._masks]
+    assert any(regrown)  # trained back between updates
+    with pytest.raises(kp.ArgumentError, match="end_step"):
+        pruning.finalize()
+
+
+def test_distiller_student_is_pruned():
+    model, x, y = _fit_setup(2)
+    teacher = _resnet_block_model(3)
+    distiller = keras.distillation.Distiller(
+        teacher=teacher, student=model,
+        distillation_losses=keras.distillation.LogitsDistillation(temperature=4.0),
+        student_loss_weight=0.5)
+    distiller.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+    the_plan = kp.plan(model, params=0.5)
+    teacher_weights = [keras.ops.convert_to_numpy(w) for w in teacher.weights]
+    pruning = kp.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
+    distiller.fit(x, y, batch_size=8, epochs=2, callbacks=[pruning], verbose=0)
+    small = pruning.finalize()
+    assert small.count_params() == the_plan.predicted["params"]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+    for before, w in zip(teacher_weights, teacher.weights):
+        np.testing.assert_array_equal(before, keras.ops.convert_to_numpy(w))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"end_step": -1}, "end_step"), ({"end_step": 5, "start_step": 6}, "end_step"),
+    ({"end_step": 5, "frequency": 0}, "frequency"), ({"end_step": 5, "schedule": "exp"}, "schedule"),
+    ({"end_step": 5, "importance": "taylor"}, "importance"), ({"end_step": 5, "regrow": 1}, "regrow"),
+])
+def test_bad_arguments_name_themselves(kwargs, name):
+    model = _resnet_block_model()
+    with pytest.raises(kp.ArgumentError, match=f"{name}="):
+        kp.GradualPruning(kp.plan(model, params=0.5), **kwargs)
+    with pytest.raises(kp.ArgumentError, match="plan="):
+        kp.GradualPruning("plan.json", end_step=3)
