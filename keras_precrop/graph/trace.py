@@ -479,18 +479,24 @@ def _structure(functional, names):
     """``({key: (name, is a layer)}, outputs)``: a traced graph's operations and wiring.
 
     An operation's key is its name by place (a layer of a dissolved composite,
-    an operation one records) or the object itself (the model's own layers),
-    so two traces of one model give equal keys; ``outputs`` hashes how every
+    an operation one records), else its class and rank among the operations of
+    its class (the model's own layers, and a layer a ``call`` creates anew on
+    every call, as keras_hub's ASPP does its ``Resizing``), so two traces of
+    one model give equal keys; ``outputs`` hashes how every
     output is computed from the inputs, so the two are equal when the graphs are.
     """
     keys = {id(t): ("input", i) for i, t in enumerate(functional.inputs)}
-    ops = {}
+    ops, created = {}, {}
     for depth in sorted(functional._nodes_by_depth, reverse=True):
         for node in functional._nodes_by_depth[depth]:
             op = node.operation
             if isinstance(op, keras.layers.InputLayer):
                 continue
-            key = names.get(id(op), id(op))
+            key = names.get(id(op))
+            if key is None:  # by class and order: a layer a call creates anew differs by object
+                kind = type(op).__name__
+                created[kind] = created.get(kind, -1) + 1
+                key = (kind, created[kind])
             ops[key] = (names.get(id(op), op.name), isinstance(op, keras.layers.Layer))
             call = (key, tuple(keys[id(t)] for t in node.arguments.keras_tensors))
             for i, t in enumerate(node.outputs):
