@@ -466,6 +466,7 @@ def goals(result):
                          "speedup": timed and timed["speedup"],
                          "reached": bool(timed and not infeasible and timed["speedup"] >= GOAL),
                          "floor_ratio": infeasible and infeasible["floor_ratio"],
+                         "planned_at": infeasible and infeasible["planned_at"],
                          "why": infeasible["why"] if infeasible else None})
     return rows
 
@@ -508,8 +509,10 @@ def _goal_line(g):
     if g["why"]:
         text += (f". Not reachable: the narrowest model (every free width 1 channel) is predicted "
                  f"at {_ratio(g['floor_ratio'])} of the original's time, the time that does not "
-                 "shrink with width (per-layer launch and dispatch); the speedup above is measured "
-                 f"on a plan {FLOOR_MARGIN - 1:.0%} above that floor. The planner: {g['why']}")
+                 "shrink with width (per-layer launch and dispatch); "
+                 + (f"the speedup above is measured on a plan {FLOOR_MARGIN - 1:.0%} above that floor"
+                    if g["planned_at"] else "too close to 1 to plan and time anything")
+                 + f". The planner: {g['why']}")
     return text
 
 

@@ -53,8 +53,11 @@ def _check_study(study):
     flops = study["plans"]["flops0.5"]
     assert flops["macs_ratio"] <= 0.5 and flops["params_ratio"] < 1
     for label, p in study["plans"].items():
-        if label.startswith("latency"):
-            budget = p["infeasible"]["planned_at"] if p.get("infeasible") else bench.BUDGET
+        infeasible = p.get("infeasible")
+        if infeasible and infeasible["planned_at"] is None:  # a floor too close to 1 to plan at
+            assert infeasible["floor_ratio"] * bench.FLOOR_MARGIN >= 1 and "predicted_ratio" not in p
+        elif label.startswith("latency"):
+            budget = infeasible["planned_at"] if infeasible else bench.BUDGET
             assert p["predicted_ratio"] <= budget * 1.001, (label, p)
 
 
