@@ -224,8 +224,10 @@ def _check_smallest_feasible(model, kwargs, limit):
     :class:`InfeasibleBudgetError` reports, are above those asked for, and can be planned."""
     original = {"params": model.count_params(), "macs": tf_macs(model)}
     asked = {"params": kwargs["params"], "macs": kwargs["flops"]}
-    for row, cost in limit.items():
-        assert cost > asked[row] * original[row], (row, cost, asked[row])
+    limit = {row: cost for row, cost in limit.items() if asked[row] is not None}
+    assert any(cost > asked[row] * original[row] for row, cost in limit.items()), (limit, asked)
+    if limit == {row: original[row] for row in limit}:  # nothing to prune: the model is the smallest
+        return
     budgets = {"max_params" if row == "params" else "max_macs": int(cost) for row, cost in limit.items()}
     budgets.update({k: v for k, v in (("params", kwargs["params"]), ("flops", kwargs["flops"]))
                     if v is not None and {"params": "params", "flops": "macs"}[k] not in limit})
