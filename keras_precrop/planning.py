@@ -39,7 +39,7 @@ from keras_precrop.errors import (
     RebuildMismatchError,
     UnsupportedModelError,
 )
-from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
+from keras_precrop.graph.rebuild import check_seed, layer_from_config, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs, is_functional
 from keras_precrop.graph.walker import walk
 from keras_precrop.training._user_data import check_data
@@ -463,7 +463,8 @@ def _with_inputs(model, specs):
             f"{specs[0][1]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
             "or model.build((None, 224, 224, 3)).")
     inputs = [keras.Input(shape[1:], name=name) for name, shape in specs]
-    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0])
+    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
+                                    clone_function=lambda op: layer_from_config(op, op.get_config()))
 
 
 def _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on):

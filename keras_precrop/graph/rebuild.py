@@ -31,6 +31,22 @@ from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.walker import ModelGraph, topological_nodes
 
 
+def layer_from_config(layer, config):
+    """A new layer of ``layer``'s class from ``config``; a ``Lambda`` keeps its function object.
+
+    Keras deserializes a ``Lambda``'s Python function only in its unsafe mode,
+    which would also let any ``.keras`` file loaded later run code. The copy
+    needs no deserializing: it takes the function (and a callable output shape
+    or mask, and the arguments) from the layer itself, and Keras' safe mode is
+    left as it was.
+    """
+    if isinstance(layer, keras.layers.Lambda):
+        config = {**config, "function": layer.function, "output_shape": layer._output_shape,
+                  "mask": layer.mask, "arguments": layer.arguments}
+        return super(keras.layers.Lambda, type(layer)).from_config(config)
+    return type(layer).from_config(config)
+
+
 class _Rebuilder:
     """Holds the state of one rebuild: new layers and tensors by old id."""
 
@@ -83,7 +99,7 @@ class _Rebuilder:
                 config = _timing_initializers(config)
             elif self.seed is not None:
                 config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
-            new = type(op).from_config({**config, "name": self.graph.traced.name(op)})
+            new = layer_from_config(op, {**config, "name": self.graph.traced.name(op)})
         else:  # a stateless keras.ops operation: as recorded, unless its handler re-creates it
             rec = self.graph.record(op)
             new = rec.handler.rebuild_op(rec, op, self.width)

@@ -33,6 +33,7 @@ from keras import ops
 
 from keras_precrop import progress as _progress
 from keras_precrop.graph import trace
+from keras_precrop.graph.rebuild import layer_from_config
 from keras_precrop.pai import common, gradients
 
 # float32 is used while R stays in this range: 8 orders of magnitude of
@@ -88,7 +89,7 @@ def _clone_in(model, dtype, name):
         if _capped(layer):
             relu = isinstance(layer, keras.layers.ReLU)
             config.update({"max_value": None} if relu else {"activation": "relu"})
-        return layer.__class__.from_config(config)
+        return layer_from_config(layer, config)
 
     try:
         clone = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
