@@ -166,6 +166,23 @@ def define_flags(default_model):
         "Train with the --init_model as the teacher (keras.distillation.Distiller: logits KL at "
         "temperature 4, weight 0.5 beside the labels' loss; kp.fine_tune's defaults).",
     )
+    flags.DEFINE_float(
+        "gradual_epochs",
+        None,
+        "--keep_weights on an --init_model, pruned gradually rather than at once: the whole model "
+        "trains with kp.GradualPruning masking channels on a cubic schedule until the plan's widths "
+        "after this many epochs (e.g. 1), then the masks stay and, after the last epoch, the model is "
+        "rebuilt smaller (finalize); default: pruned in one shot before training.",
+    )
+    flags.DEFINE_integer(
+        "gradual_frequency", 20, "--gradual_epochs: optimizer steps between two updates of the masks."
+    )
+    flags.DEFINE_bool(
+        "regrow",
+        False,
+        "--gradual_epochs: zero the masked weights at the updates only, so a masked channel may train "
+        "back in between (soft filter pruning); default: after every step.",
+    )
     flags.DEFINE_integer(
         "verbose",
         1,
@@ -241,6 +258,13 @@ def _check_transfer_flags():
     if FLAGS.importance is not None and not FLAGS.keep_weights:
         raise app.UsageError(f"--importance={FLAGS.importance} ranks the channels that --keep_weights "
                              "keeps; add --keep_weights.")
+    if FLAGS.gradual_epochs is not None and not (FLAGS.keep_weights and FLAGS.method in STRUCTURED):
+        raise app.UsageError("--gradual_epochs prunes a trained model gradually: it needs a structured "
+                             "--method with --init_model and --keep_weights.")
+    if FLAGS.gradual_epochs is not None and not 0 <= FLAGS.gradual_epochs <= (FLAGS.epochs or 1e9):
+        raise app.UsageError(f"--gradual_epochs must be in [0, --epochs], got {FLAGS.gradual_epochs}.")
+    if FLAGS.gradual_epochs is not None and FLAGS.export_init:
+        raise app.UsageError("--gradual_epochs prunes while training; --export_init trains nothing.")
     if FLAGS.distill and FLAGS.export_init:
         raise app.UsageError("--distill trains with the --init_model as teacher; --export_init trains "
                              "nothing (drop one).")
@@ -330,6 +354,8 @@ def _keep_options(train_ds, batch_size):
 
 def _student_builder(reference, train_ds, num_classes, batch_size):
     """Returns ``(build_model, masks)`` of the model to train; ``build_model`` runs inside the scope."""
+    if FLAGS.method in STRUCTURED and FLAGS.gradual_epochs is not None:  # pruned while it trains
+        return (lambda: _copy_of(reference)), None
     if FLAGS.method in STRUCTURED:
         plan, keep = _plan(reference), _keep_options(train_ds, batch_size)
         return (lambda: kp.apply_plan(reference, plan, **keep)), None
@@ -378,6 +404,38 @@ def _init_model(zoo):
                f"{theirs[differ][1]}, --model {FLAGS.model}'s a {ours[differ][0]} with {ours[differ][1]}")
     raise app.UsageError(f"--init_model {FLAGS.init_model} is not a {FLAGS.model} of this dataset: "
                          f"{why}. Give the --model it was trained as.")
+
+
+def _gradual_pruning(reference, steps):
+    """The ``kp.GradualPruning`` callback of ``--gradual_epochs`` (``None`` without it)."""
+    if FLAGS.gradual_epochs is None:
+        return None
+    importance = FLAGS.importance or "l1"
+    if importance not in kp.gradual.IMPORTANCE:
+        raise app.UsageError(f"--importance={importance} cannot rank channels during training; "
+                             f"--gradual_epochs takes {'/'.join(kp.gradual.IMPORTANCE)}.")
+    return kp.GradualPruning(_plan(reference), end_step=round(FLAGS.gradual_epochs * steps),
+                             frequency=FLAGS.gradual_frequency, importance=importance,
+                             regrow=FLAGS.regrow, verbose=min(FLAGS.verbose, 1))
+
+
+def _finalized(pruning, result, eval_ds):
+    """``result`` with the smaller model ``pruning`` rebuilds in place of the masked one.
+
+    The masked model computes what the rebuilt one does, so the rebuilt model's
+    test accuracy is the last epoch's, the run's final accuracy (checked here, to
+    0.2 pp: summation order).
+    """
+    small = pruning.finalize()
+    small.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    accuracy = small.evaluate(eval_ds, steps=FLAGS.eval_steps, return_dict=True, verbose=0)["accuracy"]
+    print(f"Rebuilt {small.count_params():,} params from the masks: test accuracy {accuracy:.4f} "
+          f"(the masked model's last epoch: {result.final_accuracy:.4f})")
+    if abs(accuracy - result.final_accuracy) > 0.002:
+        raise RuntimeError(f"the rebuilt model scores {accuracy:.4f}, the masked one "
+                           f"{result.final_accuracy:.4f}: the rebuild lost what the masks kept")
+    return dataclasses.replace(result, model=small)
 
 
 def _transfer_record(model, eval_ds, base_lr):
@@ -523,7 +581,9 @@ def run(dataset):
         strategy=strategy,
         steps_per_execution=FLAGS.steps_per_execution,
     )
-    costs = _costs(_student(model), reference, masks)
+    pruning = _gradual_pruning(reference, steps)
+    costs = _costs(_student(model) if pruning is None else kp.apply_plan(reference, pruning.plan),
+                   reference, masks)
     commit, dirty = _git_commit()
     record = {
         "command": _command(),
@@ -549,6 +609,12 @@ def run(dataset):
         "normalize": pipeline["normalize"],
         **costs,
         **_transfer_record(model, eval_ds, recipe.base_lr),
+        "prune": None if FLAGS.init_model is None or FLAGS.method not in STRUCTURED
+        else "oneshot" if pruning is None else "gradual",
+        "gradual": None if pruning is None else {
+            "epochs": FLAGS.gradual_epochs, "end_step": pruning.end_step,
+            "frequency": pruning.frequency, "schedule": pruning.schedule,
+            "importance": pruning.importance, "regrow": pruning.regrow},
     }
     if FLAGS.export_init:
         _export_init(model, record)
@@ -562,8 +628,13 @@ def run(dataset):
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
         verbose=FLAGS.verbose,
+        callbacks=() if pruning is None else (pruning,),
     )
-    if FLAGS.save_model and FLAGS.distill:  # the student alone, not the Distiller with its teacher
+    if pruning is not None:
+        result = _finalized(pruning, result, eval_ds)
+    if FLAGS.save_model and pruning is not None:  # the smaller model, rebuilt from the masks
+        result.model.save(os.path.join(result.model_dir, "final_model.keras"))
+    elif FLAGS.save_model and FLAGS.distill:  # the student alone, not the Distiller with its teacher
         result.model.student.save(os.path.join(result.model_dir, "final_model.keras"))
     elif FLAGS.save_model:
         tf.io.gfile.copy(

@@ -89,12 +89,15 @@ _ID_FLAGS = (
     "init_model",
     "keep_weights",
     "importance",
+    "gradual_epochs",
+    "gradual_frequency",
+    "regrow",
     "distill",
     "learning_rate",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
 # Short names of flags in a run id; switches (True) appear as their name alone.
-_SHORT = {"learning_rate": "lr"}
+_SHORT = {"learning_rate": "lr", "gradual_epochs": "gradual", "gradual_frequency": "gfreq"}
 _COMMITTED = ("results.json", "history.csv", "train.log")
 
 

@@ -338,6 +338,23 @@ def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, te
     assert student.count_params() == results["params"] and results["macs_ratio"] <= 0.2734
 
 
+def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_path, teacher):
+    """--gradual_epochs with --distill: the whole model trains masked (kp.GradualPruning reaches the
+    plan after one epoch), the record names the method and holds the plan's costs, the rebuilt
+    smaller model is saved and scores what the masked model's last epoch did (the script checks)."""
+    results, stdout = _train(tmp_path, "train_cifar.py", [
+        "--method=precrop_plan", f"--plan_file={_PLAN}", f"--init_model={teacher}", "--keep_weights",
+        "--gradual_epochs=1", "--gradual_frequency=1", "--distill", "--save_model", "--verbose=2",
+        *_SHORT])
+    _check_results(results, epochs=2)
+    plan = kp.Plan.from_json(str(_PLAN))
+    assert results["prune"] == "gradual" and results["gradual"]["end_step"] == 2
+    assert results["params"] == plan.predicted["params"] and results["macs"] == plan.predicted["macs"]
+    small = keras.saving.load_model(tmp_path / "final_model.keras", compile=False)
+    assert small.count_params() == plan.predicted["params"]
+    assert "Rebuilt" in stdout and "GradualPruning: step 2, 100%" in stdout
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [(["--method=precrop_params"], "needs --params"), (["--method=magic"], "magic")],
