@@ -112,14 +112,25 @@ def test_masked_model_computes_the_rebuilt_model(fraction):
     assert dropped > 0 and kept > 0
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(model=random_cnns())
-def test_masks_match_rebuild_on_random_models(model):
+def _masks_match_rebuild_on(model):
     try:
         the_plan = kp.plan(model, params=0.5)
     except kp.InfeasibleBudgetError:
         return
     _assert_masks_match_rebuild(model, the_plan, 1.0)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(model=random_cnns())
+def test_masks_match_rebuild_on_random_models(model):
+    _masks_match_rebuild_on(model)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(model=random_cnns())
+def test_masks_match_rebuild_on_many_random_models(model):
+    _masks_match_rebuild_on(model)
 
 
 def _fit_setup(seed=0):
