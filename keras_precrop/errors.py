@@ -150,6 +150,37 @@ class UnsupportedLayerError(ArgumentError):
     ``ignore=[layer name]``, which the message offers.
     """
 
+    @classmethod
+    def together(cls, errors, model_name):
+        """One error for every layer a trace or walk refused, with the complete ``ignore=``.
+
+        A model with several unsupported layers or operations is then fixed in
+        one round, not one round per layer: each is named with what is wrong,
+        and ``ignore=`` lists them all, ready to paste.
+
+        Args:
+            errors: the refusals, each with ``ignore=[names]`` among its arguments.
+            model_name: the user's model's name.
+        """
+        if len(errors) == 1:
+            return errors[0]
+        names = list(dict.fromkeys(name for err in errors for name in err.arguments["ignore"]))
+        lines = "\n".join(f"  - {_before_remedy(err)}" for err in errors)
+        return cls(f"{len(errors)} layers or operations of model {model_name!r} are not "
+                   f"supported:\n{lines}\nKeep the channels of all of them fixed with {{ignore}}, "
+                   "or describe a layer's class with keras_precrop.register_handler(...).",
+                   ignore=names)
+
+
+def _before_remedy(error):
+    """What an :class:`UnsupportedLayerError` says is wrong: its sentences before the remedy."""
+    kept = []
+    for sentence in error.template.split(". "):
+        if "{" in sentence:
+            break
+        kept.append(sentence)
+    return ". ".join(kept).rstrip(".") + "." if kept else f"{error.arguments['ignore']}."
+
 
 class PlanMismatchError(ArgumentError):
     """A plan does not fit the model it is applied to."""

@@ -81,7 +81,7 @@ class Traced:
         return self._nested[id(model)]
 
 
-def traced(model, ignore=()) -> Traced:
+def traced(model, ignore=(), refused=None) -> Traced:
     """``model`` as a functional graph of layers the walker knows.
 
     A Functional or built Sequential model without composite layers is
@@ -94,8 +94,30 @@ def traced(model, ignore=()) -> Traced:
         model: a Functional, Sequential or subclassed ``keras.Model``, built.
         ignore: names of layers to keep whole (an ignored composite is not
             dissolved; the walker then keeps its channels fixed).
+        refused: a list that gains the refusal of every layer that cannot be
+            traced (each then kept whole, as ``ignore`` would), so a caller
+            names them all at once; without it they raise one error together.
+
+    Raises:
+        UnsupportedLayerError: layers that cannot be traced (all of them), when
+            ``refused`` is not given.
     """
-    return _trace(model, frozenset(ignore))
+    ignore, collected = frozenset(ignore), []
+    while True:
+        try:
+            result = _trace(model, ignore)
+            break
+        except UnsupportedLayerError as err:
+            names = frozenset(err.arguments.get("ignore") or ())
+            if not names or names <= ignore:  # keeping it whole is no remedy
+                raise
+            collected.append(err)
+            ignore |= names
+    if refused is None and collected:
+        raise UnsupportedLayerError.together(collected, model.name)
+    if refused is not None:
+        refused.extend(collected)
+    return result
 
 
 def input_specs(model):
@@ -358,6 +380,14 @@ def _run_call(layer, name, args, kwargs):
     except UnsupportedLayerError:
         raise
     except Exception as e:  # any failure of a symbolic run: refuse, never guess
+        if _python_branch(e):
+            raise UnsupportedLayerError(
+                f"Layer {name!r} of class {type(layer).__name__} branches in Python on a "
+                f"tensor's value in its call() ({_first_line(e)}): an `if`, `while`, `and` or "
+                "`or` on a tensor cannot be recorded in any graph, so the layer can be neither "
+                "traced nor kept whole (Keras too runs call() on symbolic tensors to save, "
+                "compile or build a model). Write the branch with keras.ops.where (both sides "
+                "computed) or keras.ops.cond.") from e
         raise UnsupportedLayerError(
             f"Layer {name!r} of class {type(layer).__name__} cannot be traced into a "
             f"functional graph: its call() failed on symbolic tensors ({type(e).__name__}: "
@@ -402,6 +432,17 @@ def _creation_order(op):
     """The counter Keras appended to an operation's automatic name (``transpose_7``: 7)."""
     suffix = re.search(r"_(\d+)$", op.name)
     return int(suffix.group(1)) if suffix else 0
+
+
+def _python_branch(error):
+    """Whether ``error`` (or one it was raised from) is a tensor used as a Python ``bool``."""
+    signs = ("cannot be used as a boolean", "as a Python `bool`", "TracerBoolConversion",
+             "OperatorNotAllowedInGraph", "Boolean value of Tensor")
+    while error is not None:
+        if any(sign in f"{type(error).__name__}: {error}" for sign in signs):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _first_line(error):

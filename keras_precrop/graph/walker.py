@@ -191,14 +191,16 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     if residual not in ("prefix", "tie"):
         raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
     ignore = set(ignore)
-    traced = _trace.traced(model, ignore)  # the one trace of this walk; the graph holds it
+    refused = []  # every unsupported layer, named at once (see UnsupportedLayerError.together)
+    traced = _trace.traced(model, ignore, refused)  # the one trace of this walk; the graph holds it
     fn = traced.functional
     missing = sorted(ignore - set(layer_names(traced)))
     if missing:
         raise ArgumentError(
             f"{{ignore}} names no layer of model {model.name!r}; layers are "
             "named as in model.summary() (or `keras-precrop profile`).", ignore=missing)
-    walker = _Walker(WalkContext(residual), ignore, traced)
+    ignore |= {name for err in refused for name in err.arguments["ignore"]}
+    walker = _Walker(WalkContext(residual), ignore, traced, refused)
     for t in fn.inputs:
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
@@ -210,6 +212,8 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
         seg = walker.ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
         walker.tensors[id(t)] = (Part(seg),)
     walker.functional(fn, "")
+    if refused:
+        raise UnsupportedLayerError.together(refused, model.name)
     for t in fn.outputs:
         walker.ctx.fix(walker.tensors[id(t)])
     return ModelGraph(model, walker)
@@ -218,8 +222,9 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
 class _Walker:
     """The state of one walk: the context, tensors' channels and the calls."""
 
-    def __init__(self, ctx: WalkContext, ignore, traced):
+    def __init__(self, ctx: WalkContext, ignore, traced, refused):
         self.ctx = ctx
+        self.refused = refused  # layers refused so far, each then walked as if ignored
         self.ignore = ignore
         self.traced = traced
         self.tensors: dict[int, Channels] = {}
@@ -267,14 +272,18 @@ class _Walker:
         if rec is None:
             _refuse_quantized(op, path)
             ignored = self.traced.name(op) in self.ignore or path in self.ignore
-            handler = handlers.lookup(op, path, ignored=ignored)
+            try:
+                handler = handlers.lookup(op, path, ignored=ignored)
+            except UnsupportedLayerError as err:
+                self.refused.append(err)
+                ignored, handler = True, handlers.OPAQUE
             rec = LayerRecord(op, path, handler, ignored)
             ctx.records[id(op)] = rec
             ctx.order.append(rec)
         if rec.calls and getattr(op, "weights", None):  # shared weights
             for first, now in zip(rec.inputs[0], ins):
                 ctx.tie(first, now, path)
-        outs = _walk_layer(ctx, rec, node, ins)
+        outs = _walk_layer(ctx, rec, node, ins, self.refused)
         rec.inputs.append(ins)
         rec.outputs.append(outs)
         rec.calls += 1
@@ -291,14 +300,22 @@ def _refuse_quantized(op, path):
             "model.quantize(...) on the result.")
 
 
-def _walk_layer(ctx, rec, node, ins):
+def _walk_layer(ctx, rec, node, ins, refused):
     """Run a layer's handler; an ignored layer's channels are then fixed.
 
     An ignored layer whose handler refuses it (a Reshape that moves channels,
-    a grouped conv) is treated as an opaque block instead.
+    a grouped conv) is treated as an opaque block instead. A refusal that
+    ``ignore`` remedies joins ``refused`` and the layer is walked as ignored,
+    so the walk goes on to find the others.
     """
     if not rec.ignored:
-        return rec.handler.walk(ctx, rec, node, ins)
+        try:
+            return rec.handler.walk(ctx, rec, node, ins)
+        except UnsupportedLayerError as err:
+            if not err.arguments.get("ignore"):
+                raise
+            refused.append(err)
+            rec.ignored = True
     try:
         outs = rec.handler.walk(ctx, rec, node, ins)
     except UnsupportedLayerError:

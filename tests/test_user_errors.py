@@ -1,0 +1,72 @@
+"""Messages that say what the user did wrong, in the user's words (issue 42).
+
+Each refusal names the user's layer, argument, file or shape; where the
+package can do what was meant (a plan file's path, several unsupported
+layers at once) it does, checked against an independent reference.
+"""
+
+import keras
+import pytest
+from keras import ops
+
+import keras_precrop as kp
+from tests.conftest import L
+
+
+class _Scale(L.Layer):
+    """A custom per-channel layer the walker has no handler for."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.w
+
+
+def _many_unsupported():
+    x = keras.Input((8, 8, 3), name="img")
+    h = L.Conv2D(6, 3, padding="same", name="c0")(x)
+    h = L.Lambda(lambda t: t * 2.0, name="lam")(h)
+    h = _Scale(name="scale")(h)
+    h = L.Conv2D(8, 1, name="c1")(h)
+    h = ops.pad(h, [[0, 0], [0, 0], [0, 0], [0, 2]])  # pads the channel axis
+    h = L.Permute((2, 1, 3), name="perm")(h)
+    return keras.Model(x, L.Dense(3, name="head")(L.GlobalAveragePooling2D(name="gap")(h)))
+
+
+def test_every_unsupported_layer_and_op_is_named_with_the_complete_ignore():
+    model = _many_unsupported()
+    with pytest.raises(kp.UnsupportedLayerError) as info:
+        kp.profile(model)
+    message, ignore = str(info.value), info.value.arguments["ignore"]
+    assert sorted(ignore) == ["lam", "pad", "perm", "scale"]
+    assert f"ignore={ignore!r}" in message
+    for needle in ("'lam' of class Lambda", "'scale' of class _Scale", "pads the channel axis",
+                   "'perm' of class Permute"):
+        assert needle in message
+    # The pasted ignore= is the whole remedy: one more round is never needed.
+    prof = kp.profile(model, ignore=ignore)
+    assert prof.total_params == model.count_params()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a tf.* function")
+def test_every_untraceable_composite_is_named_at_once():
+    import tensorflow as tf
+
+    class TfBlock(L.Layer):  # a tf.* function on its inputs: traced, it fails; kept whole, it runs
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = L.Conv2D(4, 3, padding="same", name="conv")
+
+        def call(self, x):
+            return tf.nn.relu(self.conv(x))
+
+    x = keras.Input((8, 8, 3))
+    h = TfBlock(name="second")(TfBlock(name="first")(L.Conv2D(6, 3, name="stem")(x)))
+    model = keras.Model(x, L.Dense(2, name="head")(L.Flatten()(h)))
+    with pytest.raises(kp.UnsupportedLayerError) as info:
+        kp.profile(model)
+    assert sorted(info.value.arguments["ignore"]) == ["first", "second"]
+    assert "'first' of class TfBlock" in str(info.value)
+    assert "'second' of class TfBlock" in str(info.value)
+    assert kp.profile(model, ignore=["first", "second"]).total_params == model.count_params()
