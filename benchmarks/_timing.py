@@ -109,6 +109,12 @@ def _accelerator(backend):
         if gpus else None
 
 
+def share(x):
+    """A share as a percentage, or "n/a" where there is none (a latency model's held-out error
+    is ``None`` with fewer than 3 held-out variants)."""
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def plan_error(error):
     """A latency model's error on its last refinement round's plans: "median / worst" or "-"."""
     if error.get("plans_median") is None:

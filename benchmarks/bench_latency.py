@@ -185,7 +185,8 @@ def _study(name, base, batch, runtime, quick, sweep):
     study = {"what": runtime, "runtime": timed, "training": training, "batch": batch,
              "backend": keras.backend.backend(), "device": _timing.device(runtime),
              "latency_model": _fit_summary(name, lm), "speedup_goal": goal,
-             "error_met": max(error["median"], error["worst"]) <= GOALS["error"]}
+             "error_met": None not in (error["median"], error["worst"])
+             and max(error["median"], error["worst"]) <= GOALS["error"]}
     try:
         study.update(_measured(name, base, batch, lm, quick, sweep))
     except kp.InfeasibleBudgetError as err:
@@ -264,6 +265,8 @@ def _fmt_objective(x):
 
 def _error_cell(err):
     """Held-out error "median / worst (met)", or by how many points it misses the goal."""
+    if None in (err["median"], err["worst"]):
+        return "n/a (too few held-out variants)"
     miss = max(err["median"], err["worst"]) - GOALS["error"]
     verdict = "met" if miss <= 0 else f"NOT met: {miss:.1%} over"
     return f"{err['median']:.1%} / {err['worst']:.1%} ({verdict})"
@@ -338,9 +341,9 @@ def _study_lines(model, st):
              f"Timed under the {st['backend']} backend on {st['device']}. Latency model: block "
              f"{fit['block']}, ridge {fit['ridge']:g}, fitted in "
              f"{fit['fit_seconds']:.0f} s; error on held-out variants median "
-             f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%} (on "
-             f"fitted ones {fit['error']['train_median']:.1%} / "
-             f"{fit['error']['train_worst']:.1%}; on its last refinement plans "
+             f"{_timing.share(fit['error']['median'])}, worst {_timing.share(fit['error']['worst'])} "
+             f"(on fitted ones {_timing.share(fit['error']['train_median'])} / "
+             f"{_timing.share(fit['error']['train_worst'])}; on its last refinement plans "
              f"{_timing.plan_error(fit['error'])}); {fit['refinement_plans']} of its "
              f"{len(fit['variants'])} variants are refinement plans.", ""]
     if "infeasible" in st:

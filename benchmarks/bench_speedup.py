@@ -371,7 +371,8 @@ def _markdown(result):
             f"Batches: latency {b['latency']}, throughput {b['throughput']}, TFLite "
             f"{b['tflite']}, train {b['train']}. Latency model: {fit['variants']} variants at "
             f"batch {fit['batch_size']}, block {fit['block']}, held-out error median "
-            f"{fit['error']['median']:.1%}, worst {fit['error']['worst']:.1%}, on its last "
+            f"{_timing.share(fit['error']['median'])}, worst "
+            f"{_timing.share(fit['error']['worst'])}, on its last "
             f"refinement plans {_timing.plan_error(fit['error'])}, fitted in "
             f"{fit['fit_seconds']:.0f} s.",
             "",
