@@ -10,8 +10,9 @@ import sys
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import _timing  # noqa: E402
 import bench_latency  # noqa: E402
+
+import _timing  # noqa: E402
 
 _NO_ERROR = {"median": None, "worst": None, "train_median": 0.02, "train_worst": 0.05,
              "plans_median": None, "plans_worst": None}
