@@ -3,8 +3,10 @@
 Issue 44. The runner is given a recording device and the interleaved timer a
 recording clock (``tests/backend_scripts/timed_calls.py``): every timed call
 must read the clock, launch, wait for its work and read the clock again, and
-each input must reach the device once, before anything is timed. Under torch
-this runs in a subprocess (Keras picks its backend once per process).
+each input must reach the device once, before anything is timed, and be the
+one the step computes on. Under JAX and torch this runs in a subprocess (Keras
+picks its backend once per process); LiteRT and ONNX Runtime, which run on the
+host CPU, run in process and return their output read to the host.
 """
 
 import dataclasses
@@ -43,6 +45,13 @@ def _assert_each_timed_call_is_waited_for(result):
     assert [model for _, model in samples] == ["a", "b", "a", "b", "b", "a"]
     assert timed == " ".join(f"clock {call} clock" for call, _ in samples)
     assert result["output_matches"]
+    assert result["inputs_put"]  # each step computes on its runner's device-resident batch
+
+
+def _in_subprocess(backend, tmp_path, *args, timeout=1800):
+    """``timed_calls.py ARGS`` run under ``backend``; its JSON result."""
+    out = _check(_run(backend, [SCRIPT, *args], tmp_path, timeout=timeout))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_tf_runner_puts_the_input_once_and_waits_for_every_timed_call():
@@ -52,16 +61,36 @@ def test_tf_runner_puts_the_input_once_and_waits_for_every_timed_call():
 
 
 def test_torch_runner_puts_the_input_once_and_waits_for_every_timed_call(tmp_path):
-    result = json.loads(_check(_run("torch", [SCRIPT], tmp_path)).strip().splitlines()[-1])
+    result = _in_subprocess("torch", tmp_path)
     _assert_each_timed_call_is_waited_for(result)
     assert result["device"][0] == "cpu"  # the suite's torch is a CPU build
 
 
+def test_jax_runner_puts_the_input_once_waits_for_every_call_and_traces_once(tmp_path):
+    """The launch is logged outside ``jax.jit`` (inside, the model runs only when traced); the
+    wait is ``block_until_ready`` on the output the jitted call returned."""
+    result = _in_subprocess("jax", tmp_path)
+    _assert_each_timed_call_is_waited_for(result)
+    assert result["events"][:2] == ["put", "put"]  # before the warm-up calls
+    assert result["traced"] == ["launch:a", "launch:b"]  # once each: no timed call retraces
+    assert not result["outputs_on_host"]  # the waits got device arrays, not host copies
+    assert result["device"][0] == "cpu"  # JAX_PLATFORMS=cpu
+
+
+@pytest.mark.parametrize("runtime", ["litert", "onnx"])
+def test_host_runtimes_take_the_input_once_and_read_every_output_before_the_clock(runtime):
+    if timing.missing(runtime):
+        pytest.skip(timing.missing(runtime))
+    result = timed_calls.record(runtime)
+    _assert_each_timed_call_is_waited_for(result)  # the output is read inside each launch
+    assert result["outputs_on_host"]
+    assert result["device"][0] == "cpu"
+
+
 @pytest.mark.slow
-def test_torch_compile_runner_computes_the_eager_models_outputs(tmp_path):
+def test_torch_compile_runner_waits_for_every_call_and_computes_the_eager_outputs(tmp_path):
     """torch.compile's inductor builds C++ kernels on the CPU: minutes on 2 cores."""
-    result = json.loads(_check(_run("torch", [SCRIPT, "torch_compile"], tmp_path,
-                                    timeout=1200)).strip().splitlines()[-1])
+    result = _in_subprocess("torch", tmp_path, "torch_compile", timeout=1200)
     _assert_each_timed_call_is_waited_for(result)
     assert result["compiled_matches_eager"]
 

@@ -311,7 +311,8 @@ def _calibration_batches(model, batch_size):
 
 
 def _litert_step(model, x, threads, int8=False):
-    """A no-argument callable: one LiteRT interpreter invocation on ``x``.
+    """A no-argument callable: one LiteRT interpreter invocation on ``x``, returning its output
+    (read to the host, like ONNX Runtime's, so every runtime's runner returns the model's output).
 
     The flatbuffer is :func:`to_tflite`'s (weights frozen into constants);
     the interpreter is ``ai_edge_litert``'s where installed, else TensorFlow's
@@ -333,7 +334,13 @@ def _litert_step(model, x, threads, int8=False):
         scale, zero = detail["quantization"]
         x = np.clip(np.round(x / scale + zero), -128, 127).astype(np.int8)
     interpreter.set_tensor(detail["index"], x)
-    return interpreter.invoke
+    output = interpreter.get_output_details()[0]["index"]
+
+    def invoke():
+        interpreter.invoke()
+        return interpreter.get_tensor(output)
+
+    return invoke
 
 
 def to_onnx(model, path, int8=False):
