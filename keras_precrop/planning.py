@@ -452,16 +452,17 @@ def _probe_specs(model, macs_arguments):
             f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
             f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
             "or give a parameter budget alone.", **given)
-    return [(name, tuple(_PROBE_SIZE if d is None else d for d in shape)) for name, shape in specs]
+    if not is_functional(model):  # a copy at the probe size needs a functional graph
+        raise UnsupportedModelError(
+            f"Subclassed model {model.name!r} has the undefined input shape "
+            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
+            "or model.build((None, 224, 224, 3)).")
+    return [(name, shape[:1] + tuple(_PROBE_SIZE if d is None else d for d in shape[1:]))
+            for name, shape in specs]
 
 
 def _with_inputs(model, specs):
     """A fresh copy of functional ``model`` on inputs of other spatial sizes."""
-    if not is_functional(model):
-        raise UnsupportedModelError(
-            f"Subclassed model {model.name!r} has the undefined input shape "
-            f"{specs[0][1]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
-            "or model.build((None, 224, 224, 3)).")
     inputs = [keras.Input(shape[1:], name=name) for name, shape in specs]
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
                                     clone_function=lambda op: layer_from_config(op, op.get_config()))

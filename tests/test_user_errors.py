@@ -6,6 +6,7 @@ layers at once) it does, checked against an independent reference.
 """
 
 import keras
+import numpy as np
 import pytest
 from keras import ops
 
@@ -70,3 +71,48 @@ def test_every_untraceable_composite_is_named_at_once():
     assert "'first' of class TfBlock" in str(info.value)
     assert "'second' of class TfBlock" in str(info.value)
     assert kp.profile(model, ignore=["first", "second"]).total_params == model.count_params()
+
+
+class _BranchInCall(keras.Model):
+    """A subclassed model whose own call() branches in Python on a tensor's value."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(4, 3, name="conv")
+        self.head = L.Dense(2, name="head")
+
+    def call(self, x):
+        h = self.conv(x)
+        if ops.mean(h) > 0:
+            h = -h
+        return self.head(ops.mean(h, axis=(1, 2)))
+
+
+def test_a_built_model_whose_call_branches_in_python_is_not_called_unbuilt():
+    model = _BranchInCall(name="branching")
+    model(np.ones((1, 8, 8, 3), "float32"))  # Keras builds it eagerly and records no shape
+    assert model.built
+    with pytest.raises(kp.UnsupportedModelError) as info:
+        kp.profile(model)
+    message = str(info.value)
+    assert "'branching'" in message and "is built" in message and "not built" not in message
+    assert "Python `if` on a tensor's value" in message and "keras.ops.where" in message
+
+
+class _OpenSize(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = L.Conv2D(4, 3, name="conv")
+        self.head = L.Dense(2, name="head")
+
+    def call(self, x):
+        return self.head(ops.mean(self.conv(x), axis=(1, 2)))
+
+
+def test_an_open_input_shape_is_printed_as_the_user_built_it():
+    model = _OpenSize(name="open")
+    model.build((None, None, None, 3))
+    with pytest.raises(kp.UnsupportedModelError) as info:
+        kp.precrop(model, params=0.5)
+    assert "(None, None, None, 3)" in str(info.value)
+    assert "224, 224, 224" not in str(info.value)

@@ -561,6 +561,16 @@ def _input_name(model):
 def _built_shape(model):
     """The input shape a subclassed model was built with (its one input)."""
     shapes = getattr(model, "_build_shapes_dict", None) or {}
+    if model.built and not shapes:
+        raise UnsupportedModelError(
+            f"Subclassed model {model.name!r} of class {type(model).__name__} is built, but Keras "
+            "recorded no input shape for it: when it was first called, its call() (or a layer's "
+            "call() inside it) could not run on symbolic tensors, so Keras built it eagerly. "
+            "It is traced by running call() on a keras.Input, which fails the same way: most "
+            "often a Python `if` on a tensor's value (`if ops.mean(x) > 0:`), or a `tf.*` or "
+            "`jax.numpy` function on its inputs. Write such a branch with keras.ops.where or "
+            "keras.ops.cond, and give the model a build() method or call "
+            "model.build((None, 32, 32, 3)); the trace then names the layer.")
     if not model.built or len(shapes) != 1:
         raise UnsupportedModelError(
             f"Subclassed model {model.name!r} of class {type(model).__name__} "
