@@ -33,15 +33,18 @@ class JsonDataclass:
     def from_json(cls, text_or_path):
         """Load the record from JSON text or from a ``.json`` file path."""
         text, source = str(text_or_path), "the JSON text"
-        if not text.lstrip().startswith("{"):
+        if not text.lstrip().startswith(("{", "[")):  # not a JSON object or array: a path
             source = f"file {text!r}"
-            with open(text, encoding="utf-8") as f:
+            with open(text, encoding="utf-8") as f:  # a missing file: OSError naming it
                 text = f.read()
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{source} is not a {cls.__name__} JSON: {err}") from None
         if not isinstance(data, dict):
+            fields = ", ".join(f.name for f in dataclasses.fields(cls))
             raise ValueError(f"{source} is not a {cls.__name__} JSON: it holds a "
-                             f"{type(data).__name__}, not an object")
+                             f"{type(data).__name__}, not an object; a {cls.__name__} file "
+                             f"holds one JSON object with the fields {fields} (as to_json "
+                             "writes it)")
         return cls.from_dict(data)

@@ -70,6 +70,10 @@ class Plan(_json.JsonDataclass):
         predicted: ``{"params", "macs"}`` of the rebuilt model (exact integers).
         budgets: absolute ``{"params", "macs"}`` targets (``None`` if unset).
         solver: diagnostics (objective, continuous optimum, deviation, ...).
+        input_shapes: the shape of each of the model's inputs without the batch
+            axis, as the model was built (``None`` for an open size); a plan
+            applies to a model of these shapes. ``None`` in plans written
+            before it was recorded (they load too, unchecked).
 
     With a latency model, ``original``, ``predicted`` and ``budgets`` also
     hold ``"latency"`` (seconds per batch, as the latency model predicts) and
@@ -86,6 +90,7 @@ class Plan(_json.JsonDataclass):
     predicted: dict
     budgets: dict
     solver: dict
+    input_shapes: list = None
 
     @property
     def params(self):
@@ -378,7 +383,8 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         widths, info, mode = solve_for(budgets)
     if measured is not model:
         info["spatial_probe"] = list(measured.inputs[0].shape[1:])
-    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed})
+    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed},
+                      [list(shape[1:]) for _, shape in input_specs(model)])
 
 
 class Subject:
@@ -512,7 +518,7 @@ def _check_calibrate(calibrate, measured_here, has_latency):
     return calibrate
 
 
-def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
+def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_shapes):
     """The :class:`Plan` record of ``widths``: per-variable and per-layer before/after."""
     widths = np.asarray(widths, dtype=np.float64)
     before = cm.per_layer(cm.widths)
@@ -551,7 +557,7 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info):
         predicted={"params": int(round(total[0])), "macs": int(round(total[1])),
                    **dict(zip(extra, map(float, total[2:])))},
         budgets={row: budgets.get(row) for row in cm.row_names},
-        solver=info,
+        solver=info, input_shapes=input_shapes,
     )
 
 
@@ -569,7 +575,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     Args:
         model: the model the plan was made for (trained, for ``weights="keep"``),
             or a :class:`Subject` of it, whose walk it reuses.
-        plan: a :class:`Plan`.
+        plan: a :class:`Plan`, or the path (``str`` or ``os.PathLike``) of a
+            plan file (:meth:`Plan.to_json`'s).
         weights: ``None``: fresh weights, as PreCrop prescribes. ``"keep"``:
             every width variable keeps its most important channels, with
             their trained weights (kernels, biases, normalization scales and
@@ -595,8 +602,10 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             channel gained and no random layer (``Dropout``, noise).
     """
     importance = _transfer.check_options(weights, importance, data)
+    plan = _plan_argument(plan)
     subject = Subject.of(model)
     model = subject.model
+    _check_input_shapes(plan, model)
     if importance == "taylor":  # the data fits the model, before any work on it
         data = check_data(model, data, "data").data
     defined = subject.defined({})
@@ -616,6 +625,49 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             clone.set_weights(new.get_weights())
         new = clone
     return new
+
+
+def _plan_argument(plan):
+    """The :class:`Plan` that ``apply_plan``'s ``plan=`` stands for: a plan, or a plan file's path.
+
+    Raises:
+        ArgumentError: a path that names no file, or a file that holds no plan.
+        ArgumentTypeError: anything else.
+    """
+    if isinstance(plan, Plan):
+        return plan
+    if not isinstance(plan, (str, os.PathLike)):
+        raise ArgumentTypeError("{plan:subject} must be a kp.Plan or the path of a plan file "
+                                "(Plan.to_json's){got}.", plan=plan)
+    path = os.fspath(plan)
+    if not os.path.isfile(path):
+        raise ArgumentError("{plan} names no file; give a kp.Plan or the path of a plan file "
+                            "(written by plan.to_json(path) or `keras-precrop plan --out`).",
+                            plan=path)
+    try:
+        return Plan.from_json(path)
+    except ValueError as err:
+        what = str(err).replace("{", "{{").replace("}", "}}")
+        raise ArgumentError(f"{{plan}} holds no plan: {what}.", plan=path) from None
+
+
+def _check_input_shapes(plan, model):
+    """Refuse a plan made for inputs of other shapes (MACs and time depend on the size).
+
+    Raises:
+        PlanMismatchError: naming both shapes.
+    """
+    if plan.input_shapes is None:  # a plan written before shapes were recorded
+        return
+    planned = [tuple(shape) for shape in plan.input_shapes]
+    shapes = [tuple(shape[1:]) for _, shape in input_specs(model)]
+    if planned != shapes:
+        raise PlanMismatchError(
+            f"Plan for {plan.model_name!r} was made for input shape "
+            f"{', '.join(map(str, planned))}, but model {model.name!r} takes "
+            f"{', '.join(map(str, shapes))}: MACs and time depend on the input size, so a "
+            "plan applies to a model built at the size it was planned for; plan this model "
+            "anew with kp.plan(model, ...).")
 
 
 def build_checked(graph, widths, plan, seed=None):

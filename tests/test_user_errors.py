@@ -116,3 +116,46 @@ def test_an_open_input_shape_is_printed_as_the_user_built_it():
         kp.precrop(model, params=0.5)
     assert "(None, None, None, 3)" in str(info.value)
     assert "224, 224, 224" not in str(info.value)
+
+
+def _cnn(size=32):
+    x = keras.Input((size, size, 3), name="img")
+    h = L.Conv2D(8, 3, padding="same", name="c0")(x)
+    h = L.Conv2D(8, 3, padding="same", name="c1")(h)
+    return keras.Model(x, L.Dense(3, name="head")(L.GlobalAveragePooling2D(name="gap")(h)),
+                       name=f"cnn{size}")
+
+
+def test_plan_files_by_path_and_what_a_plan_file_holds(tmp_path):
+    model = _cnn()
+    the_plan = kp.plan(model, params=0.5)
+    path = tmp_path / "plan.json"
+    the_plan.to_json(path)
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    by_object = kp.apply_plan(model, the_plan, weights="keep")
+    for given in (str(path), path):  # a str or an os.PathLike
+        new = kp.apply_plan(model, given, weights="keep")
+        assert new.count_params() == the_plan.params
+        np.testing.assert_allclose(new(x), by_object(x), rtol=1e-6)
+    missing = tmp_path / "nope.json"
+    with pytest.raises(kp.ArgumentError, match=f"plan={str(missing)!r} names no file"):
+        kp.apply_plan(model, missing)
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        kp.Plan.from_json(str(missing))
+    with pytest.raises(ValueError, match="holds a list, not an object; a Plan file holds one "
+                       "JSON object with the fields model_name, mode"):
+        kp.Plan.from_json("[1, 2]")
+    path.write_text("[1, 2]")
+    with pytest.raises(kp.ArgumentError, match=f"plan={str(path)!r} holds no plan"):
+        kp.apply_plan(model, path)
+
+
+def test_a_plan_applied_at_another_input_size_names_both_sizes():
+    the_plan = kp.plan(_cnn(32), params=0.5)
+    assert kp.Plan.from_json(the_plan.to_json()).input_shapes == [[32, 32, 3]]
+    with pytest.raises(kp.PlanMismatchError, match=r"made for input shape \(32, 32, 3\), but "
+                       r"model 'cnn64' takes \(64, 64, 3\)"):
+        kp.apply_plan(_cnn(64), the_plan)
+    old = {k: v for k, v in the_plan.to_dict().items() if k != "input_shapes"}
+    assert kp.Plan.from_dict(old).input_shapes is None  # older files load
+    assert kp.apply_plan(_cnn(32), kp.Plan.from_dict(old)).count_params() == the_plan.params
