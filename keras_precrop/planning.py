@@ -18,6 +18,7 @@ rebuilds (``graph.rebuild``), checking the result (``verify``); with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import os
@@ -42,7 +43,7 @@ from keras_precrop.errors import (
 from keras_precrop.graph.rebuild import check_seed, layer_from_config, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs, is_functional
 from keras_precrop.graph.walker import walk
-from keras_precrop.training._user_data import check_data
+from keras_precrop.training._user_data import check_data, outputs_probabilities
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
            "reconfigure"]
@@ -591,7 +592,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             ``"random"`` (seeded by ``seed``).
         data: for ``importance="taylor"``: an ``(x, y)`` batch or an
             iterable of them (integer labels or one-hot; the model's outputs
-            are taken as logits).
+            are taken as logits, or as probabilities where it ends in a softmax).
         seed: ``None`` (default): the fresh weights and ``importance="random"``
             draw from Keras' global random state (``keras.utils.set_random_seed``
             fixes it). An integer >= 0 fixes both (each layer's initializers and
@@ -736,14 +737,22 @@ def _taylor_gradients(model, defined, data):
     """
     gradients = importlib.import_module("keras_precrop.pai.gradients")
     ids = [id(w) for w in defined.trainable_weights]
-    return [dict(zip(ids, gradients.weight_gradients(_loss(gradients, model, x, y),
+    batches = list(gradients.batches(data))
+    loss = functools.partial(gradients.cross_entropy,
+                             from_logits=not outputs_probabilities(model, batches[0][0]))
+    return [dict(zip(ids, gradients.weight_gradients(_loss(gradients, model, x, y, loss),
                                                      model.trainable_weights)))
-            for x, y in gradients.batches(data)]
+            for x, y in batches]
 
 
-def _loss(gradients, model, x, y):
-    """The cross-entropy of ``model``'s outputs (as logits) on one batch, as a function of nothing."""
-    return lambda: gradients.loss_value(model, None, x, y, training=False)
+def _loss(gradients, model, x, y, loss):
+    """The cross-entropy of ``model``'s outputs on one batch, as a function of nothing.
+
+    ``loss`` takes the outputs as logits, or as probabilities for a model that
+    ends in a softmax (taken as logits, they would rank channels by a wrong
+    gradient).
+    """
+    return lambda: gradients.loss_value(model, loss, x, y, training=False)
 
 
 def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=None,

@@ -207,15 +207,16 @@ def batches(data, num_batches=None):
     return out
 
 
-def cross_entropy(y_true, logits):
+def cross_entropy(y_true, logits, from_logits=True):
     """Mean cross-entropy of logits, for integer labels or one-hot targets.
 
     The reference uses ``nn.CrossEntropyLoss`` on logits; one-hot (or soft)
-    targets are recognised by having the logits' rank.
+    targets are recognised by having the logits' rank. ``from_logits=False``
+    takes the outputs as a softmax's probabilities (a model that ends in one).
     """
     if len(y_true.shape) == len(logits.shape):
-        return keras.losses.categorical_crossentropy(y_true, logits, from_logits=True)
-    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
+        return keras.losses.categorical_crossentropy(y_true, logits, from_logits=from_logits)
+    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=from_logits)
 
 
 def loss_value(model, loss, x, y, training, temperature=1.0):
