@@ -752,8 +752,11 @@ class OpPad(Handler):
 class OpReshape(Handler):
     """``keras.ops.reshape`` that keeps channels last.
 
-    The op is replayed as recorded, so a target shape that spells out the
-    channel count (rather than ``-1``) keeps those channels fixed.
+    Channels flow through as through a ``Reshape`` layer: a target shape that
+    spells out the channel count last (``(-1, 1, 1, C)`` in a
+    squeeze-and-excitation block) is rebuilt with the new count. A flatten
+    (``(-1, H * W * C)``) is replayed as recorded, so one that spells out its
+    size keeps its channels fixed.
     """
 
     def walk(self, ctx, rec, node, ins):
@@ -763,12 +766,19 @@ class OpReshape(Handler):
                 shape_in[1:-1]) == math.prod(shape_out[1:-1])):
             _refuse_op(rec, node, "moves channels to other axes")
         outs = Flatten().walk(ctx, rec, node, ins) if flatten else [ins[0]]
-        if list(rec.layer.newshape)[-1] != -1:
+        if flatten and list(rec.layer.newshape)[-1] != -1:
             ctx.fix(ins[0])
             ctx.note(f"{rec.path}: reshape to a fixed shape; its channels are kept fixed.")
         return outs
 
     channel_map = Reshape.channel_map
+
+    def rebuild_op(self, rec, op, width):
+        newshape = list(op.newshape)
+        if len(newshape) == 2 or newshape[-1] == -1:
+            return op
+        newshape[-1] = channels_width(rec.outputs[0][0], width)
+        return type(op)(tuple(newshape), name=op.name)
 
 
 class OpAxes(Handler):
