@@ -379,6 +379,20 @@ def _check_keep_weights(namespace, printed, cwd):
     assert np.isfinite(namespace["history"].history["distillation_loss"]).all()
 
 
+def _check_gradual(namespace, printed, cwd):
+    """The fitted model's masked weights are zero and the rebuilt ``small`` (its plan's size by Keras'
+    count) computes what it computes; the block asserts both, this checks the masks independently:
+    every channel the plan removes from ``model``'s first conv is zero in its kernel."""
+    import numpy as np
+
+    model, small, plan = (namespace[k] for k in ("model", "small", "plan"))
+    assert small.count_params() == plan.predicted["params"] < model.count_params()
+    kernels = [layer.kernel for layer in model.layers if hasattr(layer, "kernel")]
+    zero_filters = sum(int(np.all(np.asarray(k) == 0, axis=tuple(range(k.ndim - 1))).sum())
+                       for k in kernels)
+    assert zero_filters > 0 and "GradualPruning: step 4, 100%" in printed
+
+
 def _check_keras_hub_task(namespace, printed, cwd):
     """The pruned task is still a ``ResNetImageClassifier``, compiled (with the task's defaults) and
     ready to train, whose backbone is the plan's: at most half the parameters, by Keras' count."""
@@ -395,6 +409,7 @@ BLOCK_CHECKS = {
     "plan = kp.plan(model, params=0.5, flops=0.6, round_to=8)": _check_solve_once_build_later,
     "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
     'small = kp.precrop(model, params=0.5, weights="keep")': _check_keep_weights,
+    "pruning = kp.GradualPruning(plan, end_step=4, frequency=2)": _check_gradual,
     'small.export("resnet20_small", verbose=False)': _check_deployment,
     "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
     "comparison = kp.compare(model, params=0.1103)": _check_compare,
