@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable
 
 import keras
@@ -201,7 +202,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             "named as in model.summary() (or `keras-precrop profile`).", ignore=missing)
     ignore |= {name for err in refused for name in err.arguments["ignore"]}
     walker = _Walker(WalkContext(residual), ignore, traced, refused)
-    for t in fn.inputs:
+    for index, t in enumerate(fn.inputs):
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
             raise UnsupportedModelError(
@@ -209,7 +210,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
                 f"{shape}: MACs depend on spatial size. Build the model with a "
                 "full input shape, e.g. keras.Input((224, 224, 3))."
             )
-        seg = walker.ctx.new_segment(shape[-1], f"input:{t.name}", fixed=True)
+        seg = walker.ctx.new_segment(shape[-1], _input_variable_name(t, index), fixed=True)
         walker.tensors[id(t)] = (Part(seg),)
     walker.functional(fn, "")
     if refused:
@@ -217,6 +218,23 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     for t in fn.outputs:
         walker.ctx.fix(walker.tensors[id(t)])
     return ModelGraph(model, walker)
+
+
+def _input_variable_name(tensor, index):
+    """The width variable's name of the model input ``tensor``, the ``index``-th.
+
+    The input's own name where the user gave one (``keras.Input(name="image")``:
+    ``"input:image"``, as zoo models and older plan files have it), else its
+    position (``"input:0"``): Keras names an unnamed input after a global
+    counter (``keras_tensor_189``, ``input_layer_9`` once reloaded), which
+    differs between two instances of one architecture, and a plan must fit both.
+    """
+    if _AUTO_INPUT_NAME.fullmatch(tensor.name):
+        return f"input:{index}"
+    return f"input:{tensor.name}"
+
+
+_AUTO_INPUT_NAME = re.compile(r"(keras_tensor|input_layer)(_\d+)?")
 
 
 class _Walker:

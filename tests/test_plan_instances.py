@@ -1,0 +1,43 @@
+"""A plan applies to every model of the architecture it was made for, and only to those (issue 42)."""
+
+import keras
+import pytest
+
+import keras_precrop as kp
+
+
+def _resnetish(stem=16):
+    """A small residual CNN as users write it: unnamed keras.Input, named layers."""
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(stem, 3, padding="same", name="stem")(inputs)
+    y = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="b0_conv1")(x)
+    y = keras.layers.Conv2D(16, 3, padding="same", name="b0_conv2")(y)
+    x = keras.layers.Add(name="b0_add")([x, y])
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, name="head")(x), name="resnetish")
+
+
+def _sequential():
+    """A Sequential CNN with an unnamed input."""
+    return keras.Sequential([
+        keras.Input((16, 16, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu", name="c1"),
+        keras.layers.Conv2D(16, 3, activation="relu", name="c2"),
+        keras.layers.GlobalAveragePooling2D(name="pool"),
+        keras.layers.Dense(10, name="head"),
+    ], name="seq")
+
+
+def _reloaded(tmp_path):
+    model = _resnetish()
+    model.save(tmp_path / "m.keras")
+    return keras.models.load_model(tmp_path / "m.keras")
+
+
+@pytest.mark.parametrize("second", ["functional", "sequential", "reloaded"])
+def test_a_plan_applies_to_a_second_instance_with_an_unnamed_input(second, tmp_path):
+    build = _sequential if second == "sequential" else _resnetish
+    plan = kp.plan(build(), params=0.5)
+    other = _reloaded(tmp_path) if second == "reloaded" else build()
+    new = kp.apply_plan(other, plan)
+    assert new.count_params() == plan.params < other.count_params()
