@@ -42,7 +42,7 @@ from keras_precrop.errors import (
 )
 from keras_precrop.graph.rebuild import check_seed, layer_from_config, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs, is_functional
-from keras_precrop.graph.walker import walk
+from keras_precrop.graph.walker import ignore_names, walk
 from keras_precrop.training._user_data import check_data, outputs_probabilities
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
@@ -273,7 +273,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             lets widths grow (PreConfig).
         round_to: widths are multiples of this (e.g. 8 for accelerators).
         min_channels: no width variable is narrower than this.
-        ignore: layer names whose channels stay fixed.
+        ignore: layer names whose channels stay fixed (one string is one name).
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
         latency: time budget as a ratio of the original model's time as
             ``latency_model`` predicts it (e.g. 0.5).
@@ -328,6 +328,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
     can_grow = _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on)
+    ignore = ignore_names(ignore)  # ignore="stem" is one layer
     # Checked before profiling and timing, so a bad latency= fails at once.
     latency_budget = _resolve_budget(_latency.ROW, latency, None, 1.0, can_grow)
     measured_here = latency_model is None or isinstance(latency_model, dict)

@@ -41,3 +41,15 @@ def test_a_plan_applies_to_a_second_instance_with_an_unnamed_input(second, tmp_p
     other = _reloaded(tmp_path) if second == "reloaded" else build()
     new = kp.apply_plan(other, plan)
     assert new.count_params() == plan.params < other.count_params()
+
+
+def test_ignore_given_as_one_string_is_one_layer_name():
+    model = _resnetish()
+    plan = kp.plan(model, params=0.9, ignore="b0_conv1")
+    assert plan.ignore == ["b0_conv1"]
+    assert plan.ignore == kp.plan(model, params=0.9, ignore=["b0_conv1"]).ignore
+    new = kp.apply_plan(_resnetish(), plan)
+    assert new.get_layer("b0_conv1").filters == model.get_layer("b0_conv1").filters
+    assert new.count_params() == plan.params < model.count_params()
+    with pytest.raises(kp.errors.ArgumentError, match=r"ignore=\['nope'\]"):
+        kp.plan(model, params=0.9, ignore="nope")

@@ -45,6 +45,14 @@ from keras_precrop.graph.channels import (
 # The walk.
 
 
+def ignore_names(ignore):
+    """The layer names ``ignore=`` gives, as a list: one string is one name.
+
+    ``ignore="stem"`` means the layer ``stem``, not the letters of its name.
+    """
+    return [ignore] if isinstance(ignore, str) else list(ignore)
+
+
 def names_of(model, ignore=()):
     """Every name and ``outer/inner`` path ``ignore=`` may give for ``model``'s layers."""
     return set(layer_names(_trace.traced(model, ignore)))
@@ -191,7 +199,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     """
     if residual not in ("prefix", "tie"):
         raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
-    ignore = set(ignore)
+    ignore = set(ignore_names(ignore))
     refused = []  # every unsupported layer, named at once (see UnsupportedLayerError.together)
     traced = _trace.traced(model, ignore, refused)  # the one trace of this walk; the graph holds it
     fn = traced.functional

@@ -245,7 +245,7 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     measure = timer or _timing.timer_of(batch_size, runtime, training, rounds, log, device)
     fitter = _Fitter(model, graph, measure, blocks, log,
                      dict(batch_size=int(batch_size), runtime=runtime, training=bool(training),
-                          residual=residual, ignore=list(ignore), **_timed_on(model, device)))
+                          residual=residual, ignore=_graph.ignore_names(ignore), **_timed_on(model, device)))
     fitter.time_variants(variants, scale_range, seed, holdout)
     for k in range(1, refine_rounds + 1 if refine else 1):
         if not fitter.refine(k, refine, planner or solve_plan):
