@@ -153,3 +153,15 @@ def test_a_softmax_student_learns_a_separable_task():
     before = accuracy()
     kp.fine_tune(student, (x, y), epochs=10, batch_size=16, learning_rate=0.05, verbose=0)
     assert accuracy() >= 0.95 > before
+
+
+def test_a_teacher_that_is_no_model_or_has_other_outputs_is_refused_naming_teacher():
+    student = _mlp(softmax=False)
+    with pytest.raises(kp.ArgumentError, match=r"^teacher must be a keras.Model.*got 'resnet20'"):
+        kp.fine_tune(student, (X, Y), teacher="resnet20", verbose=0)
+    x = keras.Input((5,))
+    other = keras.Model(x, L.Dense(4, name="out")(x))  # 4 outputs, the student has 3
+    with pytest.raises(kp.ArgumentError, match=r"^teacher= has outputs of shape \(4,\), "
+                                               r"the student \(3,\)") as err:
+        kp.fine_tune(student, (X, Y), teacher=other, verbose=0)
+    assert err.value.argument == "teacher"

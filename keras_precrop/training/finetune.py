@@ -249,13 +249,37 @@ def _check_distillation(student, teacher, temperature, alpha):
                             distill_temperature=temperature)
     if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
         raise ArgumentError("{alpha} must be a weight in [0, 1].", alpha=alpha)
-    if teacher is not None:
-        shared = {id(w) for w in teacher.weights} & {id(w) for w in student.weights}
-        if shared:
-            raise ArgumentError(
-                "{teacher:=} and the student share variables; distillation freezes the teacher, "
-                "and with it the student. Give the student its own weights "
-                "(kp.precrop(..., weights='keep') builds such a model).")
+    if teacher is None:
+        return
+    if not isinstance(teacher, keras.Model):
+        raise ArgumentError("{teacher:subject} must be a keras.Model, the trained model to distil "
+                            "from (e.g. the model that was pruned){got}.", teacher=teacher)
+    shapes = _output_shapes(teacher), _output_shapes(student)
+    if None not in shapes and shapes[0] != shapes[1]:
+        raise ArgumentError(
+            f"{{teacher:=}} has outputs of shape {shapes[0]}, the student {shapes[1]}: "
+            "distillation matches the student's outputs to the teacher's, so they must have "
+            "the same shapes (the teacher is the model the student was pruned from).",
+            teacher=NAME_ONLY)
+    shared = {id(w) for w in teacher.weights} & {id(w) for w in student.weights}
+    if shared:
+        raise ArgumentError(
+            "{teacher:=} and the student share variables; distillation freezes the teacher, "
+            "and with it the student. Give the student its own weights "
+            "(kp.precrop(..., weights='keep') builds such a model).")
+
+
+def _output_shapes(model):
+    """``model``'s output shape(s) without the batch dimension, or ``None`` where Keras knows none."""
+    try:
+        shapes = model.output_shape
+    except (AttributeError, ValueError):  # a subclassed model: no symbolic outputs
+        return None
+    if isinstance(shapes, dict):
+        return {name: tuple(shape)[1:] for name, shape in shapes.items()}
+    if isinstance(shapes, list):
+        return [tuple(shape)[1:] for shape in shapes]
+    return tuple(shapes)[1:]
 
 
 def _positive(value):
