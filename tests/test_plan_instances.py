@@ -6,12 +6,12 @@ import pytest
 import keras_precrop as kp
 
 
-def _resnetish(stem=16):
+def _resnetish(width=16):
     """A small residual CNN as users write it: unnamed keras.Input, named layers."""
     inputs = keras.Input((16, 16, 3))
-    x = keras.layers.Conv2D(stem, 3, padding="same", name="stem")(inputs)
-    y = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="b0_conv1")(x)
-    y = keras.layers.Conv2D(16, 3, padding="same", name="b0_conv2")(y)
+    x = keras.layers.Conv2D(width, 3, padding="same", name="stem")(inputs)
+    y = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name="b0_conv1")(x)
+    y = keras.layers.Conv2D(width, 3, padding="same", name="b0_conv2")(y)
     x = keras.layers.Add(name="b0_add")([x, y])
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     return keras.Model(inputs, keras.layers.Dense(10, name="head")(x), name="resnetish")
@@ -53,3 +53,12 @@ def test_ignore_given_as_one_string_is_one_layer_name():
     assert new.count_params() == plan.params < model.count_params()
     with pytest.raises(kp.errors.ArgumentError, match=r"ignore=\['nope'\]"):
         kp.plan(model, params=0.9, ignore="nope")
+
+
+def test_a_plan_is_refused_by_a_model_of_the_same_names_but_other_widths():
+    # (The battery's case cloned only the stem at 24 filters: that model cannot be built,
+    # Keras' Add refuses it before apply_plan is called.)
+    plan = kp.plan(_resnetish(), params=0.5)
+    with pytest.raises(kp.errors.PlanMismatchError,
+                       match=r"'stem' has 24 channels in model 'resnetish' but 16 in the plan"):
+        kp.apply_plan(_resnetish(width=24), plan)
