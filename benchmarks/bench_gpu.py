@@ -5,9 +5,11 @@ PyTorch and Keras installed, TensorFlow not needed)::
 
     python benchmarks/bench_gpu.py --out benchmarks/results/gpu
 
-and the CPU dry run of the same code with tiny settings (ResNet-20 at batch 8,
-MobileNetV2 at 32x32 and batch 2, the fewest variants and rounds; its numbers
-mean nothing, it checks the code; ``tests/test_bench_gpu.py`` runs it)::
+and the CPU dry run of the same code with tiny settings (ResNet-8, the zoo's
+CIFAR ResNet at depth 8, at 16x16 and batch 2, the fewest latency-model
+variants and rounds the library accepts, 2 timing rounds; its numbers mean
+nothing, it checks the code; ``tests/test_bench_gpu.py`` runs it, in about a
+minute)::
 
     python benchmarks/bench_gpu.py --quick --out /tmp/bench_gpu
 
@@ -69,11 +71,14 @@ import traceback
 
 HERE = pathlib.Path(__file__).resolve().parent
 # name, input size, batch, whether a training step is timed: the goal configurations first, so
-# a short budget cuts the last one. The dry run times MobileNetV2's training step nowhere: compiling
-# it took minutes of a 2-core CPU under JAX, and ResNet-20's runs the same code.
+# a short budget cuts the last one. The dry run is one small network: under JAX every layer costs
+# compiles (its initializers per new kernel shape, each model's inference and training step).
 CONFIGS = {False: (("resnet20", 32, 1024, True), ("mobilenet_v2", 224, 64, True),
                    ("resnet20", 32, 256, True)),
-           True: (("resnet20", 32, 8, True), ("mobilenet_v2", 32, 2, False))}
+           True: (("resnet8", 16, 2, True),)}
+# names that are not the zoo's: the dry run's ResNet-8 is the zoo's CIFAR ResNet at its smallest
+# depth, ResNet-20's stem, stages, strided shortcuts and residual streams with 9 convolutions, not 21
+ZOO = {"resnet8": ("resnet20", {"depth": 8})}
 FIT = {False: dict(variants=8, rounds=3, refine=(0.5,), refine_rounds=1),
        True: dict(variants=6, rounds=1, refine_rounds=0)}
 TIMING = {False: dict(rounds=5, target_s=0.05, warmup=2), True: dict(rounds=2, target_s=0.005, warmup=1)}
@@ -298,8 +303,10 @@ def _plan(base, lm, options):
     return record, kp.apply_plan(base, plan)
 
 
-def _prepare(guard, study, backend, quick):
+def _prepare(guard, study, backend, quick, plan_options):
     """Builds one network, fits its latency model and makes the plans, filling ``study``.
+
+    ``plan_options`` are added to every plan's (see :func:`_torch_cpu_workarounds`).
 
     Returns:
         ``{name: model}``: the original and each plan's rebuilt model, or None
@@ -308,8 +315,9 @@ def _prepare(guard, study, backend, quick):
     import keras_precrop as kp
 
     tag = f"{study['model']} batch {study['batch']}"
+    zoo_name, options = ZOO.get(study["model"], (study["model"], {}))
     base = guard(f"{tag}: building", lambda: kp.models.get(
-        study["model"], input_shape=(study["input"], study["input"], 3)))
+        zoo_name, input_shape=(study["input"], study["input"], 3), **options))
     if base is None:
         return None
     study["params"] = base.count_params()
@@ -321,7 +329,8 @@ def _prepare(guard, study, backend, quick):
                     "error": {k: lm.error.get(k) for k in ("median", "worst", "plans_median", "plans_worst")}}
     models = {ORIGINAL: base}
     for label, options in PLANS.items():
-        planned = guard(f"{tag}: planning {label}", lambda: _plan(base, lm, options))
+        planned = guard(f"{tag}: planning {label}", lambda: _plan(base, lm, {**options,
+                                                                             **plan_options}))
         if planned is not None:
             study["plans"][label], model = planned
             if model is not None:
@@ -340,18 +349,28 @@ def _time(guard, study, models, backend, kind, quick):
         guard.save()
 
 
-def _without_onednn(result):
-    """Turns torch's oneDNN (mkldnn) CPU kernels off, and says so in ``result["caveats"]``.
+def _torch_cpu_workarounds(result):
+    """Works around two torch 2.13 CPU bugs in the backward pass of narrow convolutions.
 
-    With them, torch 2.13's CPU backward pass aborted the process ("corrupted
-    double-linked list") on ResNet-20 rebuilt at narrow uniform widths (5, 4,
-    9, 19 channels); the same step ran with them off. CUDA runs never use them.
+    Both come from the channels-last kernels Keras passes to torch. With
+    oneDNN (mkldnn) the backward pass aborted the process ("corrupted
+    double-linked list", "free(): invalid size") on narrow rebuilt
+    ResNet-20s, so it is turned off; without it, ``slow_conv2d`` raises
+    "grad_weight must be contiguous" for a 3x3 convolution with one output
+    channel, so plans keep at least 2 channels per width (``min_channels=2``).
+    Both are said in ``result["caveats"]``; CUDA runs need neither.
+
+    Returns:
+        The options added to every plan.
     """
     import torch
 
     torch.backends.mkldnn.enabled = False
-    result["caveats"].append("torch on the CPU ran without oneDNN (torch.backends.mkldnn): its "
-                             "backward pass aborted on narrow rebuilt ResNet-20s")
+    result["caveats"] += ["torch on the CPU ran without oneDNN (torch.backends.mkldnn): its "
+                          "backward pass aborted on narrow rebuilt ResNet-20s",
+                          "torch on the CPU planned with min_channels=2: its backward pass "
+                          "without oneDNN fails on 3x3 convolutions with 1 output channel"]
+    return {"min_channels": 2}
 
 
 def child(args):
@@ -369,15 +388,15 @@ def child(args):
         raise SystemExit(f"--child {args.child} needs KERAS_BACKEND={args.child}, got {backend!r}")
     result = {"backend": backend, "device": _timing.device(backend),
               "machine": _timing.machine_info(), "studies": [], "notes": [], "caveats": []}
-    if backend == "torch" and result["device"].startswith("CPU"):
-        _without_onednn(result)
+    on_cpu_torch = backend == "torch" and result["device"].startswith("CPU")
+    plan_options = _torch_cpu_workarounds(result) if on_cpu_torch else {}
     guard = _Guard(result, pathlib.Path(args.child_json), args.budget_s, args.step_s)
     guard.log(f"device: {result['device']}; budget {args.budget_s:.0f} s")
     prepared = []
     for name, size, batch, training in CONFIGS[args.quick]:
         study = {"model": name, "input": size, "batch": batch, "plans": {}}
         result["studies"].append(study)
-        models = _prepare(guard, study, backend, args.quick)
+        models = _prepare(guard, study, backend, args.quick, plan_options)
         if models is not None:
             _time(guard, study, models, backend, "inference", args.quick)
             prepared += [(study, models)] if training else []
@@ -507,7 +526,7 @@ def _goal_line(g):
             f"{' (issue goal)' if g['issue_goal'] else ''}: latency=0.5 measured "
             f"{'-' if g['speedup'] is None else format(g['speedup'], '.2f') + 'x'}; >= {GOAL}x: {verdict}")
     if g["why"]:
-        text += (f". Not reachable: the narrowest model (every free width 1 channel) is predicted "
+        text += (f". Not reachable: the narrowest model (every free width at its minimum) is predicted "
                  f"at {_ratio(g['floor_ratio'])} of the original's time, the time that does not "
                  "shrink with width (per-layer launch and dispatch); "
                  + (f"the speedup above is measured on a plan {FLOOR_MARGIN - 1:.0%} above that floor"
