@@ -62,3 +62,19 @@ def test_a_plan_is_refused_by_a_model_of_the_same_names_but_other_widths():
     with pytest.raises(kp.errors.PlanMismatchError,
                        match=r"'stem' has 24 channels in model 'resnetish' but 16 in the plan"):
         kp.apply_plan(_resnetish(width=24), plan)
+
+
+def test_ignore_may_name_the_input_layer_of_a_nested_model():
+    inner_in = keras.Input((8, 8, 4))
+    inner = keras.Model(inner_in, keras.layers.Conv2D(8, 3, padding="same", name="ic")(inner_in),
+                        name="inner")
+    x = keras.Input((8, 8, 3))
+    h = inner(keras.layers.Conv2D(4, 3, padding="same", name="c0")(x))
+    h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+    model = keras.Model(x, keras.layers.Dense(5, name="head")(h))
+    name = inner_in._keras_history.operation.name
+    for ignore in ([name], [f"inner/{name}"]):
+        plan = kp.plan(model, params=0.7, ignore=ignore)
+        new = kp.apply_plan(model, plan)
+        assert new.count_params() == plan.params < model.count_params()
+        assert new.get_layer("inner").inputs[0]._keras_history.operation.name == name

@@ -23,7 +23,6 @@ The default suite runs a bounded number of examples (derandomized, so the same o
 import math
 import re
 
-import keras
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
@@ -142,7 +141,7 @@ def _check_model(model, data):
     if frozen is not None:
         model.get_layer(frozen).trainable = False
     names = _layer_names(model)
-    api, kwargs, mistake = data.draw(options(walker.names_of(model) - _nested_input_names(model)))
+    api, kwargs, mistake = data.draw(options(walker.names_of(model)))
     x = np.random.default_rng(0).normal(size=(2,) + _input_shape(model)).astype("float32")
     before, outputs = model_fingerprint(model), np.asarray(model(x, training=False))
     try:
@@ -158,21 +157,6 @@ def _check_model(model, data):
         {k: v for k, v in before.items() if k != "nodes"}
     assert_call_nodes_unchanged(before, after)
     np.testing.assert_array_equal(np.asarray(model(x, training=False)), outputs)
-
-
-def _nested_input_names(model):
-    """Names of a nested model's input layers, bare and as paths: left out of ``ignore=`` for now.
-
-    Defect (issue 42, found here): ``kp.plan(m, params=0.5, ignore=["input_layer_1"])``, where
-    ``input_layer_1`` is the input of a functional model nested in ``m``, is accepted, but
-    ``kp.precrop`` / ``kp.apply_plan`` with it then fail in their check of the rebuilt model
-    (``ArgumentError: ignore=['input_layer_1'] names no layer of model ...``): the rebuild gives the
-    nested input a new name. Remove this exclusion when the owner fixes it.
-    """
-    inner = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
-             if isinstance(layer, keras.layers.InputLayer)}
-    inner -= {t._keras_history.operation.name for t in getattr(model, "inputs", None) or ()}
-    return {n for n in walker.names_of(model) if n.split("/")[-1] in inner}
 
 
 def _input_shape(model):

@@ -115,8 +115,8 @@ class _Rebuilder:
         tensors, inputs = {}, []
         for t in fn.inputs:
             seg_channels = self._new_width_of_old_tensor(t)
-            x = keras.Input(shape=tuple(t.shape[1:-1]) + (seg_channels,),
-                            dtype=t.dtype, name=t.name)
+            x = keras.Input(shape=tuple(t.shape[1:-1]) + (seg_channels,), dtype=t.dtype,
+                            name=t._keras_history.operation.name)  # its InputLayer's: ignore= may name it
             tensors[id(t)] = x
             inputs.append(x)
         outputs = self.model(fn, tensors)
