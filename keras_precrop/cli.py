@@ -309,6 +309,9 @@ def _read(kind, keyword, args):
     it); content of another kind is refused naming the option.
     """
     path = getattr(args, keyword)
+    if not str(path).lstrip().startswith("{"):  # a file that cannot be read: OSError, named by
+        with open(path, encoding="utf-8"):    # its flag (see _error_line), as for every file
+            pass
     try:
         return kind.from_json(path)
     except ValueError as err:  # not JSON, or JSON of something else
