@@ -47,4 +47,10 @@ class JsonDataclass:
                              f"{type(data).__name__}, not an object; a {cls.__name__} file "
                              f"holds one JSON object with the fields {fields} (as to_json "
                              "writes it)")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as err:  # an object, of another kind of record
+            if source in str(err):
+                raise
+            raise ValueError(f"{source} is not a {cls.__name__} JSON: {str(err).rstrip('.')}; "
+                             f"it holds the fields {sorted(data)[:12]}") from None

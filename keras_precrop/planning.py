@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import random
+import re
 
 import keras
 import numpy as np
@@ -700,9 +701,16 @@ def planned_widths(graph, plan, model):
     names = [v.name for v in variables]
     if set(names) != set(planned):
         extra, missing = sorted(set(planned) - set(names)), sorted(set(names) - set(planned))
+        def base(name):  # a name without Keras' counter: conv2d_4 -> conv2d
+            return re.sub(r"_\d+$", "", name)
+
+        numbered = sorted(map(base, extra)) == sorted(map(base, missing))
+        hint = (" The names differ only by Keras' counter of unnamed layers, which numbers them "
+                "per process: name the layers (name=...) to apply a plan to another instance."
+                if numbered else "")
         raise PlanMismatchError(
             f"Plan for {plan.model_name!r} does not fit model {model.name!r}: "
-            f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.")
+            f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.{hint}")
     for v in variables:
         if planned[v.name]["width"] != v.width:
             raise PlanMismatchError(

@@ -78,3 +78,28 @@ def test_ignore_may_name_the_input_layer_of_a_nested_model():
         new = kp.apply_plan(model, plan)
         assert new.count_params() == plan.params < model.count_params()
         assert new.get_layer("inner").inputs[0]._keras_history.operation.name == name
+
+
+def _unnamed_sequential():
+    """The tutorial Sequential CNN: no layer named, so Keras numbers them per process."""
+    return keras.Sequential([
+        keras.Input((16, 16, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ], name="tutorial")
+
+
+def test_a_plan_of_unnamed_layers_on_another_instance_says_to_name_them():
+    plan = kp.plan(_unnamed_sequential(), params=0.5)
+    with pytest.raises(kp.PlanMismatchError, match=r"name the layers \(name=\.\.\.\)"):
+        kp.apply_plan(_unnamed_sequential(), plan)
+
+
+def test_a_json_file_of_another_record_is_named_with_what_it_holds(tmp_path):
+    path = tmp_path / "lm.json"
+    path.write_text('{"model_name": "x", "coefficients": [1.0]}')
+    with pytest.raises(ValueError, match=r"file '.*lm\.json' is not a Plan JSON: .*lacks fields .*"
+                                         r"it holds the fields \['coefficients', 'model_name'\]"):
+        kp.Plan.from_json(str(path))
