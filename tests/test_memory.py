@@ -12,8 +12,6 @@ taken before and after each call.
 
 import ctypes
 import gc
-import hashlib
-import json
 import os
 import sys
 import weakref
@@ -27,6 +25,7 @@ from keras import ops
 import keras_precrop as kp
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph import trace, walker
+from tests.conftest import model_fingerprint
 
 # -- models as users write them ---------------------------------------------------
 
@@ -125,16 +124,9 @@ def _operations(model):
 
 
 def _fingerprint(model):
-    """What a user can see of ``model``: its weights' bytes, its layers' names, ``trainable``
-    flags and call nodes, and its config (a subclassed model may have none)."""
-    digest = hashlib.sha256()
-    for w in model.weights:
-        digest.update(w.path.encode() + np.ascontiguousarray(keras.ops.convert_to_numpy(w)).tobytes())
-    try:
-        config = json.dumps(model.get_config(), sort_keys=True, default=repr)
-    except NotImplementedError:
-        config = None
-    return {"weights": digest.hexdigest(), "config": config,
+    """What a user can see of ``model`` (``conftest.model_fingerprint``), with the call nodes of
+    every operation of its functional graphs too (``keras.ops`` nodes, which are not layers)."""
+    return {**model_fingerprint(model),
             "operations": sorted((op.name, type(op).__name__, getattr(op, "trainable", None),
                                   len(op._inbound_nodes), len(op._outbound_nodes))
                                  for op in _operations(model))}
