@@ -338,6 +338,7 @@ def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, te
     assert student.count_params() == results["params"] and results["macs_ratio"] <= 0.2734
 
 
+@pytest.mark.slow
 def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_path, teacher):
     """--gradual_epochs with --distill: the whole model trains masked (kp.GradualPruning reaches the
     plan after one epoch), the record names the method and holds the plan's costs, the rebuilt
