@@ -11,7 +11,7 @@ variants and rounds the library accepts, 2 timing rounds; its numbers mean
 nothing, it checks the code; ``tests/test_bench_gpu.py`` runs it, in about a
 minute)::
 
-    python benchmarks/bench_gpu.py --quick --out /tmp/bench_gpu
+    python benchmarks/bench_gpu.py --quick --out bench_gpu_dry_run
 
 For each backend (a child process of this script per backend, ``KERAS_BACKEND``
 set, since Keras picks its backend once per process) and each of ResNet-20 at
