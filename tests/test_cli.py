@@ -301,7 +301,8 @@ def test_json_files_of_the_wrong_kind_are_named_by_their_flag(saved, tmp_path, c
     assert _error_line(["precrop", "resnet20", "--apply", missing], capsys) == (
         f"--apply {missing}: No such file or directory")
     assert _error_line(["precrop", "resnet20", "--apply", str(profile_json)], capsys).startswith(
-        f"--apply {profile_json} does not hold a plan (Plan data lacks fields")
+        f"--apply {profile_json} does not hold a plan (file '{profile_json}' is not a Plan JSON: "
+        "Plan data lacks fields")
     assert _error_line(["precrop", "resnet20", "--latency", "0.5", "--latency_model", missing],
                        capsys) == f"--latency_model {missing}: No such file or directory"
     # JSON text of kp.latency_model options: the command line takes them as timing flags.
