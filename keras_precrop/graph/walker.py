@@ -220,7 +220,12 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             )
         seg = walker.ctx.new_segment(shape[-1], _input_variable_name(t, index), fixed=True)
         walker.tensors[id(t)] = (Part(seg),)
-    walker.functional(fn, "")
+    try:
+        walker.functional(fn, "")
+    except Exception as err:  # past a refusal, a layer walked as if ignored may not walk at all
+        if not refused:
+            raise
+        raise UnsupportedLayerError.together(refused, model.name) from err
     if refused:
         raise UnsupportedLayerError.together(refused, model.name)
     for t in fn.outputs:
