@@ -76,7 +76,8 @@ def _run(backend, args, jax_cache, *, hide_tensorflow=True, extra_env=None, time
         "JAX_PLATFORMS": "cpu",
         "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                     "--xla_cpu_use_fusion_emitters=false",
         **(extra_env or {}),
     }
     return subprocess.run(
