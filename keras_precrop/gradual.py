@@ -116,14 +116,18 @@ class GradualPruning(keras.callbacks.Callback):
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.verbose, self._target = bool(regrow), verbose, model
-        self._graph = self._masks = self._selection = self._widths = None
+        self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction = None
+
+    @property
+    def _fitted(self):
+        """The model ``fit`` trains: the one given, else the callback's model."""
+        return self._target if self._target is not None else self.model
 
     @property
     def pruned(self):
         """The model whose channels are masked (the fitted model, or its student)."""
-        model = self._target if self._target is not None else self.model
-        return getattr(model, "student", model)
+        return getattr(self._fitted, "student", self._fitted)
 
     def on_train_begin(self, logs=None):
         if self._graph is None:
@@ -134,16 +138,15 @@ class GradualPruning(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()
-        due = self.start_step <= step <= self.end_step + self.frequency - 1
-        if due and (step - self.start_step) % self.frequency == 0 or step == self.end_step:
+        due = self.start_step <= step <= self.end_step
+        if due and ((step - self.start_step) % self.frequency == 0 or step == self.end_step):
             self._update(step)
         elif not self.regrow or step > self.end_step:
             self._apply()
 
     def _step(self):
         """The optimizer's step count: it survives ``BackupAndRestore`` and resumes the schedule."""
-        model = self._target if self._target is not None else self.model
-        return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        return int(keras.ops.convert_to_numpy(self._fitted.optimizer.iterations))
 
     def _update(self, step, force=False):
         """Re-rank the channels and mask as many as the schedule says at ``step``."""
