@@ -71,7 +71,8 @@ class ArgumentError(ValueError):
 
     Args:
         template: as above; a plain sentence when it has no placeholder.
-        limit, remedy: as above.
+        limit: as above.
+        remedy: as above.
         **arguments: the arguments, as ``name=value``.
     """
 

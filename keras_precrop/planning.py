@@ -778,9 +778,10 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
             ``max_params``, ``max_macs``, ``mode``, ``round_to``,
             ``min_channels``, ``ignore``, ``residual``); e.g.
             ``precrop(model, latency=0.5)`` halves the predicted time.
-        weights, importance, data: ``weights="keep"`` prunes a trained
-            model: the channels that survive keep their weights (see
-            :func:`apply_plan`).
+        weights: ``"keep"`` prunes a trained model: the channels that
+            survive keep their weights (see :func:`apply_plan`).
+        importance: how the kept channels are ranked, as in :func:`apply_plan`.
+        data: for ``importance="taylor"``, as in :func:`apply_plan`.
         seed: an integer fixes the new model's fresh weights (and
             ``importance="random"``) without touching Keras' global random
             state: two calls with the same seed give the same model. Refused

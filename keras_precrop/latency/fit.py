@@ -219,8 +219,9 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             of the refinement rounds' plans; ``()`` skips refinement. Plans
             the current fit cannot make (infeasible) are left out.
         refine_rounds: refinement rounds (0: none).
-        residual, ignore: as in :func:`keras_precrop.plan`; they decide
-            which widths the variants vary.
+        residual: as in :func:`keras_precrop.plan`; with ``ignore``, it
+            decides which widths the variants vary.
+        ignore: as in :func:`keras_precrop.plan`.
         seed: seed of the random variants.
         verbose: 1 prints progress (which variant is being prepared, timing
             rounds, the fit's error), 0 is silent.
