@@ -88,7 +88,8 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
 
     Args:
         model: a functional or Sequential Keras model with a defined input shape.
-        params, flops: budget ratios, as in :func:`keras_precrop.plan`.
+        params: parameter budget ratio, as in :func:`keras_precrop.plan`.
+        flops: FLOP budget ratio, as in :func:`keras_precrop.plan`.
         modes: the translation modes to compare (default exact, layerwise,
             uniform; one mode may be given as a string); ``mode="auto"``'s
             pick is marked in the table, and added as a row when it is none
@@ -96,8 +97,9 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         measure: also time the original and every plan's rebuilt model on
             this machine, interleaved, and report the speedups.
         rounds: interleaved timing rounds when measuring.
-        batch_size, runtime: how to time (a latency model's own settings
-            take precedence when one is given or fitted).
+        batch_size: the batch size to time at (a latency model's own
+            settings take precedence when one is given or fitted).
+        runtime: the runtime to time on (likewise).
         verbose: 1 prints timing progress, 0 is silent.
         **options: further :func:`keras_precrop.plan` options (``latency``,
             ``latency_model``, ``max_params``, ``max_macs``, ``round_to``,

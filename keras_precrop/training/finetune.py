@@ -79,8 +79,8 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
         batch_size: with array data, a positive integer (``fit``'s default: 32).
         steps_per_epoch: batches per epoch, as for ``fit``; required for an
             infinite dataset.
-        validation_data, verbose: as for ``fit`` (``validation_data`` is
-            checked as ``train_data`` is).
+        validation_data: as for ``fit``; checked as ``train_data`` is.
+        verbose: as for ``fit``.
 
     Returns:
         The ``History`` of ``fit``.
