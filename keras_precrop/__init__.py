@@ -7,6 +7,8 @@ Public API (everything else is private):
 * ``plan`` / ``apply_plan`` / ``precrop`` / ``reconfigure``: PreCrop and PreConfig
   (``weights="keep"``: prune or widen a trained model, keeping its weights).
 * ``fine_tune``: train such a model a little, distilled from the original or not.
+* ``recalibrate_bn``: re-estimate such a model's batch-normalization statistics
+  on a few batches, without training.
 * ``GradualPruning``: a ``fit`` callback that prunes a trained model's channels
   gradually towards a plan, then ``finalize()`` rebuilds it smaller.
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
@@ -57,6 +59,7 @@ _PUBLIC = {
     **dict.fromkeys(("LatencyModel", "latency_model"), "keras_precrop.latency"),
     **dict.fromkeys(("Plan", "apply_plan", "plan", "precrop", "reconfigure"), "keras_precrop.planning"),
     "fine_tune": "keras_precrop.training.finetune",
+    "recalibrate_bn": "keras_precrop.training.bn",
     "GradualPruning": "keras_precrop.gradual",
 }
 # Public subpackages, and where they live.
@@ -162,6 +165,7 @@ __all__ = [
     "plan",
     "precrop",
     "profile",
+    "recalibrate_bn",
     "reconfigure",
     "register_handler",
     "solve_densities",
