@@ -177,6 +177,17 @@ def define_flags(default_model):
     flags.DEFINE_integer(
         "gradual_frequency", 20, "--gradual_epochs: optimizer steps between two updates of the masks."
     )
+    flags.DEFINE_enum(
+        "gradual_schedule", "cubic", ["cubic", "linear", "final"],
+        "--gradual_epochs: how the masks grow (kp.gradual.schedule_fraction); final: all at the end, "
+        "after the doomed channels faded with --gradual_shrink.",
+    )
+    flags.DEFINE_float(
+        "gradual_shrink", 0.0,
+        "--gradual_epochs: the channels the plan leaves out (re-ranked at each update) are multiplied "
+        "by 1 - this after every step until they are masked (group sparsity aimed at what will go); "
+        "0: off.",
+    )
     flags.DEFINE_bool(
         "regrow",
         False,
@@ -265,6 +276,12 @@ def _check_transfer_flags():
         raise app.UsageError(f"--gradual_epochs must be in [0, --epochs], got {FLAGS.gradual_epochs}.")
     if FLAGS.gradual_epochs is not None and FLAGS.export_init:
         raise app.UsageError("--gradual_epochs prunes while training; --export_init trains nothing.")
+    changed = [f"--{name}" for name in ("gradual_schedule", "gradual_shrink", "regrow")
+               if FLAGS[name].value != FLAGS[name].default]
+    if changed and FLAGS.gradual_epochs is None:
+        raise app.UsageError(f"{', '.join(changed)} shape(s) gradual pruning; add --gradual_epochs.")
+    if not 0 <= FLAGS.gradual_shrink < 1:
+        raise app.UsageError(f"--gradual_shrink must be in [0, 1), got {FLAGS.gradual_shrink}.")
     if FLAGS.distill and FLAGS.export_init:
         raise app.UsageError("--distill trains with the --init_model as teacher; --export_init trains "
                              "nothing (drop one).")
@@ -416,7 +433,8 @@ def _gradual_pruning(reference, steps):
                              f"--gradual_epochs takes {'/'.join(kp.gradual.IMPORTANCE)}.")
     return kp.GradualPruning(_plan(reference), end_step=round(FLAGS.gradual_epochs * steps),
                              frequency=FLAGS.gradual_frequency, importance=importance,
-                             regrow=FLAGS.regrow, verbose=min(FLAGS.verbose, 1))
+                             regrow=FLAGS.regrow, schedule=FLAGS.gradual_schedule,
+                             shrink=FLAGS.gradual_shrink, verbose=min(FLAGS.verbose, 1))
 
 
 def _finalized(pruning, result, eval_ds):
@@ -614,7 +632,8 @@ def run(dataset):
         "gradual": None if pruning is None else {
             "epochs": FLAGS.gradual_epochs, "end_step": pruning.end_step,
             "frequency": pruning.frequency, "schedule": pruning.schedule,
-            "importance": pruning.importance, "regrow": pruning.regrow},
+            "importance": pruning.importance, "regrow": pruning.regrow,
+            "shrink": pruning.shrink},
     }
     if FLAGS.export_init:
         _export_init(model, record)

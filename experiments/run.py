@@ -91,13 +91,16 @@ _ID_FLAGS = (
     "importance",
     "gradual_epochs",
     "gradual_frequency",
+    "gradual_schedule",
+    "gradual_shrink",
     "regrow",
     "distill",
     "learning_rate",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
 # Short names of flags in a run id; switches (True) appear as their name alone.
-_SHORT = {"learning_rate": "lr", "gradual_epochs": "gradual", "gradual_frequency": "gfreq"}
+_SHORT = {"learning_rate": "lr", "gradual_epochs": "gradual", "gradual_frequency": "gfreq",
+          "gradual_schedule": "gsched", "gradual_shrink": "shrink"}
 _COMMITTED = ("results.json", "history.csv", "train.log")
 
 

@@ -21,6 +21,12 @@ structured and ending in a really smaller model:
   default: a masked channel stays at zero) or only at the next update
   (``regrow=True``: soft filter pruning, a masked channel may train back and
   win its place again);
+* optionally (``shrink``) the channels the plan's widths leave out, as ranked
+  at the last update, fade towards zero before their masks come: their
+  weights are multiplied by ``1 - shrink`` after every step, the proximal
+  step of a weight-decay penalty on those channels alone (group sparsity
+  aimed at what will go, as ResRep and DepGraph's sparse phase do), so that
+  removing them costs little;
 * :meth:`GradualPruning.finalize` rebuilds the dense smaller model with the
   surviving weights (checked against the plan like every rebuild); its outputs
   equal the masked model's.
@@ -45,7 +51,7 @@ from keras_precrop.transfer.carry import carried, carry_weights
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.selection import select
 
-SCHEDULES = ("cubic", "linear")
+SCHEDULES = ("cubic", "linear", "final")
 IMPORTANCE = ("l1", "l2")
 
 
@@ -54,8 +60,10 @@ def schedule_fraction(step, start_step, end_step, schedule="cubic"):
 
     ``"cubic"`` is Zhu & Gupta's ``1 - (1 - t)^3``: most channels go early,
     while the network is still close to the trained one, few near the end.
+    ``"final"`` masks nothing before ``end_step`` and everything from it
+    (with ``shrink``, the channels fade first and go at once at the end).
     """
-    if end_step <= start_step:
+    if end_step <= start_step or schedule == "final":
         return 1.0 if step >= end_step else 0.0
     t = min(max((step - start_step) / (end_step - start_step), 0.0), 1.0)
     return 1.0 - (1.0 - t) ** 3 if schedule == "cubic" else t
@@ -95,7 +103,7 @@ class GradualPruning(keras.callbacks.Callback):
             model reaches the plan's widths; the masks stay fixed afterwards.
         start_step: the step at which pruning starts (0: at once).
         frequency: optimizer steps between two updates of the masks.
-        schedule: ``"cubic"`` (default) or ``"linear"``; see
+        schedule: ``"cubic"`` (default), ``"linear"`` or ``"final"``; see
             :func:`schedule_fraction`.
         importance: how channels are ranked at each update: ``"l1"`` or
             ``"l2"`` norm of the weights that write and read each channel,
@@ -103,6 +111,11 @@ class GradualPruning(keras.callbacks.Callback):
         regrow: ``False``: masked weights are zeroed after every optimizer
             step, so a channel once masked stays out. ``True``: zeroed at the
             updates only, so it may train back in between and be ranked in.
+        shrink: between ``start_step`` and ``end_step``, the weights of the
+            channels the plan's widths leave out (ranked at each update)
+            are multiplied by ``1 - shrink`` after every optimizer step,
+            so they fade before they are masked (0, the default: off;
+            0.01 leaves 2% of a weight after 390 steps).
         model: the model to prune; default: the model being fitted (the
             student of a ``keras.distillation.Distiller``).
         verbose: 1 prints a line at each update (widths reached, masked
@@ -110,14 +123,14 @@ class GradualPruning(keras.callbacks.Callback):
     """
 
     def __init__(self, plan, end_step, *, start_step=0, frequency=50, schedule="cubic",
-                 importance="l1", regrow=False, model=None, verbose=1):
+                 importance="l1", regrow=False, shrink=0.0, model=None, verbose=1):
         super().__init__()
-        _check(plan, end_step, start_step, frequency, schedule, importance, regrow)
+        _check(plan, end_step, start_step, frequency, schedule, importance, regrow, shrink)
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
-        self.regrow, self.verbose, self._target = bool(regrow), verbose, model
+        self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
-        self._fraction = None
+        self._fraction, self._fading = None, []
 
     @property
     def _fitted(self):
@@ -143,6 +156,8 @@ class GradualPruning(keras.callbacks.Callback):
             self._update(step)
         elif not self.regrow or step > self.end_step:
             self._apply()
+        elif self._fading:
+            self._apply(masked=False)
 
     def _step(self):
         """The optimizer's step count: it survives ``BackupAndRestore`` and resumes the schedule."""
@@ -151,22 +166,32 @@ class GradualPruning(keras.callbacks.Callback):
     def _update(self, step, force=False):
         """Re-rank the channels and mask as many as the schedule says at ``step``."""
         fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
-        if not force and fraction == self._fraction and not self.regrow:
+        fading = self.shrink > 0 and fraction < 1
+        if not force and fraction == self._fraction and not (self.regrow or fading):
             self._apply()
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
         self._masks, self._selection = channel_masks(self._graph, self._widths, self.importance)
+        self._fading = []
+        if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
+            final, _ = channel_masks(self._graph, self._targets, self.importance)
+            self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
         self._apply()
         if self.verbose:
             masked = sum(int(m.size - m.sum()) for _, m in self._masks)
+            fading = sum(int((f < 1).sum()) for _, f in self._fading)
             print(f"GradualPruning: step {step}, {fraction:.0%} of the way to the plan, "
-                  f"{masked:,} weights masked", flush=True)
+                  f"{masked:,} weights masked" + (f", {fading:,} fading" if fading else ""),
+                  flush=True)
 
-    def _apply(self):
-        """Zero the masked weights of the pruned model."""
-        for variable, mask in self._masks:
-            variable.assign(keras.ops.convert_to_numpy(variable) * mask)
+    def _apply(self, masked=True):
+        """Zero the masked weights of the pruned model (``masked``) and fade the doomed ones."""
+        factors = {id(w): (w, m) for w, m in self._masks} if masked else {}
+        for w, f in self._fading:
+            factors[id(w)] = (w, f * factors[id(w)][1] if id(w) in factors else f)
+        for variable, factor in factors.values():
+            variable.assign(keras.ops.convert_to_numpy(variable) * factor)
 
     def finalize(self):
         """The dense smaller model: the plan's widths, with the surviving channels' weights.
@@ -226,7 +251,7 @@ def channel_masks(graph, widths, importance="l1"):
     return masks, selection
 
 
-def _check(plan, end_step, start_step, frequency, schedule, importance, regrow):
+def _check(plan, end_step, start_step, frequency, schedule, importance, regrow, shrink):
     """Refuse arguments of :class:`GradualPruning` that cannot mean what they say."""
     if not isinstance(plan, Plan):
         raise ArgumentError("{plan} must be a keras_precrop.Plan, e.g. kp.plan(model, latency=0.5).",
@@ -245,6 +270,9 @@ def _check(plan, end_step, start_step, frequency, schedule, importance, regrow):
                             importance=importance)
     if not isinstance(regrow, bool):
         raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
+    if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0 <= shrink < 1:
+        raise ArgumentError("{shrink} must be a number in [0, 1): the fraction of a doomed "
+                            "channel's weights taken away at each step.", shrink=shrink)
 
 
 __all__ = ["GradualPruning", "channel_masks", "schedule_fraction", "widths_at"]

@@ -204,6 +204,10 @@ def common():
          "--importance=l2 ranks the channels that --keep_weights keeps; add --keep_weights."),
         (["--method=baseline", _INIT, "--distill", "--export_init"], "--export_init trains nothing"),
         (["--method=baseline", "--learning_rate=0"], "--learning_rate must be positive, got 0.0."),
+        (["--method=precrop_params", "--params=0.3", _INIT, "--keep_weights", "--gradual_shrink=0.01"],
+         "--gradual_shrink shape(s) gradual pruning; add --gradual_epochs."),
+        (["--method=precrop_params", "--params=0.3", _INIT, "--keep_weights", "--gradual_epochs=1",
+          "--gradual_shrink=1"], "--gradual_shrink must be in [0, 1), got 1.0."),
     ],
 )
 def test_inconsistent_flags_are_refused(common, flags, message):
@@ -339,17 +343,21 @@ def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, te
 
 
 @pytest.mark.slow
-def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_path, teacher):
+@pytest.mark.parametrize("shape", [[], ["--gradual_schedule=final", "--gradual_shrink=0.5"]])
+def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_path, teacher, shape):
     """--gradual_epochs with --distill: the whole model trains masked (kp.GradualPruning reaches the
-    plan after one epoch), the record names the method and holds the plan's costs, the rebuilt
-    smaller model is saved and scores what the masked model's last epoch did (the script checks)."""
+    plan after one epoch; cubic, or all at once after fading), the record names the method and holds
+    the plan's costs, the rebuilt smaller model is saved and scores what the masked model's last
+    epoch did (the script checks)."""
     results, stdout = _train(tmp_path, "train_cifar.py", [
         "--method=precrop_plan", f"--plan_file={_PLAN}", f"--init_model={teacher}", "--keep_weights",
         "--gradual_epochs=1", "--gradual_frequency=1", "--distill", "--save_model", "--verbose=2",
-        *_SHORT])
+        *shape, *_SHORT])
     _check_results(results, epochs=2)
     plan = kp.Plan.from_json(str(_PLAN))
     assert results["prune"] == "gradual" and results["gradual"]["end_step"] == 2
+    assert results["gradual"]["shrink"] == (0.5 if shape else 0.0)
+    assert ("fading" in stdout) == bool(shape)
     assert results["params"] == plan.predicted["params"] and results["macs"] == plan.predicted["macs"]
     small = keras.saving.load_model(tmp_path / "final_model.keras", compile=False)
     assert small.count_params() == plan.predicted["params"]

@@ -70,6 +70,7 @@ def test_schedule_closed_forms():
     assert f(60, 10, 110, "linear") == pytest.approx(0.5)
     assert f(110, 10, 110) == 1.0 and f(500, 10, 110) == 1.0
     assert f(5, 5, 5) == 1.0 and f(4, 5, 5) == 0.0
+    assert f(109, 10, 110, "final") == 0.0 and f(110, 10, 110, "final") == 1.0
 
 
 def test_widths_interpolate_within_bounds():
@@ -176,6 +177,30 @@ def test_regrow_masks_only_at_updates():
         pruning.finalize()
 
 
+def test_shrink_fades_the_channels_the_plan_leaves_out_then_masks_them():
+    model, x, y = _fit_setup(4)
+    model.compile(keras.optimizers.SGD(0.0),  # no learning: only the callback moves weights
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.5)
+    graph = walk(model)
+    final, _ = gradual.channel_masks(graph, kp.planning.planned_widths(graph, the_plan, model))
+    before = {w.path: keras.ops.convert_to_numpy(w) for w, _ in final}
+    pruning = kp.GradualPruning(the_plan, end_step=6, frequency=3, schedule="final", shrink=0.1,
+                                verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[pruning], verbose=0)  # steps 1-4
+    for w, mask in final:  # faded at begin and after each of 4 steps; nothing masked yet
+        now = keras.ops.convert_to_numpy(w)
+        np.testing.assert_allclose(now[mask == 0], before[w.path][mask == 0] * 0.9 ** 5, rtol=1e-5)
+        np.testing.assert_array_equal(now[mask == 1], before[w.path][mask == 1])
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[pruning], verbose=0)  # steps 5-8
+    small = pruning.finalize()
+    assert small.count_params() == the_plan.predicted["params"]
+    for w, mask in final:
+        assert not np.any(keras.ops.convert_to_numpy(w)[mask == 0])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+
+
 def test_distiller_student_is_pruned():
     model, x, y = _fit_setup(2)
     teacher = _resnet_block_model(3)
@@ -200,6 +225,7 @@ def test_distiller_student_is_pruned():
     ({"end_step": -1}, "end_step"), ({"end_step": 5, "start_step": 6}, "end_step"),
     ({"end_step": 5, "frequency": 0}, "frequency"), ({"end_step": 5, "schedule": "exp"}, "schedule"),
     ({"end_step": 5, "importance": "taylor"}, "importance"), ({"end_step": 5, "regrow": 1}, "regrow"),
+    ({"end_step": 5, "shrink": 1.0}, "shrink"), ({"end_step": 5, "shrink": "0.1"}, "shrink"),
 ])
 def test_bad_arguments_name_themselves(kwargs, name):
     model = _resnet_block_model()
