@@ -73,6 +73,9 @@ setup(
             "regex",
             "rich",
             "packaging",
+            # The API reference: tests/test_docs.py runs `mkdocs build --strict` (mkdocs.yml).
+            "mkdocs>=1.6,<2",
+            "mkdocstrings[python]>=1.0",
         ],
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },

@@ -16,6 +16,7 @@ import keras
 from keras_precrop.models import _layers
 
 VGG16_PLAN = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512)
+"""open_lth's VGG-16 plan: conv widths, ``"M"`` for a 2x2 max pool (``vgg``'s default)."""
 
 
 def vgg(plan=VGG16_PLAN, input_shape=(32, 32, 3), num_classes=10, name="vgg16"):
