@@ -1,4 +1,4 @@
-"""The ``keras-precrop`` command line: profile, precrop and reconfigure.
+"""The ``keras-precrop`` command line: profile, precrop, reconfigure and prune-trained.
 
 Examples::
 
@@ -9,6 +9,7 @@ Examples::
     keras-precrop precrop trained.keras --params 0.5 --weights fresh --seed 1 --out small.keras
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
+    keras-precrop prune-trained trained.keras --latency 0.5 --data cifar10 --epochs 3 --out small.keras
 
 Errors are one line naming the flag at fault as the user typed it; a flag that
 would do nothing in its command (a budget next to ``--apply``, a timing flag
@@ -26,6 +27,8 @@ are parsed.
 from __future__ import annotations
 
 import argparse
+import errno
+import math
 import os
 import sys
 
@@ -83,6 +86,9 @@ def _parser(defaults=True):
     p.add_argument("--measure", action="store_true",
                    help="also time every plan's model here, interleaved, and show speedups")
     p.add_argument("--json", help="also write the comparison as JSON to this file")
+    p = add_parser("prune-trained", "prune a trained model gradually while it trains, distilled "
+                   "from itself, and save it smaller")
+    _prune_trained_args(p, default)
     return parser
 
 
@@ -324,6 +330,9 @@ def _run(args):
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return
+    if args.command == "prune-trained":
+        _run_prune_trained(args)
+        return
     args.model = _model_name(args)
     _refuse_unused(args)
     _check_out(args)
@@ -416,6 +425,215 @@ def _which(options):
     return f"fresh weights{seeded}"
 
 
+# -- prune-trained: gradual pruning of a trained model while it trains (issue 43) -------------
+
+
+def _prune_trained_args(p, default):
+    """The flags of ``prune-trained``: the widths, the data and the training recipe."""
+    p.add_argument("model", metavar="MODEL.keras", help="the trained model, a .keras file")
+    p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
+    p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
+    p.add_argument("--latency", type=float,
+                   help="time budget, ratio of the original's predicted time (measured here "
+                   "unless --latency_model is given)")
+    p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`)")
+    p.add_argument("--plan", help="prune to this plan JSON's widths instead of a budget "
+                   "(`keras-precrop precrop MODEL --plan FILE` writes one)")
+    p.add_argument("--data", required=True, metavar="SPEC",
+                   help="cifar10 (TensorFlow Datasets), or a .npz file with arrays x_train, y_train "
+                   "and optionally x_test, y_test (a test accuracy is printed when present)")
+    p.add_argument("--data_dir", help="--data cifar10: the TFDS data directory (default: TFDS' own)")
+    p.add_argument("--epochs", type=int, required=True, help="epochs of training in all")
+    p.add_argument("--gradual_epochs", type=float,
+                   help="epochs over which the channels go, on a cubic schedule; the rest of "
+                   "--epochs trains the pruned widths (default: a third of --epochs)")
+    p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
+                   help="train against the original model's outputs too (distillation; default) "
+                   "or on the labels alone (--no-distill)")
+    p.add_argument("--learning_rate", type=float, default=default(_RECIPE["learning_rate"]),
+                   help="SGD's starting rate (momentum 0.9, L2 1e-4), decayed linearly to 0: the "
+                   "training recipe's peak, rewound (default 0.1)")
+    p.add_argument("--batch_size", type=int, default=default(_RECIPE["batch_size"]),
+                   help="training batch size (default 128)")
+    p.add_argument("--out", required=True, help="save the pruned model here (a .keras file)")
+    _all_arg(p, "unchanged ones")
+
+
+def _check_prune_trained(args):
+    """Refuse, naming the flag, what ``prune-trained`` cannot do; before anything is loaded."""
+    if not args.model.endswith(".keras"):
+        raise ValueError(f"MODEL {args.model}: prune-trained prunes a trained model saved as a .keras "
+                         "file (model.save('trained.keras')).")
+    if not os.path.exists(args.model):
+        raise ValueError(f"no such model file: {args.model}")
+    _check_out(args)
+    budgets = [k for k in ("params", "flops", "latency", "latency_model")
+               if getattr(args, k) is not None]
+    if args.plan and budgets:
+        raise ValueError(f"{_flag(budgets[0], getattr(args, budgets[0]))} has no effect with "
+                         f"--plan {args.plan}: the plan fixes the widths.")
+    if not args.plan and not {"params", "flops", "latency"} & set(budgets):
+        raise ValueError("Give the widths to prune to: a budget (--params, --flops or --latency) "
+                         "or --plan PLAN.json.")
+    for keyword in ("epochs", "batch_size"):
+        if getattr(args, keyword) < 1:
+            raise ValueError(f"{_flag(keyword, getattr(args, keyword))} must be a positive integer.")
+    if not 0 < args.learning_rate < math.inf:
+        raise ValueError(f"{_flag('learning_rate', args.learning_rate)} must be a positive number.")
+    if args.gradual_epochs is not None and not 0 <= args.gradual_epochs <= args.epochs:
+        raise ValueError(f"{_flag('gradual_epochs', args.gradual_epochs)} must be between 0 and "
+                         f"--epochs {args.epochs}: the channels go during training.")
+    _check_data_spec(args)
+
+
+def _check_data_spec(args):
+    """Refuse a ``--data`` that is neither ``cifar10`` nor an existing .npz file."""
+    if args.data == "cifar10":
+        return
+    if args.data_dir is not None:
+        raise ValueError(f"--data_dir {args.data_dir} has no effect with --data {args.data}: "
+                         "only --data cifar10 reads a TFDS directory.")
+    if not args.data.endswith(".npz"):
+        raise ValueError(f"--data {args.data}: give cifar10 or a .npz file with arrays x_train, "
+                         "y_train (and x_test, y_test), e.g. np.savez('data.npz', x_train=x, ...).")
+    if not os.path.exists(args.data):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.data)
+
+
+def _prune_data(args, model):
+    """``(train, test, steps per epoch)`` of ``--data``; ``test`` is None for a .npz without one.
+
+    ``train`` and ``test`` are what ``kp.fine_tune`` takes: ``(x, y)`` arrays,
+    or batched ``tf.data`` pipelines for ``cifar10`` (normalized unless the
+    model rescales its inputs itself, as the examples train it).
+    """
+    if args.data == "cifar10":
+        data = kp.data
+        info, normalize = data.get_info("cifar10"), not data.model_rescales_inputs(model)
+        train, test = (data.load("cifar10", split, args.batch_size, data_dir=args.data_dir,
+                                 download=True, normalize=normalize)
+                       for split in (info.train_split, info.eval_split))
+        return train, test, len(train)
+    arrays = _npz_arrays(args.data)
+    train = arrays["x_train"], arrays["y_train"]
+    test = (arrays["x_test"], arrays["y_test"]) if "x_test" in arrays else None
+    return train, test, math.ceil(len(train[0]) / args.batch_size)
+
+
+def _npz_arrays(path):
+    """The arrays of ``--data``'s .npz file: x_train and y_train, and x_test with y_test if there."""
+    import numpy as np  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
+    try:
+        with np.load(path) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (ValueError, AttributeError) as err:  # not an archive: an .npy's array, a pickle
+        raise ValueError(f"--data {path} is not a .npz archive of arrays ({err}).") from None
+    for needed in (("x_train", "y_train"), ("x_test", "y_test")):
+        found = [name for name in needed if name in arrays]
+        if len(found) == 1 or (not found and needed[0] == "x_train"):
+            missing = next(name for name in needed if name not in arrays)
+            raise ValueError(f"--data {path} has no array {missing} (it has: "
+                             f"{', '.join(sorted(arrays)) or 'none'}); give x_train and y_train, "
+                             "and x_test with y_test for a test accuracy.")
+    return arrays
+
+
+def _run_prune_trained(args):
+    """Load, plan, train while pruning (distilled by default), rebuild smaller, evaluate, save."""
+    _check_prune_trained(args)
+    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
+    original = keras.models.load_model(args.model, compile=False)
+    train, test, steps = _prune_data(args, original)
+    the_plan = _prune_plan(args, original)
+    the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
+    # The model that trains and loses channels; the original stays whole and teaches.
+    student = keras.models.load_model(args.model, compile=False)
+    gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
+    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps),
+                                frequency=_RECIPE["frequency"])
+    _train_pruned(args, student, original if args.distill else None, train, test, pruning)
+    small = pruning.finalize()
+    if test is not None:
+        print(f"Test accuracy: {_accuracy(original, test, args.batch_size):.4f} original, "
+              f"{_accuracy(small, test, args.batch_size):.4f} pruned")
+    small.save(args.out)
+    _print_pruned(args, original, small)
+
+
+def _prune_plan(args, model):
+    """The plan of ``--plan``, or one solved for the budget flags; a plan that grows is refused."""
+    if args.plan:
+        the_plan = _read(kp.Plan, "plan", args)
+        grown = [v for v in the_plan.variables if v["new"] > v["width"]]
+        if grown:
+            raise ValueError(f"--plan {args.plan} grows {len(grown)} width(s) (e.g. {grown[0]['name']} "
+                             f"from {grown[0]['width']} to {grown[0]['new']} channels), and "
+                             "prune-trained only removes channels.")
+        try:
+            kp.apply_plan(model, the_plan)  # a plan of another model, refused before training
+        except kp.PlanMismatchError as err:
+            raise ValueError(f"--plan {args.plan} does not fit {args.model}: {err}") from None
+        return the_plan
+    latency_model = _latency_model(args) if args.latency_model else None
+    return kp.plan(model, args.params, args.flops, latency=args.latency,
+                   latency_model=latency_model)
+
+
+def _train_pruned(args, student, teacher, train, test, pruning):
+    """``kp.fine_tune`` with the recipe and the pruning callback; data that does not fit names --data."""
+    from keras_precrop.errors import DataError  # noqa: PLC0415  (NumPy: not for --help)
+
+    arrays = isinstance(train, tuple)
+    try:
+        kp.fine_tune(student, train, teacher=teacher, epochs=args.epochs,
+                     learning_rate=args.learning_rate, batch_size=args.batch_size if arrays else None,
+                     validation_data=test, weight_decay=_RECIPE["weight_decay"], callbacks=[pruning])
+    except DataError as err:
+        splits = {"train_data": "x_train, y_train" if arrays else "its train split",
+                  "validation_data": "x_test, y_test" if arrays else "its test split"}
+        raise ValueError(f"--data {args.data}: " + err.format(
+            lambda name, value: splits.get(name, name), front="cli")) from None
+
+
+def _accuracy(model, data, batch_size):
+    """The share of ``data``'s examples whose label is ``model``'s top class (logits or softmax).
+
+    ``data``: ``(x, y)`` arrays or a dataset of such batches; labels are class
+    indices or one-hot rows.
+    """
+    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+    import numpy as np  # noqa: PLC0415
+
+    if isinstance(data, tuple):
+        data = [(data[0][i:i + batch_size], data[1][i:i + batch_size])
+                for i in range(0, len(data[0]), batch_size)]
+    correct = total = 0
+    for x, y in data:
+        y = np.asarray(y)
+        labels = np.argmax(y, -1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(-1)
+        predicted = np.argmax(keras.ops.convert_to_numpy(model(x, training=False)), -1)
+        correct, total = correct + int(np.sum(predicted == labels)), total + len(labels)
+    return correct / total
+
+
+def _print_pruned(args, original, small):
+    """The line that says where the pruned model went, and its params and MACs against the original's."""
+    before, after = kp.profile(original), kp.profile(small)
+    print(f"Model written to {args.out}: {after.total_params:,} params "
+          f"({after.total_params / before.total_params:.1%} of {before.total_params:,}), "
+          f"{after.total_macs:,} MACs ({after.total_macs / before.total_macs:.1%} of "
+          f"{before.total_macs:,})")
+
+
+# The training recipe of prune-trained: the examples' for a trained model (examples/_common.py,
+# kp.train.RECIPES["cifar10"]: SGD momentum 0.9, batch 128, coupled L2 1e-4, the rate rewound to
+# 0.1 and decayed linearly; masks updated every 20 steps, --gradual_frequency's default);
+# spelled here so that --help imports nothing (tests/test_cli_prune_trained.py checks them).
+_RECIPE = {"learning_rate": 0.1, "batch_size": 128, "weight_decay": 1e-4, "frequency": 20}
+
+
 # The subcommands that plan widths, and their help.
 _PLANNERS = {"precrop": "prune channels to meet budgets (PreCrop)",
              "reconfigure": "re-distribute widths, layers may grow (PreConfig)"}
@@ -436,6 +654,7 @@ _SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "weights",
 _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 # Options that name a JSON file the command reads: what it holds, and how to get one.
 _READS = {"apply": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
+          "plan": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
           "latency_model": ("latency model", f"{_FIT_LATENCY} writes one, or leave "
                             "--latency_model out to measure one with the timing flags")}
 def _flag(keyword, value):
