@@ -4,8 +4,10 @@ The package's docstrings cross-reference with Sphinx roles (``:func:`plan```,
 ``:class:`~keras_precrop.errors.ArgumentError```), which Markdown would print
 as they are. Once griffe has loaded the package, each role becomes the name in
 code, linked to its entry when the reference documents it (an optional
-autoref: a private or undocumented target stays plain code, no warning), and a
-reST ``::`` that opens a literal block becomes ``:``.
+autoref: a private or undocumented target stays plain code, no warning); a
+reST ``::`` that opens a literal block becomes ``:`` (the indented block is
+Markdown code already), and a doctest (``>>>`` lines up to a blank line) a
+fenced code block, which Markdown would run together as a paragraph.
 
 Names resolve as Python would in the docstring's scope, or from the top: a
 public ``keras_precrop.NAME`` (which the package imports lazily, out of a
@@ -21,6 +23,7 @@ import keras_precrop
 
 _ROLE = re.compile(r":(func|class|meth|attr|mod|exc|data|obj):`(~?)([^`]+)`")
 _LITERAL_BLOCK = re.compile(r"(?<=\S)::\n\n", re.MULTILINE)
+_DOCTEST = re.compile(r"^(?P<indent> *)>>> .*(?:\n(?P=indent)\S.*)*", re.MULTILINE)
 # Where the package's lazily imported public names live: name -> module path.
 _LAZY = {**{name: f"{module}.{name}" for name, module in keras_precrop._PUBLIC.items()},
          **keras_precrop._SUBPACKAGES}
@@ -66,7 +69,11 @@ def _rewrite(obj, collection):
         path = _target(obj, name, collection)
         return f'<autoref identifier="{path}" optional>{shown}</autoref>' if path else shown
 
-    return _LITERAL_BLOCK.sub(":\n\n", _ROLE.sub(link, obj.docstring.value))
+    def fence(match):
+        return f"{match['indent']}```pycon\n{match[0]}\n{match['indent']}```"
+
+    text = _LITERAL_BLOCK.sub(":\n\n", _ROLE.sub(link, obj.docstring.value))
+    return _DOCTEST.sub(fence, text)
 
 
 def _objects(obj):

@@ -100,36 +100,37 @@ class Handler:
     subclasses of that class inherit it. The contract:
 
     * ``walk(ctx, rec, node, ins)`` runs once per call of the layer, in
-      topological order. ``ins`` holds a :data:`~keras_precrop.channels.Channels`
-      descriptor per input tensor of ``node`` (``rec.calls`` is the number of
-      earlier calls; a shared layer's inputs are already tied to its first
-      call's). It returns one descriptor per output tensor and declares, on
-      the context ``ctx`` (a :class:`~keras_precrop.channels.WalkContext`),
-      how the layer couples channels and what it costs:
+        topological order. ``ins`` holds a :data:`~keras_precrop.channels.Channels`
+        descriptor per input tensor of ``node`` (``rec.calls`` is the number of
+        earlier calls; a shared layer's inputs are already tied to its first
+        call's). It returns one descriptor per output tensor and declares, on
+        the context ``ctx`` (a :class:`~keras_precrop.channels.WalkContext`),
+        how the layer couples channels and what it costs:
 
-      - ``ctx.new_output(rec, width)``: channels the layer creates (filters,
-        units); they become ``rec.out_segment``.
-      - ``ctx.add_kernel(rec, ins[0], out, params=..., macs=..., bias=...)``:
-        a prunable kernel with its parameters and MACs (per channel pair) and
-        its SynExp objective entry; ``out=None`` for a depthwise kernel.
-      - ``ctx.add_term(rec, params, macs, a, b)``: any other cost bilinear in
-        widths, ``ctx.tie(a, b, rec.path)``: channels that must stay equal,
-        ``ctx.fix(channels)``: channels that must not change,
-        ``ctx.split(rec, channels, sizes)``: pieces of a tensor's channels,
-        ``ctx.multiple_of(rec, channels, m)``: channels that move in
-        multiples of ``m`` (groups), ``ctx.merge(rec, out, ins)``: a residual
-        merge, ``ctx.at_most(a, b)``: a segment never wider than another,
-        ``ctx.note(text)``: a decision the user should know about.
+        - ``ctx.new_output(rec, width)``: channels the layer creates (filters,
+          units); they become ``rec.out_segment``.
+        - ``ctx.add_kernel(rec, ins[0], out, params=..., macs=..., bias=...)``:
+          a prunable kernel with its parameters and MACs (per channel pair) and
+          its SynExp objective entry; ``out=None`` for a depthwise kernel.
+        - ``ctx.add_term(rec, params, macs, a, b)``: any other cost bilinear in
+          widths, ``ctx.tie(a, b, rec.path)``: channels that must stay equal,
+          ``ctx.fix(channels)``: channels that must not change,
+          ``ctx.split(rec, channels, sizes)``: pieces of a tensor's channels,
+          ``ctx.multiple_of(rec, channels, m)``: channels that move in
+          multiples of ``m`` (groups), ``ctx.merge(rec, out, ins)``: a residual
+          merge, ``ctx.at_most(a, b)``: a segment never wider than another,
+          ``ctx.note(text)``: a decision the user should know about.
 
-      Shapes come from ``keras_precrop.graph.output_shape(node)`` and
-      ``input_shape(node)``; a descriptor's channel count from
-      ``width_of(ctx, channels)`` (original) or, in ``configure``,
-      ``keras_precrop.graph.channels_width(channels, width)`` (new).
+        Shapes come from ``keras_precrop.graph.output_shape(node)`` and
+        ``input_shape(node)``; a descriptor's channel count from
+        ``width_of(ctx, channels)`` (original) or, in ``configure``,
+        ``keras_precrop.graph.channels_width(channels, width)`` (new).
 
-      The context keeps the rules of shared layers: parameters and objective
-      entries count on the first call only, MACs on every call. Raise
-      :class:`~keras_precrop.UnsupportedLayerError` for a
-      configuration the rule cannot describe.
+        The context keeps the rules of shared layers: parameters and objective
+        entries count on the first call only, MACs on every call. Raise
+        :class:`~keras_precrop.UnsupportedLayerError` for a
+        configuration the rule cannot describe.
+
     * ``configure(rec, config, width)`` returns the layer's config for new
       widths when the model is rebuilt; ``width(segment)`` is the new width of
       a segment (e.g. ``rec.out_segment``). A stateless ``keras.ops``
