@@ -46,7 +46,7 @@ import numpy as np
 from keras_precrop.errors import ArgumentError
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.walker import walk
-from keras_precrop.planning import Plan, build_checked, planned_widths
+from keras_precrop.planning import Plan, build_checked, named_for, planned_widths
 from keras_precrop.transfer.carry import carried, carry_weights
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.selection import select
@@ -130,7 +130,7 @@ class GradualPruning(keras.callbacks.Callback):
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
-        self._fraction, self._fading = None, []
+        self._fraction, self._fading, self._plan = None, [], plan
 
     @property
     def _fitted(self):
@@ -146,7 +146,8 @@ class GradualPruning(keras.callbacks.Callback):
         if self._graph is None:
             model = self.pruned
             self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
-            self._targets = planned_widths(self._graph, self.plan, model)
+            self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
+            self._targets = planned_widths(self._graph, self._plan, model)
         self._update(self._step(), force=True)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -213,9 +214,9 @@ class GradualPruning(keras.callbacks.Callback):
                 f"GradualPruning.finalize: pruning has {reached}; fit the model past "
                 f"{{end_step}} first.", end_step=self.end_step)
         self._apply()
-        new, rebuilt = build_checked(self._graph, self._targets, self.plan)
+        new, rebuilt = build_checked(self._graph, self._targets, self._plan)
         carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
-        new.precrop_plan = self.plan
+        new.precrop_plan = self._plan
         return new
 
 

@@ -615,6 +615,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
     graph = subject.profile(plan.ignore, plan.residual, {}).graph
+    plan = named_for(plan, graph)
     widths = planned_widths(graph, plan, model)
     _check_seed_use(seed, importance, graph, widths)
     new, rebuilt = build_checked(graph, widths, plan, seed)
@@ -689,6 +690,35 @@ def build_checked(graph, widths, plan, seed=None):
     return new, rebuilt
 
 
+def _counter_base(name):
+    """A name without Keras' counter of unnamed layers: ``conv2d_4`` -> ``conv2d``."""
+    return re.sub(r"_\d+$", "", name)
+
+
+def named_for(plan, graph):
+    """``plan`` in the names of ``graph``'s model: ``plan`` itself, or a renamed copy.
+
+    Keras numbers unnamed layers per process (``conv2d``, ``conv2d_4``), so a
+    second instance of the same architecture has other names. Where every
+    width variable and layer differs from the plan's only by that counter,
+    in the same order, the plan applies by place: its names are replaced by
+    the model's. Anything else is left to :func:`planned_widths` to refuse.
+    """
+    pairs = [(v["name"], w.name) for v, w in zip(plan.variables, graph.variables)]
+    pairs += [(row["name"], rec.path) for row, rec in zip(plan.layers, graph.layers)]
+    if (len(plan.variables), len(plan.layers)) != (len(graph.variables), len(graph.layers)):
+        return plan
+    if all(a == b for a, b in pairs) or any(_counter_base(a) != _counter_base(b) for a, b in pairs):
+        return plan
+    names = dict(pairs)
+    if len(names) != len(set(pairs)) or len(set(names.values())) != len(names):
+        return plan  # the places disagree: a name would stand for two
+    return dataclasses.replace(
+        plan, variables=[{**v, "name": names[v["name"]]} for v in plan.variables],
+        layers=[{**row, "name": names[row["name"]]} for row in plan.layers],
+        ignore=[names.get(n, n) for n in plan.ignore])
+
+
 def planned_widths(graph, plan, model):
     """The plan's width of every variable of ``graph`` (the walked ``model``), in order.
 
@@ -701,13 +731,10 @@ def planned_widths(graph, plan, model):
     names = [v.name for v in variables]
     if set(names) != set(planned):
         extra, missing = sorted(set(planned) - set(names)), sorted(set(names) - set(planned))
-        def base(name):  # a name without Keras' counter: conv2d_4 -> conv2d
-            return re.sub(r"_\d+$", "", name)
-
-        numbered = sorted(map(base, extra)) == sorted(map(base, missing))
+        numbered = sorted(map(_counter_base, extra)) == sorted(map(_counter_base, missing))
         hint = (" The names differ only by Keras' counter of unnamed layers, which numbers them "
-                "per process: name the layers (name=...) to apply a plan to another instance."
-                if numbered else "")
+                "per process, but not in the same places: name the layers (name=...) to apply "
+                "a plan to another instance." if numbered else "")
         raise PlanMismatchError(
             f"Plan for {plan.model_name!r} does not fit model {model.name!r}: "
             f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.{hint}")

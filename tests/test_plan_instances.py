@@ -1,6 +1,7 @@
 """A plan applies to every model of the architecture it was made for, and only to those (issue 42)."""
 
 import keras
+import numpy as np
 import pytest
 
 import keras_precrop as kp
@@ -80,21 +81,42 @@ def test_ignore_may_name_the_input_layer_of_a_nested_model():
         assert new.get_layer("inner").inputs[0]._keras_history.operation.name == name
 
 
-def _unnamed_sequential():
+def _unnamed_sequential(first=8, order=("conv", "dw")):
     """The tutorial Sequential CNN: no layer named, so Keras numbers them per process."""
+    make = {"conv": lambda: keras.layers.Conv2D(first, 3, activation="relu"),
+            "dw": lambda: keras.layers.DepthwiseConv2D(3)}
     return keras.Sequential([
         keras.Input((16, 16, 1)),
-        keras.layers.Conv2D(8, 3, activation="relu"),
+        *(make[kind]() for kind in order),
         keras.layers.Conv2D(16, 3, activation="relu"),
         keras.layers.GlobalAveragePooling2D(),
         keras.layers.Dense(10),
     ], name="tutorial")
 
 
-def test_a_plan_of_unnamed_layers_on_another_instance_says_to_name_them():
+def test_a_plan_of_unnamed_layers_applies_to_another_instance_by_place():
+    first, second = _unnamed_sequential(), _unnamed_sequential()
+    assert [w.path for w in first.weights] != [w.path for w in second.weights]  # Keras' counter
+    plan = kp.plan(first, params=0.5)
+    new = kp.apply_plan(second, plan, weights="keep")
+    reference = kp.apply_plan(first, plan)
+    assert [w.shape for w in new.weights] == [w.shape for w in reference.weights]
+    assert new.count_params() == plan.params < second.count_params()
+    names = [layer.name for layer in new.layers if not isinstance(layer, keras.layers.InputLayer)]
+    assert names == [layer.name for layer in second.layers]
+    kept = keras.ops.convert_to_numpy(new.get_layer(names[0]).kernel)  # slices of the second's own
+    own = keras.ops.convert_to_numpy(second.layers[0].kernel)
+    for c in range(kept.shape[-1]):
+        assert any(np.array_equal(kept[..., c], own[..., k]) for k in range(own.shape[-1]))
+
+
+def test_a_plan_of_unnamed_layers_on_another_architecture_is_refused_by_place():
     plan = kp.plan(_unnamed_sequential(), params=0.5)
-    with pytest.raises(kp.PlanMismatchError, match=r"name the layers \(name=\.\.\.\)"):
-        kp.apply_plan(_unnamed_sequential(), plan)
+    with pytest.raises(kp.PlanMismatchError, match=r"Width variable 'conv2d_\d+' has 12 channels .* "
+                                                   r"but 8 in the plan"):
+        kp.apply_plan(_unnamed_sequential(first=12), plan)
+    with pytest.raises(kp.PlanMismatchError, match=r"not in the same places: name the layers"):
+        kp.apply_plan(_unnamed_sequential(order=("dw", "conv")), plan)
 
 
 def test_a_json_file_of_another_record_is_named_with_what_it_holds(tmp_path):
