@@ -62,6 +62,7 @@ def _check_study(study, plan_options):
             assert p["predicted_ratio"] <= budget * 1.001, (label, p)
 
 
+@pytest.mark.slow
 def test_quick_dry_run_on_jax_and_torch_without_tensorflow(tmp_path):
     """One command runs both backends (each in its own process, TensorFlow hidden) and leaves
     results.json and results.md under OUT/<device>/, every step run, every plan timed."""

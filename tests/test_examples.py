@@ -97,6 +97,7 @@ def test_cifar_baseline(tmp_path):
     assert keras.saving.load_model(tmp_path / "last.keras").count_params() == expected
 
 
+@pytest.mark.slow
 def test_cifar_precrop_params(tmp_path):
     results, stdout = _train(
         tmp_path, "train_cifar.py", ["--method=precrop_params", "--params=0.3", "--verbose=0", *_SHORT]
@@ -109,6 +110,7 @@ def test_cifar_precrop_params(tmp_path):
     assert results["params_ratio"] > 0.25  # the budget is used, not just met
 
 
+@pytest.mark.slow
 def test_cifar_synflow_keeps_masked_weights_zero(tmp_path):
     results, stdout = _train(
         tmp_path, "train_cifar.py", ["--method=synflow", "--params=0.1", "--verbose=2", *_SHORT]
@@ -323,6 +325,7 @@ def test_cifar_keep_weights_prunes_the_init_model_as_the_library_does(tmp_path, 
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, teacher):
     """--distill with taylor importance: the Distiller trains in the script's loop (history per epoch,
     test accuracy every epoch, the recipe's schedule from --learning_rate) and --save_model keeps the

@@ -130,6 +130,7 @@ def test_init_name_is_the_run_id_without_epochs():
     assert run.run_id({**flags, "epochs": 40}) == "resnet20-precrop_params-params0.1103-modeexact-ep40-s1"
 
 
+@pytest.mark.slow
 def test_an_exported_masked_model_trains_on_jax_without_tensorflow(tmp_path):
     """The accelerator path end to end on the CPU: no TensorFlow, JAX backend, masks kept."""
     keras.utils.set_random_seed(0)

@@ -119,6 +119,7 @@ def _install(notebook, target, **settings):
     return Path(where).parent, names.split()
 
 
+@pytest.mark.slow
 def test_install_cell_installs_a_local_checkout(notebook, tmp_path):
     # A copy of this checkout, so that pip's build folders do not land in it.
     checkout = tmp_path / "keras-precrop"
