@@ -9,6 +9,7 @@ models' own predictions. ``fine_tune``'s ``weight_decay=`` and
 
 import json
 import re
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -143,6 +144,17 @@ def test_a_plan_of_another_model_is_refused_naming_plan(files, tmp_path, capsys)
                      "--epochs", "1", "--out", str(tmp_path / "s.keras")], capsys)
     assert line.startswith(f"--plan {plan_file} does not fit {files['trained.keras']}: Width "
                            "variable 'conv1' has 16 channels in model"), line
+
+
+TFDS_DIR = Path(__file__).resolve().parents[2] / "shared" / "tfds"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TFDS_DIR / "cifar10").is_dir(), reason=f"no CIFAR-10 prepared at {TFDS_DIR}")
+def test_cifar10_is_loaded_from_data_dir_and_checked_against_the_model(files, tmp_path, capsys):
+    line = _refusal([files["trained.keras"], "--params", "0.5", "--data", "cifar10", "--data_dir",
+                     str(TFDS_DIR), "--epochs", "1", "--out", str(tmp_path / "s.keras")], capsys)
+    assert line.startswith("--data cifar10: its train split has inputs of shape (128, 32, 32, 3)"), line
 
 
 def test_required_flags_are_argparse_usage_errors(files, capsys):
