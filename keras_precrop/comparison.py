@@ -5,13 +5,17 @@ already have: one width factor for every layer (a width multiplier).
 :func:`compare` plans the same budgets in each mode and lays the plans side by
 side: parameters, MACs, predicted latency (with a latency model), the SynExp
 objective, and, with ``measure=True``, the speedup each rebuilt model measures
-on this machine (all models timed interleaved in one process).
+on this machine (all models timed interleaved in one process, the spread over
+rounds beside the median). It closes with a recommendation: the fastest plan
+measured within the budgets, or, unmeasured, ``mode="auto"``'s pick with the
+evidence behind it and what the other rows do better.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import textwrap
 
 from keras_precrop import _json, _tables
 from keras_precrop import latency as _latency
@@ -40,9 +44,15 @@ class Comparison(_json.JsonDataclass):
             (uniform mode's width factor, else None), ``floor_ratio`` (the
             factor a floor holds every width above, else None), ``floor_on``
             (``"streams"`` where that floor holds the residual streams alone,
-            else None) and ``speedup`` (the
-            original's measured time over the plan's, or None unmeasured).
+            else None), ``within_budgets`` (the plan meets every budget:
+            ``mode="paper"`` may not) and ``speedup``, ``speedup_min``,
+            ``speedup_max`` (the original's measured time over the plan's in
+            each interleaved round: median, least and most; None unmeasured).
         timing: what was timed, or None.
+        recommendation: ``{"mode", "basis", "reason"}``: the row to use for
+            these budgets (``basis`` ``"measured"``: the fastest measured
+            within the budgets; ``"auto"``: ``mode="auto"``'s pick) and why,
+            in words. None in comparisons saved before it was made.
     """
 
     model_name: str
@@ -50,16 +60,20 @@ class Comparison(_json.JsonDataclass):
     auto_mode: str
     rows: list
     timing: dict | None = None
+    recommendation: dict | None = None
 
     def row(self, mode):
         """The row of ``mode``."""
         return next(r for r in self.rows if r["mode"] == mode)
 
     def summary(self, print_fn=print):
-        """Print one line per mode, ``model.summary()`` style."""
+        """Print one line per mode, ``model.summary()`` style, what the objective is, what was
+        timed, and the recommendation."""
         head = ["Mode", "Params", "MACs", "Objective", "Width factor"]
         has_latency = any(r["latency"] is not None for r in self.rows)
-        head += ["Latency (ms, predicted)"] * has_latency + ["Speedup (measured)"] * bool(self.timing)
+        head += ["Latency (ms, predicted)"] * has_latency
+        if self.timing:
+            head += [f"Speedup min-max ({self.timing['rounds']} rounds)", "Speedup (median)"]
         lines = [tuple(head)]
         for r in self.rows:
             cells = [r["mode"] + (" (auto)" if r["mode"] == self.auto_mode else ""),
@@ -69,17 +83,35 @@ class Comparison(_json.JsonDataclass):
             if has_latency:
                 cells.append("" if r["latency"] is None else f"{r['latency'] * 1e3:.3f}")
             if self.timing:
-                cells.append(f"{r['speedup']:.2f}x")
+                cells += [f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}x", f"{r['speedup']:.2f}x"]
             lines.append(tuple(cells))
         given = ", ".join(f"{k}={v}" for k, v in self.budgets.items())
         print_fn(f'Modes compared: "{self.model_name}" at {given}')
-        for line in _tables.table(lines):
-            print_fn(line)
+        notes = [OBJECTIVE_NOTE]
         if self.timing:
             t = self.timing
-            print_fn(f"Measured: {t['runtime']}, batch {t['batch_size']}, "
-                     f"{'training step' if t['training'] else 'inference'}, median of "
-                     f"{t['rounds']} interleaved rounds; original {t['original_ms']:.3f} ms")
+            notes.append(f"Measured: {t['runtime']}, batch {t['batch_size']}, "
+                         f"{'training step' if t['training'] else 'inference'}, {t['rounds']} "
+                         "interleaved rounds; speedup: the original's time over the plan's in each "
+                         f"round; original {t['original_ms']:.3f} ms (median)")
+        if self.recommendation:
+            notes.append(f"Recommended: {self.recommendation['mode']}. {self.recommendation['reason']}")
+        for line in _tables.table(lines) + [line for note in notes for line in _wrap(note)]:
+            print_fn(line)
+
+
+# What the table's Objective column is (cm.objective of the plan's widths), printed under it.
+OBJECTIVE_NOTE = (
+    "Objective: the SynExp objective, sum over the prunable kernels of ln(density), a kernel's "
+    "density being the share of its input channels kept times the share of its output channels "
+    "kept (depthwise: of its channels; a concatenated input: its parts' width-weighted mean); 0 "
+    "is the original, higher keeps more of its widths. Exact mode maximizes it; it predicts "
+    "neither accuracy nor speed.")
+
+
+def _wrap(text):
+    """``text`` as lines of at most 100 characters, the later ones indented."""
+    return textwrap.wrap(text, 100, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=False, rounds=7,
@@ -100,14 +132,15 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         batch_size: the batch size to time at (a latency model's own
             settings take precedence when one is given or fitted).
         runtime: the runtime to time on (likewise).
-        verbose: 1 prints timing progress, 0 is silent.
+        verbose: 1 prints timing progress (``timing plans: round k/n``), 0 is silent.
         **options: further :func:`keras_precrop.plan` options (``latency``,
             ``latency_model``, ``max_params``, ``max_macs``, ``round_to``,
             ``min_channels``, ``ignore``, ``residual``, ``upper``); a latency
             model is fitted or read once and shared by every mode.
 
     Returns:
-        A :class:`Comparison`.
+        A :class:`Comparison`, with its ``recommendation``: measured, the
+        fastest plan within the budgets; else ``mode="auto"``'s pick, and why.
     """
     _latency.timing.check_settings(batch_size, runtime, False)  # measured or not: 0 is no batch
     _latency.timing.check_rounds(rounds)
@@ -125,7 +158,8 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
         options.setdefault("calibrate", 0)
     subject = Subject(model)  # one walk of the model for every plan and rebuild
     plans = {m: plan(subject, params, flops, mode=m, **options) for m in modes}
-    auto = _auto_row(plans, plan(subject, params, flops, **options))
+    auto_plan = plan(subject, params, flops, **options)
+    auto = _auto_row(plans, auto_plan)
     given = {k: v for k, v in (("params", params), ("flops", flops), *options.items())
              if k in ("params", "flops", "latency", "max_params", "max_macs") and v is not None}
     rows = [_row(m, p) for m, p in plans.items()]
@@ -136,7 +170,10 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
                     if lm is not None else dict(batch_size=batch_size, runtime=runtime,
                                                 training=False))
         timing = _measure(subject, plans, rows, settings, rounds, verbose)
-    return Comparison(model.name, given, auto, rows, timing)
+    pick = next(r for r in rows if r["mode"] == auto)
+    why = auto_plan.solver["auto_mode"]
+    recommendation = _by_speed(rows, pick, why) if measure else _by_auto(rows, pick, why)
+    return Comparison(model.name, given, auto, rows, timing, recommendation)
 
 
 def _auto_row(plans, auto):
@@ -156,7 +193,16 @@ def _row(mode, p):
             "macs": p.macs, "macs_ratio": p.macs / p.original["macs"], "latency": p.latency,
             "objective": float(p.solver["objective"]),
             "uniform_ratio": p.solver.get("uniform_ratio"), "floor_ratio": p.solver.get("floor_ratio"),
-            "floor_on": p.solver.get("floor_on"), "speedup": None}
+            "floor_on": p.solver.get("floor_on"), "within_budgets": _within_budgets(p),
+            "speedup": None, "speedup_min": None, "speedup_max": None}
+
+
+def _within_budgets(p):
+    """Whether plan ``p`` meets its budgets: params and MACs exactly, a latency budget as
+    predicted (or as measured, where the plan was calibrated by measuring)."""
+    calibrated = "latency_calibration" in p.solver
+    return all(p.predicted[row] <= budget * (1 + 1e-9) for row, budget in p.budgets.items()
+               if budget is not None and not (calibrated and row == _latency.ROW))
 
 
 def _factor(row):
@@ -171,13 +217,65 @@ def _factor(row):
 
 def _measure(subject, plans, rows, settings, rounds, verbose):
     """Times the original (``subject.model``) and each plan's model interleaved; fills the rows'
-    speedups."""
+    speedups: the original's time over the plan's in each round (both timed in it), median,
+    least and most."""
     models = {"original": subject.model, **{mode: apply_plan(subject, p) for mode, p in plans.items()}}
-    log = _latency.timing.logger(verbose)
+    log = _latency.timing.logger(verbose, "timing plans")  # no latency model is fitted here
     fns = {name: _latency.runner(m, **settings) for name, m in models.items()}
     samples = _latency.interleaved(fns, rounds, log=log)
     seconds = {name: statistics.median(s) for name, s in samples.items()}
     for r in rows:
-        r["speedup"] = seconds["original"] / seconds[r["mode"]]
+        ratios = [o / t for o, t in zip(samples["original"], samples[r["mode"]])]
+        r.update(speedup=statistics.median(ratios), speedup_min=min(ratios), speedup_max=max(ratios))
     return {**settings, "rounds": rounds, "original_ms": seconds["original"] * 1e3,
             "seconds": seconds}
+
+
+def _speed(row):
+    """A row's measured speedup and its spread: ``1.23x [1.20-1.27x]``."""
+    return f"{row['speedup']:.2f}x [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}x]"
+
+
+def _by_speed(rows, pick, why):
+    """The recommendation by measured speed: the row within the budgets with the highest median
+    speedup, whether a runner-up's spread overlaps it, and how it relates to auto's pick
+    (``pick``, picked for reason ``why``)."""
+    within = [r for r in rows if r["within_budgets"]]  # auto's plan always is
+    best = max(within, key=lambda r: r["speedup"])
+    notes = [f"The fastest measured plan within the budgets: {_speed(best)}, median [min-max] "
+             "over the rounds."]
+    runner_up = max((r for r in within if r is not best), key=lambda r: r["speedup"], default=None)
+    if runner_up is not None and runner_up["speedup_max"] >= best["speedup_min"]:
+        notes.append(f"{runner_up['mode']}'s {_speed(runner_up)} overlaps it: the order may be "
+                     "noise; more rounds tell.")
+    if best["speedup"] < 1:
+        notes.append("Even it runs slower than the original here: these budgets buy no speed on "
+                     "this machine; a latency budget (latency=) asks for time.")
+    over = [r["mode"] for r in rows if not r["within_budgets"] and r["speedup"] > best["speedup"]]
+    if over:
+        notes.append(f"{', '.join(over)} measured faster but exceed the budgets.")
+    if best is pick:
+        notes.append('It is also mode="auto"\'s pick.')
+    else:
+        notes.append(f'mode="auto" picks {pick["mode"]} ({_speed(pick)}) for another reason: {why}.')
+    return {"mode": best["mode"], "basis": "measured", "reason": " ".join(notes)}
+
+
+def _by_auto(rows, pick, why):
+    """The recommendation unmeasured: auto's pick (``pick``, for reason ``why``), and where
+    another row scores a higher objective or predicts less latency, why auto keeps its pick."""
+    notes = [f'mode="auto" picks it for these budgets: {why}.']
+    best = max(rows, key=lambda r: r["objective"])
+    if best["objective"] > pick["objective"] + 0.005:  # higher as printed
+        notes.append(f"{best['mode']} scores a higher objective ({best['objective']:.2f} vs "
+                     f"{pick['objective']:.2f}), but auto's rule follows that evidence, not the "
+                     "objective, a proxy.")
+    predicted = [r for r in rows if r["latency"] is not None]
+    fastest = min(predicted, key=lambda r: r["latency"], default=None)
+    if fastest is not None and fastest["latency"] < pick["latency"] * 0.99:  # not a rounding's worth
+        notes.append(f"{fastest['mode']} predicts {1 - fastest['latency'] / pick['latency']:.0%} less "
+                     f"latency ({fastest['latency'] * 1e3:.3f} vs {pick['latency'] * 1e3:.3f} ms); "
+                     "auto does not pick by speed.")
+    notes.append("Nothing was timed: measure=True (--measure) times every plan here and "
+                 "recommends the fastest.")
+    return {"mode": pick["mode"], "basis": "auto", "reason": " ".join(notes)}

@@ -516,11 +516,11 @@ def interleaved(fns, rounds, warmup=2, target_s=0.1, log=None, clock=time.perf_c
     return samples
 
 
-def logger(verbose):
-    """Progress lines on stderr (``verbose=1``) or none."""
+def logger(verbose, label="latency model"):
+    """Progress lines on stderr (``verbose=1``) or none, each after ``label`` (what is timed)."""
     if not verbose:
         return lambda line: None
-    return lambda line: print(f"latency model: {line}", file=sys.stderr, flush=True)
+    return lambda line: print(f"{label}: {line}", file=sys.stderr, flush=True)
 
 
 class Measured(float):
