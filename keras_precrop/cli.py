@@ -437,8 +437,8 @@ def _prune_trained_args(p, default):
                    help="time budget, ratio of the original's predicted time (measured here "
                    "unless --latency_model is given)")
     p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`)")
-    p.add_argument("--plan", help="prune to this plan JSON's widths instead of a budget "
-                   "(`keras-precrop precrop MODEL --plan FILE` writes one)")
+    p.add_argument("--apply", metavar="PLAN", help="prune to this plan JSON's widths instead of a "
+                   "budget (`keras-precrop precrop MODEL --plan FILE` writes one)")
     p.add_argument("--data", required=True, metavar="SPEC",
                    help="cifar10 (TensorFlow Datasets), or a .npz file with arrays x_train, y_train "
                    "and optionally x_test, y_test (a test accuracy is printed when present)")
@@ -469,12 +469,12 @@ def _check_prune_trained(args):
     _check_out(args)
     budgets = [k for k in ("params", "flops", "latency", "latency_model")
                if getattr(args, k) is not None]
-    if args.plan and budgets:
+    if args.apply and budgets:
         raise ValueError(f"{_flag(budgets[0], getattr(args, budgets[0]))} has no effect with "
-                         f"--plan {args.plan}: the plan fixes the widths.")
-    if not args.plan and not {"params", "flops", "latency"} & set(budgets):
+                         f"--apply {args.apply}: the plan fixes the widths.")
+    if not args.apply and not {"params", "flops", "latency"} & set(budgets):
         raise ValueError("Give the widths to prune to: a budget (--params, --flops or --latency) "
-                         "or --plan PLAN.json.")
+                         "or --apply PLAN.json.")
     for keyword in ("epochs", "batch_size"):
         if getattr(args, keyword) < 1:
             raise ValueError(f"{_flag(keyword, getattr(args, keyword))} must be a positive integer.")
@@ -563,18 +563,18 @@ def _run_prune_trained(args):
 
 
 def _prune_plan(args, model):
-    """The plan of ``--plan``, or one solved for the budget flags; a plan that grows is refused."""
-    if args.plan:
-        the_plan = _read(kp.Plan, "plan", args)
+    """The plan of ``--apply``, or one solved for the budget flags; a plan that grows is refused."""
+    if args.apply:
+        the_plan = _read(kp.Plan, "apply", args)
         grown = [v for v in the_plan.variables if v["new"] > v["width"]]
         if grown:
-            raise ValueError(f"--plan {args.plan} grows {len(grown)} width(s) (e.g. {grown[0]['name']} "
+            raise ValueError(f"--apply {args.apply} grows {len(grown)} width(s) (e.g. {grown[0]['name']} "
                              f"from {grown[0]['width']} to {grown[0]['new']} channels), and "
                              "prune-trained only removes channels.")
         try:
             kp.apply_plan(model, the_plan)  # a plan of another model, refused before training
         except kp.PlanMismatchError as err:
-            raise ValueError(f"--plan {args.plan} does not fit {args.model}: {err}") from None
+            raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
         return the_plan
     latency_model = _latency_model(args) if args.latency_model else None
     return kp.plan(model, args.params, args.flops, latency=args.latency,
@@ -654,7 +654,6 @@ _SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "weights",
 _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 # Options that name a JSON file the command reads: what it holds, and how to get one.
 _READS = {"apply": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
-          "plan": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes one"),
           "latency_model": ("latency model", f"{_FIT_LATENCY} writes one, or leave "
                             "--latency_model out to measure one with the timing flags")}
 def _flag(keyword, value):

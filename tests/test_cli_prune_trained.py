@@ -86,7 +86,7 @@ def test_the_saved_model_has_the_plan_s_widths_trained_and_its_accuracy_is_print
 def test_a_plan_file_without_distillation_or_test_split(files, tmp_path, capsys):
     plan_file, out = str(tmp_path / "plan.json"), str(tmp_path / "small.keras")
     assert main(["precrop", files["trained.keras"], "--flops", "0.4", "--plan", plan_file]) == 0
-    assert main(["prune-trained", files["trained.keras"], "--plan", plan_file, "--no-distill",
+    assert main(["prune-trained", files["trained.keras"], "--apply", plan_file, "--no-distill",
                  "--gradual_epochs", "0", "--data", files["train_only.npz"], "--epochs", "1",
                  "--batch_size", "64", "--out", out]) == 0
     printed = capsys.readouterr().out
@@ -110,7 +110,7 @@ def _refusal(argv, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["{model}.h5"], "MODEL {model}.h5: prune-trained prunes a trained model saved as a .keras file"),
     (["{model}", "--out", "small.h5"], "--out small.h5: a rebuilt model is saved as a .keras file"),
-    (["{model}", "--plan", "plan.json"], "--params 0.5 has no effect with --plan plan.json: the plan "
+    (["{model}", "--apply", "plan.json"], "--params 0.5 has no effect with --apply plan.json: the plan "
      "fixes the widths."),
     (["{model}", "--gradual_epochs", "2"], "--gradual_epochs 2 must be between 0 and --epochs 1"),
     (["{model}", "--epochs", "0"], "--epochs 0 must be a positive integer."),
@@ -131,7 +131,7 @@ def test_bad_flags_are_refused_naming_the_flag(argv, message, files, capsys):
     defaults = {"--params": "0.5", "--data": names["data"], "--epochs": "1", "--out": "small.keras"}
     if not message:  # no budget and no plan
         defaults.pop("--params")
-        message = "Give the widths to prune to: a budget (--params, --flops or --latency) or --plan"
+        message = "Give the widths to prune to: a budget (--params, --flops or --latency) or --apply"
     given = [flag for flag in argv if flag.startswith("--")]
     argv += [part for flag, value in defaults.items() if flag not in given for part in (flag, value)]
     assert _refusal(argv, capsys).startswith(message.format(**names))
@@ -140,9 +140,9 @@ def test_bad_flags_are_refused_naming_the_flag(argv, message, files, capsys):
 def test_a_plan_of_another_model_is_refused_naming_plan(files, tmp_path, capsys):
     plan_file = str(tmp_path / "plan.json")
     kp.plan(_tiny_cnn(width=12), params=0.5).to_json(plan_file)
-    line = _refusal([files["trained.keras"], "--plan", plan_file, "--data", files["data.npz"],
+    line = _refusal([files["trained.keras"], "--apply", plan_file, "--data", files["data.npz"],
                      "--epochs", "1", "--out", str(tmp_path / "s.keras")], capsys)
-    assert line.startswith(f"--plan {plan_file} does not fit {files['trained.keras']}: Width "
+    assert line.startswith(f"--apply {plan_file} does not fit {files['trained.keras']}: Width "
                            "variable 'conv1' has 16 channels in model"), line
 
 
