@@ -83,7 +83,9 @@ class Comparison(_json.JsonDataclass):
             if has_latency:
                 cells.append("" if r["latency"] is None else f"{r['latency'] * 1e3:.3f}")
             if self.timing:
-                cells += [f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}x", f"{r['speedup']:.2f}x"]
+                spread = (f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}x"
+                          if r.get("speedup_min") is not None else "-")  # saved before spreads were
+                cells += [spread, f"{r['speedup']:.2f}x"]
             lines.append(tuple(cells))
         given = ", ".join(f"{k}={v}" for k, v in self.budgets.items())
         print_fn(f'Modes compared: "{self.model_name}" at {given}')

@@ -91,7 +91,7 @@ def test_unmeasured_a_row_predicted_faster_than_autos_pick_is_named_with_its_lat
 
 @pytest.mark.parametrize("slower", [False, True])
 def test_measured_speedups_are_per_round_ratios_and_the_fastest_within_budget_is_recommended(
-        monkeypatch, slower):
+        monkeypatch, slower, tmp_path):
     """A fake clock with known samples: each row's speedup is the median, least and most of the
     original's time over the plan's per round; paper mode, fastest here but over the budget, is
     left out, and the recommendation is the fastest within the budget, said to be slower than the
@@ -130,6 +130,17 @@ def test_measured_speedups_are_per_round_ratios_and_the_fastest_within_budget_is
     assert cells[-2:] == [f"{best['speedup_min']:.2f}-{best['speedup_max']:.2f}x",
                           f"{best['speedup']:.2f}x"]
     assert "| Speedup min-max (3 rounds) | Speedup (median) |" in lines[2]
+    old = comparison.to_dict()  # as saved before spreads and recommendations were recorded
+    del old["recommendation"]
+    for r in old["rows"]:
+        del r["speedup_min"], r["speedup_max"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    lines = []
+    kp.Comparison.from_json(str(path)).summary(print_fn=lines.append)
+    row = next(line for line in lines if line.startswith("| layerwise"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][-2:] == ["-", f"{best['speedup']:.2f}x"]
+    assert not any(line.startswith("Recommended") for line in lines)
 
 
 def test_the_command_line_measures_recommends_the_fastest_and_writes_it_to_json(tmp_path, capsys):
