@@ -130,7 +130,7 @@ class GradualPruning(keras.callbacks.Callback):
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
-        self._fraction, self._fading, self._plan = None, [], plan
+        self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
 
     @property
     def _fitted(self):
@@ -148,7 +148,12 @@ class GradualPruning(keras.callbacks.Callback):
             self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
-        self._update(self._step(), force=True)
+        self._ranked = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._ranked:  # after every on_train_begin: BackupAndRestore's may restore the step
+            self._ranked = True
+            self._update(self._last_update(self._step()), force=True)
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()
@@ -159,6 +164,16 @@ class GradualPruning(keras.callbacks.Callback):
             self._apply()
         elif self._fading:
             self._apply(masked=False)
+
+    def _last_update(self, step):
+        """The last update at or before ``step``: a resumed fit ranks at the widths it had then.
+
+        The masked channels are zero, so they rank last and the same channels
+        stay masked; ranking at ``step``'s own widths would mask more, early.
+        """
+        if self.start_step < step < self.end_step:
+            return step - (step - self.start_step) % self.frequency
+        return step
 
     def _step(self):
         """The optimizer's step count: it survives ``BackupAndRestore`` and resumes the schedule."""
