@@ -1,7 +1,7 @@
-"""Every ``python`` and ``bash`` code block of README.md runs as written.
+"""Every ``python`` and ``bash`` code block of README.md and docs/guide.md runs as written.
 
-Blocks are found anew on every run, so a section added to the README is
-tested without touching this file. An HTML comment on the line before a
+Blocks are found anew on every run, so a section added to the README or the
+guide is tested without touching this file. An HTML comment on the line before a
 block's fence (blank lines between are allowed) marks it:
 
 * ``<!-- test: slow -->``: it takes more than ~20 s; runs with ``pytest -m slow``;
@@ -13,7 +13,12 @@ Each block runs in a fresh temporary folder with this checkout first on
 them (a new ``__main__`` namespace), bash blocks under ``bash -e``
 with ``pip install`` lines left out (the checkout is used as it is) and
 ``keras-precrop`` and ``python`` found first on ``PATH`` as this checkout's
-command line and this interpreter.
+command line and this interpreter. The folder links ``experiments`` to this
+checkout's (the README's trained model is read from there, as from the
+repository's root), and TFDS finds CIFAR-10 in ``../shared/tfds`` beside the
+checkout (``TFDS_DATA_DIR``). A block that imports an optional runtime
+(``ai_edge_litert``, ``onnxruntime``, ``keras_hub``) or loads CIFAR-10 is skipped,
+with the reason, where that is not installed or prepared.
 
 Running is not enough: each block must also do what the prose around it
 says. ``BLOCK_CHECKS`` maps a distinctive line of every runnable block to a
@@ -35,6 +40,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The documents whose blocks run: the README's quickstarts and the guide's details.
+DOCUMENTS = (README, REPO / "docs" / "guide.md")
+TFDS_DIR = REPO.parent / "shared" / "tfds"
+_OPTIONAL_MODULES = ("ai_edge_litert", "onnxruntime", "keras_hub")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _MARK = re.compile(r"^<!--\s*test:\s*(\w+)\b.*-->\s*$")
 _MARKS = ("slow", "skip")
@@ -73,13 +82,24 @@ def readme_blocks(path=README):
 
 def _params():
     params = []
-    for line, language, code, mark in readme_blocks():
-        if language not in _LANGUAGES:
-            continue  # text (a folder layout, output)
-        marks = {"slow": [pytest.mark.slow], "skip": [pytest.mark.skip(reason="marked skip in README.md")]}
-        params.append(pytest.param(language, code, marks=marks.get(mark, []),
-                                   id=f"README.md:{line}:{language}"))
+    for path in DOCUMENTS:
+        for line, language, code, mark in readme_blocks(path):
+            if language not in _LANGUAGES:
+                continue  # text (a folder layout, output)
+            skip = pytest.mark.skip(reason=f"marked skip in {path.name}")
+            marks = {"slow": [pytest.mark.slow], "skip": [skip]}
+            params.append(pytest.param(language, code, marks=marks.get(mark, []),
+                                       id=f"{path.name}:{line}:{language}"))
     return params
+
+
+def _skip_unless_available(code):
+    """Skips a block whose optional runtime is not installed, or whose CIFAR-10 is not prepared."""
+    for module in _OPTIONAL_MODULES:
+        if re.search(rf"^\s*(from|import) {module}\b", code, re.M):
+            pytest.importorskip(module)
+    if "kp.data.load(" in code and "TFDS_DATA_DIR" not in os.environ and not (TFDS_DIR / "cifar10").is_dir():
+        pytest.skip(f"CIFAR-10 is not prepared in {TFDS_DIR} (nor TFDS_DATA_DIR set)")
 
 
 _INSTALL = re.compile(r"^\s*pip install [^&]*(&&\s*|$)")
@@ -138,10 +158,13 @@ _CHECKED = "README block checked"
 @pytest.mark.parametrize("language,code", _params())
 def test_readme_block_runs(language, code, tmp_path):
     check = block_check(code)
+    _skip_unless_available(code)
     work = tmp_path / "work"
     work.mkdir()
+    (work / "experiments").symlink_to(REPO / "experiments")
     path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.setdefault("TFDS_DATA_DIR", str(TFDS_DIR))
     if language == "python":
         command = [sys.executable, "-c", _RUN_AND_CHECK, code, _CHECKED]
     else:
@@ -283,24 +306,24 @@ def _check_latency_budgets(namespace, printed, cwd):
 
 
 def _check_deployment(namespace, printed, cwd):
-    """``small`` has <= 50% of ResNet-20's MACs and the two extra layers; the SavedModel and the
-    TFLite model compute what the Keras model computes."""
+    """``small`` has <= 50% of ResNet-20's MACs and the two extra layers; what ONNX Runtime and the
+    LiteRT interpreter compute from the exported files is what the Keras model computes."""
     import numpy as np
 
     import keras_precrop as kp
 
-    small, loaded, interpreter = (namespace[k] for k in ("small", "loaded", "interpreter"))
+    small, x = namespace["small"], namespace["x"]
     assert _tf_macs(small) <= 0.5 * _tf_macs(kp.models.get("resnet20"))
     kinds = {type(layer) for layer in small.layers}
     assert kp.ChannelSlice in kinds and kp.PrefixAdd in kinds
-    assert printed.splitlines().count("(1, 10)") == 2, printed[-2000:]
-    x = np.random.default_rng(0).normal(size=(1, 32, 32, 3)).astype("float32")
-    expected = np.asarray(small(x))
-    np.testing.assert_allclose(np.asarray(loaded.serve(x)), expected, rtol=1e-4, atol=1e-5)
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
-    interpreter.invoke()
-    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
-    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    expected = np.asarray(small(x, training=False))
+    np.testing.assert_allclose(namespace["expected"], expected, rtol=1e-5, atol=1e-6)
+    for name in ("onnx_out", "litert_out"):
+        assert namespace[name].shape == expected.shape == (1, 10)
+        np.testing.assert_allclose(namespace[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert (cwd / "small.onnx").is_file() and (cwd / "small.tflite").is_file()
+    errors = [float(word) for word in printed.split()]
+    assert len(errors) == 2 and max(errors) < 1e-4, printed[-2000:]
 
 
 def _check_command_line(namespace, printed, cwd):
@@ -360,23 +383,88 @@ def _check_subclassed(namespace, printed, cwd):
                                str(small.count_params()), str(net.count_params())]
 
 
-def _check_keep_weights(namespace, printed, cwd):
-    """``small`` and ``taylor`` have at most half the parameters, exactly their plans', and every
-    kernel of ``taylor`` is the original's at the kept channels (its values are found in it;
-    ``small`` was fine-tuned since); ``wide`` has more channels and computes the original's
-    outputs; distillation ran and logged its loss."""
+def _test_batches(dataset):
+    """The images and labels of a batched ``(x, y)`` dataset, as two arrays."""
     import numpy as np
 
-    model, small, taylor, wide, x = (namespace[k] for k in ("model", "small", "taylor", "wide", "x"))
-    for pruned in (small, taylor):
-        assert pruned.count_params() == pruned.precrop_plan.params <= 0.5 * model.count_params()
-    for layer in taylor.layers:
-        if hasattr(layer, "kernel"):
-            assert np.isin(np.asarray(layer.kernel), np.asarray(model.get_layer(layer.name).kernel)).all()
-    assert wide.count_params() > model.count_params()
-    np.testing.assert_allclose(np.asarray(wide(x, training=False)), np.asarray(model(x, training=False)),
-                               rtol=1e-4, atol=1e-4)
-    assert np.isfinite(namespace["history"].history["distillation_loss"]).all()
+    xs, ys = zip(*((np.asarray(x), np.asarray(y)) for x, y in dataset))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _accuracy(model, x, y):
+    """Top-1 accuracy by NumPy from ``model.predict`` (not Keras' metric)."""
+    import numpy as np
+
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
+
+
+def _check_fresh_model(namespace, printed, cwd):
+    """``small`` is its plan's size (Keras' count) at <= 50% of TensorFlow's MACs with every layer
+    name kept; it trained one epoch; the test images are normalized per channel (mean 0, std 1) and
+    the printed accuracy is NumPy's argmax accuracy of its predictions on them."""
+    import numpy as np
+
+    model, small, test = (namespace[k] for k in ("model", "small", "test"))
+    params, macs, small_macs = model.count_params(), _tf_macs(model), _tf_macs(small)
+    assert small.count_params() == small.precrop_plan.params < params
+    assert small_macs <= 0.5 * macs and _layer_names(model) <= _layer_names(small)
+    assert f"{small.count_params():,} / {params:,} params, {small_macs:,} / {macs:,} MACs" in printed
+    loss = small.history.history["loss"]
+    assert len(loss) == 1 and np.isfinite(loss).all()
+    x, y = _test_batches(test)
+    assert x.shape == (500, 32, 32, 3) and set(np.unique(y)) <= set(range(10))
+    assert np.abs(x.mean(axis=(0, 1, 2))).max() < 0.1 and np.abs(x.std(axis=(0, 1, 2)) - 1).max() < 0.1
+    reported = float(re.search(r"'accuracy': ([\d.e-]+)", printed).group(1))
+    assert abs(reported - _accuracy(small, x, y)) <= 1 / len(y)
+
+
+def _check_trained_model(namespace, printed, cwd):
+    """The teacher scores what its run recorded on the whole test set (the preprocessing is the
+    training's); pruned with kept weights it is its plan's size, every kernel the teacher's at the
+    kept channels, and scores far less (by NumPy's count, as printed); fine-tuning distilled and
+    moved the weights."""
+    import json
+
+    import numpy as np
+
+    import keras_precrop as kp
+
+    teacher, small, test, history = (namespace[k] for k in ("teacher", "small", "test", "history"))
+    run = REPO / "experiments" / "runs" / "resnet20-baseline-ep10-s3" / "results.json"
+    recorded = json.loads(run.read_text())["final_accuracy"]
+    trained, pruned = map(float, re.search(r"trained ([\d.]+), pruned ([\d.]+)", printed).groups())
+    x, y = _test_batches(test)
+    assert abs(trained - _accuracy(teacher, x, y)) <= 1e-3 + 1 / len(y)
+    assert abs(trained - recorded) < 0.04, (trained, recorded)  # 1,000 of its 10,000 test images
+    kept = kp.precrop(teacher, params=0.5, weights="keep")  # ``small`` before fine-tuning
+    assert abs(pruned - _accuracy(kept, x, y)) <= 1e-3 + 1 / len(y)
+    assert 0.25 <= pruned <= 0.55 and pruned < trained - 0.2  # "0.82 -> about 0.4"
+    assert small.count_params() == kept.count_params() == small.precrop_plan.params
+    assert small.count_params() <= 0.5 * teacher.count_params()
+    kernels = [layer.name for layer in kept.layers if hasattr(layer, "kernel")]
+    for name in kernels:
+        kernel = np.asarray(kept.get_layer(name).kernel)
+        assert np.isin(kernel, np.asarray(teacher.get_layer(name).kernel)).all(), name
+    assert np.isfinite(history.history["distillation_loss"]).all()
+    assert any(not np.array_equal(np.asarray(kept.get_layer(n).kernel), np.asarray(small.get_layer(n).kernel))
+               for n in kernels)
+
+
+def _check_quick_command_line(namespace, printed, cwd):
+    """The profile's total is Keras' count; the saved model is exactly the written plan (Keras'
+    params, TensorFlow's MACs) at <= 50% of ResNet-20's MACs, with widths in multiples of 8."""
+    import keras
+
+    import keras_precrop as kp
+
+    resnet = kp.models.get("resnet20")
+    profiled = re.search(r"^Total params: ([\d,]+)$", printed, re.M)
+    assert int(profiled.group(1).replace(",", "")) == resnet.count_params(), printed[-2000:]
+    plan = kp.Plan.from_json(str(cwd / "plan.json"))
+    small = keras.saving.load_model(cwd / "small.keras")
+    assert small.count_params() == plan.params and _tf_macs(small) == plan.macs <= 0.5 * _tf_macs(resnet)
+    before, after = _widths(resnet), _widths(small)
+    assert after != before and all(after[k] % 8 == 0 or after[k] == before[k] for k in after), after
 
 
 def _check_gradual(namespace, printed, cwd):
@@ -404,20 +492,23 @@ def _check_keras_hub_task(namespace, printed, cwd):
 
 # A distinctive line of each runnable block -> its check (see the module docstring).
 BLOCK_CHECKS = {
+    # README.md
     "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
+    "small = kp.precrop(model, flops=0.5)     # <= 50% of the MACs": _check_fresh_model,
+    'small = kp.precrop(teacher, params=0.5, weights="keep")': _check_trained_model,
+    "pruning = kp.GradualPruning(plan, end_step=4, frequency=2)": _check_gradual,
+    "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
+    'small.export("small.onnx", format="onnx", verbose=False)': _check_deployment,
+    "keras-precrop precrop resnet20 --flops 0.5 --round_to 8 --out small.keras --plan plan.json":
+        _check_quick_command_line,
+    # docs/guide.md
     "small = kp.precrop(model, params=0.5)": _check_python_api,
     "plan = kp.plan(model, params=0.5, flops=0.6, round_to=8)": _check_solve_once_build_later,
-    "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
-    'small = kp.precrop(model, params=0.5, weights="keep")': _check_keep_weights,
-    "pruning = kp.GradualPruning(plan, end_step=4, frequency=2)": _check_gradual,
-    'small.export("resnet20_small", verbose=False)': _check_deployment,
-    "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
-    "comparison = kp.compare(model, params=0.1103)": _check_compare,
     "small_net = kp.precrop(net, flops=0.5)": _check_subclassed,
-
-
-    "small = kp.hub.precrop(task, params=0.5)": _check_keras_hub_task,
+    "comparison = kp.compare(model, params=0.1103)": _check_compare,
     "keras-precrop compare resnet20 --flops 0.5 --measure --batch_size 64": _check_compare_measured,
+    "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
+    "small = kp.hub.precrop(task, params=0.5)": _check_keras_hub_task,
 }
 
 
@@ -433,31 +524,37 @@ def block_check(code):
     return BLOCK_CHECKS[keys[0]]
 
 
-def _check_table_problems(blocks, checks=BLOCK_CHECKS):
-    """What is wrong between ``readme_blocks``' blocks and ``checks``: a runnable block without
-    exactly one check, a skipped block with one (it would never run), a check in no block."""
-    problems = []
-    blocks = [(line, code, mark) for line, language, code, mark in blocks if language in _LANGUAGES]
-    for line, code, mark in blocks:
-        keys = _keys_in(code, checks)
-        if mark == "skip" and keys:
-            problems.append(f"README.md:{line} is marked skip, so its check {keys} would never run")
-        elif mark != "skip" and len(keys) != 1:
-            problems.append(f"README.md:{line} needs exactly one entry in BLOCK_CHECKS, has {keys}")
+def _check_table_problems(documents, checks=BLOCK_CHECKS):
+    """What is wrong between the documents' blocks (``{name: readme_blocks(path)}``) and ``checks``:
+    a runnable block without exactly one check, a skipped block with one (it would never run), a
+    check in no block."""
+    problems, runnable = [], []
+    for name, blocks in documents.items():
+        for line, language, code, mark in blocks:
+            if language not in _LANGUAGES:
+                continue
+            keys = _keys_in(code, checks)
+            runnable.append(code)
+            if mark == "skip" and keys:
+                problems.append(f"{name}:{line} is marked skip, so its check {keys} would never run")
+            elif mark != "skip" and len(keys) != 1:
+                problems.append(f"{name}:{line} needs exactly one entry in BLOCK_CHECKS, has {keys}")
     for key in checks:
-        if not any(_keys_in(code, [key]) for _, code, _ in blocks):
-            problems.append(f"BLOCK_CHECKS[{key!r}] names a line that is in no README block")
+        if not any(_keys_in(code, [key]) for code in runnable):
+            problems.append(f"BLOCK_CHECKS[{key!r}] names a line that is in no README or guide block")
     return problems
 
 
 def test_every_runnable_block_has_one_check_and_every_check_one_block(tmp_path):
-    assert _check_table_problems(readme_blocks()) == []
-    readme = tmp_path / "README.md"
+    assert _check_table_problems({path.name: readme_blocks(path) for path in DOCUMENTS}) == []
+    readme, guide = tmp_path / "README.md", tmp_path / "guide.md"
     readme.write_text("```python\nx = 1\n```\n<!-- test: skip (why) -->\n```bash\necho b\n```\n"
-                      "```bash\necho a\n```\n```\ntext\n```\n")
+                      "```\ntext\n```\n")
+    guide.write_text("```bash\necho a\n```\n")
     checks = {"echo a": None, "echo b": None, "x = 2": None}
-    assert _check_table_problems(readme_blocks(readme), checks) == [
+    assert _check_table_problems({"README.md": readme_blocks(readme), "guide.md": readme_blocks(guide)},
+                                 checks) == [
         "README.md:2 needs exactly one entry in BLOCK_CHECKS, has []",
         "README.md:6 is marked skip, so its check ['echo b'] would never run",
-        "BLOCK_CHECKS['x = 2'] names a line that is in no README block",
+        "BLOCK_CHECKS['x = 2'] names a line that is in no README or guide block",
     ]
