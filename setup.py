@@ -61,6 +61,7 @@ setup(
             "onnxruntime",
             "tf2onnx",
             "onnx",
+            "ai-edge-litert",  # README's deployment serves with it (and the litert runtime times it)
             "pytest>=7",
             "hypothesis>=6",
             "ruff>=0.6",
