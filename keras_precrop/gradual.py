@@ -134,8 +134,13 @@ class GradualPruning(keras.callbacks.Callback):
 
     @property
     def _fitted(self):
-        """The model ``fit`` trains: the one given, else the callback's model."""
-        return self._target if self._target is not None else self.model
+        """The model ``fit`` trains: the one given, else the callback's model.
+
+        ``self.model`` is read either way: under JAX, reading it puts the
+        training state back into the variables (else they are empty mid-fit).
+        """
+        fitted = self.model
+        return self._target if self._target is not None else fitted
 
     @property
     def pruned(self):
