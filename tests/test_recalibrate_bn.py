@@ -21,6 +21,7 @@ RNG = np.random.default_rng(0)
 X = RNG.normal(1.5, 2.0, size=(40, 6, 6, 3)).astype("float32")
 Y = RNG.integers(0, 3, 40)
 STATS = ("moving_mean", "moving_variance")
+numpy = keras.ops.convert_to_numpy  # a tensor or variable of any backend
 
 
 def _cnn():
@@ -47,18 +48,18 @@ def _bn_inputs(model, batches):
     bn1, inner = model.get_layer("bn1"), model.get_layer("block")
     ones, twos = [], []
     for x in batches:
-        h = np.asarray(model.get_layer("conv1")(x))
+        h = numpy(model.get_layer("conv1")(x))
         mean, var = h.mean((0, 1, 2)), h.var((0, 1, 2))
-        a = np.asarray(bn1.gamma) * (h - mean) / np.sqrt(var + bn1.epsilon) + np.asarray(bn1.beta)
+        a = numpy(bn1.gamma) * (h - mean) / np.sqrt(var + bn1.epsilon) + numpy(bn1.beta)
         ones.append(h)
-        twos.append(np.asarray(inner.get_layer("conv2")(np.maximum(a, 0))))
+        twos.append(numpy(inner.get_layer("conv2")(np.maximum(a, 0))))
     return {"bn1": np.concatenate(ones), "bn2": np.concatenate(twos)}
 
 
 def _state(model):
     """Every variable's value, every layer's and variable's flag, and the momenta."""
     layers = model._flatten_layers(include_self=True, recursive=True)
-    return ({v.path: np.asarray(v) for v in model.variables},
+    return ({v.path: numpy(v) for v in model.variables},
             [(layer.name, layer.trainable) for layer in layers] + [(v.path, v.trainable)
                                                                    for v in model.variables],
             [getattr(layer, "momentum", None) for layer in layers])
@@ -76,9 +77,9 @@ def test_the_statistics_are_those_of_the_layers_inputs_and_nothing_else_changes(
     assert kp.recalibrate_bn(model, (X, Y), batches=5, batch_size=16) is model
     changed = set()
     for name, layer in _batch_norms(model).items():
-        np.testing.assert_allclose(layer.moving_mean, expected[name].mean((0, 1, 2)),
+        np.testing.assert_allclose(numpy(layer.moving_mean), expected[name].mean((0, 1, 2)),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
-        np.testing.assert_allclose(layer.moving_variance, expected[name].var((0, 1, 2)),
+        np.testing.assert_allclose(numpy(layer.moving_variance), expected[name].var((0, 1, 2)),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
         changed |= {getattr(layer, stat).path for stat in STATS}
     after = _state(model)
@@ -97,10 +98,11 @@ def test_a_dataset_is_read_for_at_most_batches_batches():
     kp.recalibrate_bn(arrays, X[:32], batches=2, batch_size=16)
     expected = _bn_inputs(_cnn(), [X[:16], X[16:32]])
     for (name, layer), twin in zip(_batch_norms(model).items(), _batch_norms(arrays).values()):
-        np.testing.assert_allclose(layer.moving_variance, expected[name].var((0, 1, 2)),
+        np.testing.assert_allclose(numpy(layer.moving_variance), expected[name].var((0, 1, 2)),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
         for stat in STATS:
-            np.testing.assert_allclose(getattr(layer, stat), getattr(twin, stat), rtol=1e-6)
+            np.testing.assert_allclose(numpy(getattr(layer, stat)), numpy(getattr(twin, stat)),
+                                       rtol=1e-6)
 
 
 def test_a_generator_of_inputs_alone_is_read_too():
@@ -108,7 +110,7 @@ def test_a_generator_of_inputs_alone_is_read_too():
     kp.recalibrate_bn(model, (X[i:i + 10] for i in range(0, 40, 10)), batches=4)
     expected = _bn_inputs(_cnn(), [X[i:i + 10] for i in range(0, 40, 10)])
     for name, layer in _batch_norms(model).items():
-        np.testing.assert_allclose(layer.moving_mean, expected[name].mean((0, 1, 2)),
+        np.testing.assert_allclose(numpy(layer.moving_mean), expected[name].mean((0, 1, 2)),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
