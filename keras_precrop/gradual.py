@@ -131,6 +131,7 @@ class GradualPruning(keras.callbacks.Callback):
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
+        self._factors = self._fade_only = ()
 
     @property
     def _fitted(self):
@@ -198,6 +199,7 @@ class GradualPruning(keras.callbacks.Callback):
         if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
             final, _ = channel_masks(self._graph, self._targets, self.importance)
             self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
+        self._set_factors()
         self._apply()
         if self.verbose:
             masked = sum(int(m.size - m.sum()) for _, m in self._masks)
@@ -206,13 +208,21 @@ class GradualPruning(keras.callbacks.Callback):
                   f"{masked:,} weights masked" + (f", {fading:,} fading" if fading else ""),
                   flush=True)
 
+    def _set_factors(self):
+        """What a step multiplies each weight by, as tensors on the weights' device, made once per
+        update: the masks with the fading (``_factors``) and the fading alone (``_fade_only``,
+        between the updates of ``regrow=True``); no copy to the host at each step."""
+        combined = {id(w): (w, m) for w, m in self._masks}
+        for w, f in self._fading:
+            combined[id(w)] = (w, f * combined[id(w)][1] if id(w) in combined else f)
+        self._factors, self._fade_only = (
+            [(w, keras.ops.convert_to_tensor(f, dtype=w.dtype)) for w, f in pairs]
+            for pairs in (combined.values(), self._fading))
+
     def _apply(self, masked=True):
         """Zero the masked weights of the pruned model (``masked``) and fade the doomed ones."""
-        factors = {id(w): (w, m) for w, m in self._masks} if masked else {}
-        for w, f in self._fading:
-            factors[id(w)] = (w, f * factors[id(w)][1] if id(w) in factors else f)
-        for variable, factor in factors.values():
-            variable.assign(keras.ops.convert_to_numpy(variable) * factor)
+        for variable, factor in self._factors if masked else self._fade_only:
+            variable.assign(variable * factor)
 
     def finalize(self):
         """The dense smaller model: the plan's widths, with the surviving channels' weights.
