@@ -146,7 +146,10 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
     """
     _latency.timing.check_settings(batch_size, runtime, False)  # measured or not: 0 is no batch
     _latency.timing.check_rounds(rounds)
-    asked, modes = modes, [modes] if isinstance(modes, str) else list(modes)  # not "e", "x", ...
+    asked = modes
+    if isinstance(modes, str) or not isinstance(modes, (list, tuple, set, frozenset)):
+        modes = [modes]  # a string is one mode, not "e", "x", ...; anything else is named below
+    modes = list(modes)
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ArgumentError(f"{{modes}} must name modes among {sorted(MODES)}.", modes=asked)

@@ -132,6 +132,7 @@ class GradualPruning(keras.callbacks.Callback):
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
         self._factors = self._fade_only = ()
+        self._updated_at = None
 
     @property
     def _fitted(self):
@@ -162,10 +163,10 @@ class GradualPruning(keras.callbacks.Callback):
             self._update(self._last_update(self._step()), force=True)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self._step()
-        due = self.start_step <= step <= self.end_step
-        if due and ((step - self.start_step) % self.frequency == 0 or step == self.end_step):
-            self._update(step)
+        step = self._step()  # with steps_per_execution > 1 it moves by more than 1 between calls
+        due = self._last_update(min(step, self.end_step)) if step >= self.start_step else None
+        if due is not None and due != self._updated_at:  # an update point reached or passed
+            self._update(due)
         elif not self.regrow or step > self.end_step:
             self._apply()
         elif self._fading:
@@ -188,7 +189,7 @@ class GradualPruning(keras.callbacks.Callback):
     def _update(self, step, force=False):
         """Re-rank the channels and mask as many as the schedule says at ``step``."""
         fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
-        fading = self.shrink > 0 and fraction < 1
+        fading, self._updated_at = self.shrink > 0 and fraction < 1, step
         if not force and fraction == self._fraction and not (self.regrow or fading):
             self._apply()
             return
@@ -239,7 +240,8 @@ class GradualPruning(keras.callbacks.Callback):
             ArgumentError: pruning has not reached the plan yet.
         """
         if self._graph is None or self._fraction != 1.0:
-            reached = "not started" if self._graph is None else f"{self._fraction:.0%} of the way"
+            reached = ("not started" if self._graph is None
+                       else f"gone {self._fraction:.0%} of the way")
             raise ArgumentError(
                 f"GradualPruning.finalize: pruning has {reached}; fit the model past "
                 f"{{end_step}} first.", end_step=self.end_step)

@@ -228,6 +228,8 @@ def test_compare_takes_one_mode_as_a_string_and_refuses_zero_rounds():
     assert one.rows == kp.compare(model, params=0.5, modes=["exact"], verbose=0).rows
     with pytest.raises(kp.ArgumentError, match=r"modes='exat' must name modes among"):
         kp.compare(model, params=0.5, modes="exat")
+    with pytest.raises(kp.ArgumentError, match=r"modes=None must name modes among"):
+        kp.compare(model, params=0.5, modes=None)
     with pytest.raises(kp.ArgumentError, match=r"^rounds must be a positive integer, got 0"):
         kp.compare(model, params=0.5, measure=True, rounds=0)
     with pytest.raises(kp.ArgumentError, match=r"^rounds must be a positive integer"):

@@ -163,6 +163,22 @@ def test_fit_prunes_gradually_and_finalizes_exactly():
                                keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
 
 
+def test_steps_per_execution_skips_no_update_and_reaches_the_plan():
+    """Callbacks see every 4th step: the updates due in between (and end_step) still happen."""
+    model, x, y = _fit_setup(5)
+    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=4)
+    the_plan = kp.plan(model, params=0.5)
+    pruning = kp.GradualPruning(the_plan, end_step=6, frequency=2, verbose=0)
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[pruning], verbose=0)  # steps 4, 8
+    small = pruning.finalize()
+    assert small.count_params() == the_plan.predicted["params"]
+    for w, mask in pruning._masks:
+        assert not np.any(keras.ops.convert_to_numpy(w)[mask == 0])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+
+
 def test_regrow_masks_only_at_updates():
     model, x, y = _fit_setup(1)
     model.compile(keras.optimizers.SGD(0.05, momentum=0.9),

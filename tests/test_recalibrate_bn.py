@@ -105,6 +105,17 @@ def test_a_dataset_is_read_for_at_most_batches_batches():
                                        rtol=1e-6)
 
 
+def test_an_x_y_pair_without_labels_is_read_as_its_inputs():
+    model, twin = _cnn(), _cnn()
+    twin.set_weights(model.get_weights())
+    kp.recalibrate_bn(model, (X, None), batches=2, batch_size=10)
+    kp.recalibrate_bn(twin, X, batches=2, batch_size=10)
+    for (name, layer), other in zip(_batch_norms(model).items(), _batch_norms(twin).values()):
+        for stat in STATS:
+            np.testing.assert_array_equal(numpy(getattr(layer, stat)), numpy(getattr(other, stat)),
+                                          err_msg=name)
+
+
 def test_a_generator_of_inputs_alone_is_read_too():
     model = _cnn()
     kp.recalibrate_bn(model, (X[i:i + 10] for i in range(0, 40, 10)), batches=4)
@@ -116,6 +127,7 @@ def test_a_generator_of_inputs_alone_is_read_too():
 
 @pytest.mark.parametrize("kwargs, argument", [
     ({"batches": 0}, "batches"), ({"batches": 2.0}, "batches"), ({"batches": True}, "batches"),
+    ({"batches": None}, "batches"),
     ({"batch_size": 0}, "batch_size"),
     ({"data": RNG.normal(size=(8, 5, 5, 3)).astype("float32")}, "data"),
     ({"data": "images"}, "data"), ({"data": X[:0]}, "data"),

@@ -124,7 +124,7 @@ def _first_batch(data, argument, bound, batch_size):
         if not isinstance(inputs, (dict, list)) and len(inputs) == 0:
             raise _refuse(argument, "is empty: it holds no example.")
         if _is_pair(data):
-            return tuple(_head(part, batch_size) for part in data), data
+            return tuple(None if part is None else _head(part, batch_size) for part in data), data
         return _head(data, batch_size), data
     tf = sys.modules.get("tensorflow")
     if tf is not None and isinstance(data, tf.data.Dataset):
@@ -190,6 +190,8 @@ def _chained(first, rest):
 def _split_batch(batch, argument, labels):
     """``(x, y)`` of one batch (``y`` None where there are no labels)."""
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not isinstance(batch[0], dict):
+        if labels and batch[1] is None:
+            raise _refuse(argument, "must give labels: its (x, y) has y=None.")
         return batch[0], batch[1]
     if labels:
         raise _refuse(argument, f"must give (x, y) batches: inputs and their labels; its first "

@@ -77,6 +77,8 @@ def recalibrate_bn(model, data, batches=30, *, batch_size=None):
     """
     layers = _batch_norms(model)
     _check_count("batches", batches)
+    if batches is None:  # a bound is needed here: None is no count
+        raise ArgumentError("{batches:subject} must be a positive integer{got}", batches=batches)
     _check_count("batch_size", batch_size)
     checked = check_data(model, data, "data", labels=False, classes=False,
                          bound=("batches", batches), batch_size=batch_size)
