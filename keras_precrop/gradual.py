@@ -43,7 +43,8 @@ import math
 import keras
 import numpy as np
 
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import NAME_ONLY, ArgumentError
+from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.walker import walk
 from keras_precrop.planning import Plan, build_checked, named_for, planned_widths
@@ -155,6 +156,7 @@ class GradualPruning(keras.callbacks.Callback):
             self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
+            _refuse_normalized_cuts(self._graph, self._targets)  # before any step trains
         self._ranked = False
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -263,7 +265,12 @@ def channel_masks(graph, widths, importance="l1"):
     Returns:
         ``([(variable, mask)], selection)``: the trainable weights with at
         least one masked element, and the kept channels of every variable.
+
+    Raises:
+        ArgumentError: ``widths`` cut channels that a layer normalizes over
+            (see :func:`_refuse_normalized_cuts`).
     """
+    _refuse_normalized_cuts(graph, widths)
     model = graph.model
     values = {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
     selection = select(graph, widths, channel_scores(graph, values, importance))
@@ -282,6 +289,32 @@ def channel_masks(graph, widths, importance="l1"):
         if mask.min() == 0:
             masks.append((w, mask.reshape(w.shape)))
     return masks, selection
+
+
+def _refuse_normalized_cuts(graph, widths):
+    """Refuse widths that cut the channels of a layer that mixes them without a kernel.
+
+    A LayerNormalization, GroupNormalization, RMSNormalization or softmax
+    over the channel axis computes each output channel from all of its
+    input channels (its handler has no channel map, and no kernel reads
+    them). A masked channel is zero but still counted in its statistics
+    (a mean over 16 channels, not the 6 kept), so the masked model would
+    not compute what the rebuilt one does, and fine-tuning would train the
+    wrong network. The rebuild itself is right; masks cannot stand in for it.
+    """
+    for call in graph.calls:
+        rec = call.record
+        channels = graph.tensor_channels[call.inputs[0]]
+        if (rec.read_segments or rec.handler.channel_map(rec, call.node) is not None
+                or graph.tensor_channels[call.outputs[0]] != channels):
+            continue
+        if channels_width(channels, lambda s: graph.new_width(s, widths)) < graph.width(channels):
+            raise ArgumentError(
+                f"GradualPruning cannot mask the channels that {rec.path!r} ({rec.class_name}) "
+                "normalizes over: a masked channel is zero but still counts in its statistics, so "
+                "the masked model would not compute the pruned one. Make the {plan:=} with "
+                "{ignore} to keep those channels (or prune in one shot with kp.apply_plan).",
+                plan=NAME_ONLY, ignore=[rec.path])
 
 
 def _check(plan, end_step, start_step, frequency, schedule, importance, regrow, shrink):

@@ -91,7 +91,11 @@ def test_widths_interpolate_within_bounds():
 def _assert_masks_match_rebuild(model, the_plan, fraction):
     graph = walk(model, ignore=the_plan.ignore, residual=the_plan.residual)
     targets = [v["new"] for v in the_plan.variables]
-    widths = gradual.widths_at(graph.variables, targets, fraction)
+    return _assert_masks_match_rebuild_at(graph, gradual.widths_at(graph.variables, targets, fraction))
+
+
+def _assert_masks_match_rebuild_at(graph, widths):
+    model = graph.model
     masks, selection = gradual.channel_masks(graph, widths)
     small = rebuild(graph, widths)
     carry_weights(graph, small, widths, new_graph=walk(small, residual=graph.residual),
@@ -102,7 +106,7 @@ def _assert_masks_match_rebuild(model, the_plan, fraction):
                                keras.ops.convert_to_numpy(small(x)), rtol=1e-4, atol=1e-4)
     kept = sum(int(m.sum()) for _, m in masks)
     dropped = sum(int(m.size - m.sum()) for _, m in masks)
-    assert small.count_params() < model.count_params() or fraction == 0.0
+    assert small.count_params() < model.count_params() or widths == [v.width for v in graph.variables]
     return kept, dropped
 
 
@@ -114,11 +118,23 @@ def test_masked_model_computes_the_rebuilt_model(fraction):
 
 
 def _masks_match_rebuild_on(model):
-    try:
-        the_plan = kp.plan(model, params=0.5)
-    except kp.InfeasibleBudgetError:
-        return
-    _assert_masks_match_rebuild(model, the_plan, 1.0)
+    """Masks match the rebuild; a plan that cuts the channels a normalization mixes is refused
+    naming that layer (masked zeros would still count in its statistics), and its masks match
+    once the plan keeps the layer's channels (``ignore``)."""
+    ignore = []
+    while True:
+        try:
+            the_plan = kp.plan(model, params=0.5, ignore=ignore)
+        except kp.InfeasibleBudgetError:
+            return
+        try:
+            _assert_masks_match_rebuild(model, the_plan, 1.0)
+            return
+        except kp.ArgumentError as e:
+            (name,) = e.arguments["ignore"]
+            assert name not in ignore
+            assert isinstance(model.get_layer(name), (L.LayerNormalization, L.GroupNormalization))
+            ignore.append(name)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
@@ -132,6 +148,53 @@ def test_masks_match_rebuild_on_random_models(model):
 @given(model=random_cnns())
 def test_masks_match_rebuild_on_many_random_models(model):
     _masks_match_rebuild_on(model)
+
+
+def _normalized_model(norm):
+    """A conv whose channels a normalization over the channel axis mixes, after a prunable conv."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    x = L.Conv2D(16, 1, name="c")(L.Conv2D(12, 3, activation="relu", name="a")(inputs))
+    x = norm(name="norm")(x)
+    return keras.Model(inputs, L.Dense(5, name="fc")(L.GlobalAveragePooling2D()(x)))
+
+
+@pytest.mark.parametrize("norm", [L.LayerNormalization, lambda name: L.GroupNormalization(2, name=name)])
+def test_channels_a_normalization_mixes_are_refused_then_kept_with_ignore(norm):
+    # Regression (random_cnns' "norms" block): a masked channel is zero but still counts in a
+    # LayerNormalization's mean and variance (or a group's), so the masked model computed
+    # something else than the rebuilt one. Refused before training, naming the layer.
+    model, x, y = _normalized_model(norm), _batch((None, 8, 8, 3), 8), np.arange(8) % 5
+    the_plan = kp.plan(model, params=0.3)
+    assert next(v["new"] < v["width"] for v in the_plan.variables if v["name"] == "c")
+    graph = walk(model)
+    with pytest.raises(kp.ArgumentError, match=r"'norm'.*plan=.*ignore=\['norm'\]") as e:
+        gradual.channel_masks(graph, [v["new"] for v in the_plan.variables])
+    assert e.value.arguments["ignore"] == ["norm"]
+    before = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    with pytest.raises(kp.ArgumentError, match="norm"):
+        model.fit(x, y, epochs=1, verbose=0,
+                  callbacks=[kp.GradualPruning(the_plan, end_step=2, frequency=1, verbose=0)])
+    for b, w in zip(before, model.weights, strict=True):  # refused before any step
+        np.testing.assert_array_equal(b, keras.ops.convert_to_numpy(w))
+    kept, dropped = _assert_masks_match_rebuild(model, kp.plan(model, params=0.5, ignore=["norm"]),
+                                                1.0)
+    assert kept > 0 and dropped > 0  # conv "a" still pruned
+
+
+def test_masks_and_kept_weights_through_a_depthwise_conv_cut_to_one_channel():
+    # Regression (random_cnns' "grouped" block on a 3-channel stream): a Conv2D with groups equal
+    # to its 3 input channels, cut to one channel, is rebuilt with groups=1; carrying its weights
+    # refused it ("no channel map") though each output still reads the one input channel.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 3))
+    x = L.Conv2D(9, 3, groups=3, padding="same", name="dw")(L.Conv2D(3, 3, name="a")(inputs))
+    model = keras.Model(inputs, L.Dense(5, name="fc")(L.Flatten()(x)))
+    graph = walk(model)
+    widths = [1 if v.name == "a" else v.width for v in graph.variables]
+    kept, dropped = _assert_masks_match_rebuild_at(graph, widths)
+    assert kept > 0 and dropped > 0
 
 
 def _fit_setup(seed=0):

@@ -122,6 +122,8 @@ def _tensor_selections(graph, new_graph, selection, old_calls):
     def outputs(call, index, ins):
         rec = call.record
         maps = rec.handler.channel_map(rec, call.node)
+        if maps is None and len(ins) == 1 and len(ins[0]) == 1:  # every output reads the one input
+            maps = [np.zeros(new_graph.width(new_graph.tensor_channels[call.outputs[0]]), np.int64)]
         old = old_calls.get((rec.path, index))
         if old is None:  # a ChannelSlice the rebuild put in front of a reader
             return [ins[0][maps[0]]]
