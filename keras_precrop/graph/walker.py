@@ -370,7 +370,9 @@ class Variable:
     Attributes:
         name: the group's name (its oldest segment's), ``"<reader>:in"`` for a view.
         width: the original width.
-        fixed: the width may not change (model inputs and outputs, ignored layers).
+        fixed: the width may not change (model inputs and outputs, ignored layers,
+            a concatenated part that a grouped conv reads and that is no multiple
+            of its groups).
         kind: ``"channels"``, ``"stream"`` or ``"view"``.
         bound: index of the variable this one may never be wider than.
         multiple: the width stays a multiple of this (grouped convolutions,
@@ -511,6 +513,12 @@ def _resolve_multiples(ctx, variables, group_var, views, units):
     A segment ``k`` units wide needs its variable to be a multiple of
     ``m / gcd(m, k)``. A bounded variable (view, writer) passes its multiple
     on to its bound, so clipping it to the bound keeps it a multiple.
+
+    A grouped conv only needs the *sum* of a concatenation's parts to be a
+    multiple of its groups, so a part may be no multiple itself (12 + 13 + 8
+    channels into ``groups=3``). Such a part's variable is fixed: every
+    other part moves in multiples of the groups from a multiple, so the sum
+    stays one (a part left to move would break it: 9 + 3 + 8 is no multiple of 3).
     """
     for rec, seg, m in ctx.multiples:
         root = ctx.find(seg)
@@ -525,6 +533,9 @@ def _resolve_multiples(ctx, variables, group_var, views, units):
                     b.multiple, changed = math.lcm(b.multiple, v.multiple), True
         if not changed:
             break
+    for v in variables:
+        if v.width % v.multiple:
+            v.fixed = True
 
 
 def _resolve_streams(ctx, writers):
