@@ -63,6 +63,7 @@ setup(
             "onnx",
             "ai-edge-litert",  # README's deployment serves with it (and the litert runtime times it)
             "pytest>=7",
+            "pytest-xdist>=3",  # the suite runs on two workers: most tests use one core
             "hypothesis>=6",
             "ruff>=0.6",
             "nbformat>=5",

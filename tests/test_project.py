@@ -18,7 +18,7 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
     assert blocks[1].splitlines()[0] == ci[-1] == (
         'pip install -e ".[test]" && pip install --no-deps keras-hub tokenizers && ruff check . '
-        "&& python -m pytest -q")
+        "&& python -m pytest -q -n 2 --dist loadfile")
 
 
 # ------------------------------------------------------------------ what the repository carries (issue 44)
