@@ -167,6 +167,11 @@ def define_flags(default_model):
         "temperature 4, weight 0.5 beside the labels' loss; kp.fine_tune's defaults).",
     )
     flags.DEFINE_float(
+        "distill_alpha", 0.5,
+        "--distill: the weight of the labels' loss; the teacher's (the softened logits' KL) weighs "
+        "1 - this (kp.fine_tune's alpha).",
+    )
+    flags.DEFINE_float(
         "gradual_epochs",
         None,
         "--keep_weights on an --init_model, pruned gradually rather than at once: the whole model "
@@ -282,6 +287,10 @@ def _check_transfer_flags():
         raise app.UsageError(f"{', '.join(changed)} shape(s) gradual pruning; add --gradual_epochs.")
     if not 0 <= FLAGS.gradual_shrink < 1:
         raise app.UsageError(f"--gradual_shrink must be in [0, 1), got {FLAGS.gradual_shrink}.")
+    if FLAGS.distill_alpha != 0.5 and not FLAGS.distill:
+        raise app.UsageError("--distill_alpha weighs the labels' loss against the teacher's; add --distill.")
+    if not 0 <= FLAGS.distill_alpha <= 1:
+        raise app.UsageError(f"--distill_alpha must be in [0, 1], got {FLAGS.distill_alpha}.")
     if FLAGS.distill and FLAGS.export_init:
         raise app.UsageError("--distill trains with the --init_model as teacher; --export_init trains "
                              "nothing (drop one).")
@@ -390,7 +399,7 @@ def _builder(reference, train_ds, num_classes, batch_size):
     """
     build, masks = _student_builder(reference, train_ds, num_classes, batch_size)
     if FLAGS.distill:
-        return (lambda: distiller(build(), _copy_of(reference))), masks
+        return (lambda: distiller(build(), _copy_of(reference), alpha=FLAGS.distill_alpha)), masks
     return build, masks
 
 

@@ -95,12 +95,13 @@ _ID_FLAGS = (
     "gradual_shrink",
     "regrow",
     "distill",
+    "distill_alpha",
     "learning_rate",
 )
 _OTHER_FLAGS = ("model", "epochs", "save_model", "eval_steps")
 # Short names of flags in a run id; switches (True) appear as their name alone.
 _SHORT = {"learning_rate": "lr", "gradual_epochs": "gradual", "gradual_frequency": "gfreq",
-          "gradual_schedule": "gsched", "gradual_shrink": "shrink"}
+          "gradual_schedule": "gsched", "gradual_shrink": "shrink", "distill_alpha": "alpha"}
 _COMMITTED = ("results.json", "history.csv", "train.log")
 
 

@@ -210,6 +210,10 @@ def common():
          "--gradual_shrink shape(s) gradual pruning; add --gradual_epochs."),
         (["--method=precrop_params", "--params=0.3", _INIT, "--keep_weights", "--gradual_epochs=1",
           "--gradual_shrink=1"], "--gradual_shrink must be in [0, 1), got 1.0."),
+        (["--method=baseline", _INIT, "--distill_alpha=0.1"],
+         "--distill_alpha weighs the labels' loss against the teacher's; add --distill."),
+        (["--method=baseline", _INIT, "--distill", "--distill_alpha=1.5"],
+         "--distill_alpha must be in [0, 1], got 1.5."),
     ],
 )
 def test_inconsistent_flags_are_refused(common, flags, message):
@@ -332,10 +336,10 @@ def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, te
     student alone."""
     results, _ = _train(tmp_path, "train_cifar.py", [
         "--method=precrop_flops", "--flops=0.2734", f"--init_model={teacher}", "--keep_weights",
-        "--importance=taylor", "--distill", "--learning_rate=0.01", "--save_model", "--verbose=0",
-        *_SHORT])
+        "--importance=taylor", "--distill", "--distill_alpha=0.1", "--learning_rate=0.01",
+        "--save_model", "--verbose=0", *_SHORT])
     _check_results(results, epochs=2)
-    assert results["distill"] == {"temperature": 4.0, "alpha": 0.5}
+    assert results["distill"] == {"temperature": 4.0, "alpha": 0.1}
     assert (results["importance"], results["base_lr"]) == ("taylor", 0.01)
     lr0 = 0.01 * 32 / 128
     assert [row["learning_rate"] for row in results["history"]] == pytest.approx([lr0, lr0 / 2])
