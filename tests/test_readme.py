@@ -471,16 +471,29 @@ def _check_quick_command_line(namespace, printed, cwd):
 
 def _check_gradual(namespace, printed, cwd):
     """The fitted model's masked weights are zero and the rebuilt ``small`` (its plan's size by Keras'
-    count) computes what it computes; the block asserts both, this checks the masks independently:
-    every channel the plan removes from ``model``'s first conv is zero in its kernel."""
+    count) computes what it computes; the block asserts both, this checks the masks independently
+    (every channel the plan removes is zero in some kernel), that the teacher is the saved model
+    still (weight for weight) and that the LiteRT file computes what ``small`` does."""
+    import keras
     import numpy as np
 
-    model, small, plan = (namespace[k] for k in ("model", "small", "plan"))
+    model, small, plan, teacher, x = (namespace[k] for k in ("model", "small", "plan", "teacher", "x"))
     assert small.count_params() == plan.predicted["params"] < model.count_params()
     kernels = [layer.kernel for layer in model.layers if hasattr(layer, "kernel")]
     zero_filters = sum(int(np.all(np.asarray(k) == 0, axis=tuple(range(k.ndim - 1))).sum())
                        for k in kernels)
     assert zero_filters > 0 and "GradualPruning: step 4, 100%" in printed
+    saved = keras.saving.load_model(cwd / "trained.keras")
+    for got, want in zip(teacher.weights, saved.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(cwd / "small.tflite"))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x[:1])
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    np.testing.assert_allclose(got, np.asarray(small(x[:1])), rtol=1e-4, atol=1e-4)
 
 
 def _check_keras_hub_task(namespace, printed, cwd):
@@ -498,7 +511,7 @@ BLOCK_CHECKS = {
     "keras-precrop reconfigure resnet20 --params 0.8 --flops 1.0": _check_main_job,
     "small = kp.precrop(model, flops=0.5)     # <= 50% of the MACs": _check_fresh_model,
     'small = kp.precrop(teacher, params=0.5, weights="keep")': _check_trained_model,
-    "pruning = kp.GradualPruning(plan, end_step=4, frequency=2)": _check_gradual,
+    "pruning = kp.GradualPruning(plan, end_step=4, frequency=2,": _check_gradual,
     "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
     'small.export("small.onnx", format="onnx", verbose=False)': _check_deployment,
     "keras-precrop precrop resnet20 --flops 0.5 --round_to 8 --out small.keras --plan plan.json":
