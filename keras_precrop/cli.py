@@ -447,6 +447,11 @@ def _prune_trained_args(p, default):
     p.add_argument("--gradual_epochs", type=float,
                    help="epochs over which the channels go, on a cubic schedule; the rest of "
                    "--epochs trains the pruned widths (default: a third of --epochs)")
+    p.add_argument("--shrink", type=float, default=default(0.0),
+                   help="fade the channels the plan leaves out (re-ranked as they go) by 1 - SHRINK "
+                   "after every step, then take them away at once when --gradual_epochs ends "
+                   "(kp.GradualPruning(shrink=, schedule='final'); e.g. 0.01 for 390 steps); "
+                   "default 0: they go a few at a time on a cubic schedule")
     p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
                    help="train against the original model's outputs too (distillation; default) "
                    "or on the labels alone (--no-distill)")
@@ -483,6 +488,12 @@ def _check_prune_trained(args):
     if args.gradual_epochs is not None and not 0 <= args.gradual_epochs <= args.epochs:
         raise ValueError(f"{_flag('gradual_epochs', args.gradual_epochs)} must be between 0 and "
                          f"--epochs {args.epochs}: the channels go during training.")
+    if not 0 <= args.shrink < 1:
+        raise ValueError(f"{_flag('shrink', args.shrink)} must be in [0, 1): the share of a doomed "
+                         "channel's weights taken away at each step.")
+    if args.shrink and args.gradual_epochs == 0:
+        raise ValueError(f"{_flag('shrink', args.shrink)} has no effect with --gradual_epochs 0: the "
+                         "channels go at once, before any step.")
     _check_data_spec(args)
 
 
@@ -551,8 +562,8 @@ def _run_prune_trained(args):
     # The model that trains and loses channels; the original stays whole and teaches.
     student = keras.models.load_model(args.model, compile=False)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
-    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps),
-                                frequency=_RECIPE["frequency"])
+    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps), frequency=_RECIPE["frequency"],
+                                shrink=args.shrink, schedule="final" if args.shrink else "cubic")
     _train_pruned(args, student, original if args.distill else None, train, test, pruning)
     small = pruning.finalize()
     if test is not None:

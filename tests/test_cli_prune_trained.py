@@ -97,6 +97,22 @@ def test_a_plan_file_without_distillation_or_test_split(files, tmp_path, capsys)
     assert "GradualPruning: step 0, 100% of the way to the plan" in printed  # one shot at once
 
 
+def test_shrink_fades_the_doomed_channels_then_cuts_them_at_once(files, tmp_path, capsys):
+    """--shrink: the channels the plan leaves out fade (printed as fading) until --gradual_epochs
+    ends, then all go at once (schedule 'final'); the saved model has the plan's widths."""
+    out = str(tmp_path / "small.keras")
+    assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--shrink", "0.2",
+                 "--data", files["data.npz"], "--epochs", "1", "--gradual_epochs", "0.5",
+                 "--batch_size", "32", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"GradualPruning: step 0, 0% of the way to the plan, 0 weights masked, "
+                     r"[\d,]+ fading", printed), printed
+    assert "GradualPruning: step 4, 100% of the way to the plan" in printed  # 8 steps, half
+    assert "% of the way to the plan" not in printed.replace(" 0% of", "").replace(" 100% of", "")
+    original, small = keras.models.load_model(files["trained.keras"]), keras.models.load_model(out)
+    assert small.count_params() == kp.apply_plan(original, kp.plan(original, params=0.5)).count_params()
+
+
 def _refusal(argv, capsys):
     """The one error line of ``prune-trained ARGV`` (exit status 1), without its prefix."""
     assert main(["prune-trained", *argv]) == 1
@@ -114,6 +130,9 @@ def _refusal(argv, capsys):
      "fixes the widths."),
     (["{model}", "--gradual_epochs", "2"], "--gradual_epochs 2 must be between 0 and --epochs 1"),
     (["{model}", "--epochs", "0"], "--epochs 0 must be a positive integer."),
+    (["{model}", "--shrink", "1"], "--shrink 1 must be in [0, 1): the share of a doomed channel's"),
+    (["{model}", "--shrink", "0.01", "--gradual_epochs", "0"], "--shrink 0.01 has no effect with "
+     "--gradual_epochs 0"),
     (["{model}", "--learning_rate", "0"], "--learning_rate 0 must be a positive number."),
     (["{model}", "--data", "missing.npz"], "--data missing.npz: No such file or directory"),
     (["{model}", "--data", "data.csv"], "--data data.csv: give cifar10 or a .npz file"),
