@@ -198,6 +198,10 @@ def test_a_latency_budget_below_the_launch_floor_names_the_reachable_ratio(small
     assert info.value.limit["latency"] / lm.seconds == pytest.approx(reachable, abs=1e-3)
     assert re.search(r"(\d+)% of the narrowest plan's time is a constant per layer call", message)
     assert "kp.latency_model(model, batch_size=16), or another runtime= than 'tf'" in message
+    # the command line's remedy is commands: fit a latency model, then plan with it
+    cli = info.value.format(lambda name, value: f"--{name} {value}", front="cli")
+    assert ("`keras-precrop latency MODEL --batch_size 16 --json latency.json` (or another --runtime "
+            "than tf), then --latency_model latency.json") in cli
     assert info.value.arguments["latency"] == 0.3  # the user's argument, named as given
     # the ratio is a budget that plans (rounded up), and just below it nothing does
     plan = kp.plan(small, latency=reachable, latency_model=lm)

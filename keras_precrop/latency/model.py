@@ -319,8 +319,9 @@ class LatencyModel(_json.JsonDataclass):
             "runtime: {remedy}.", limit=err.limit, **err.arguments,
             remedy={"python": f"kp.latency_model(model, batch_size={bigger}), or another "
                               f"runtime= than {self.runtime!r}",
-                    "cli": f"`keras-precrop latency MODEL --batch_size {bigger}`, or another "
-                           f"--runtime than {self.runtime}"})
+                    "cli": f"`keras-precrop latency MODEL --batch_size {bigger} --json "
+                           f"latency.json` (or another --runtime than {self.runtime}), then "
+                           "--latency_model latency.json"})
 
     @classmethod
     def from_json(cls, text_or_path):
