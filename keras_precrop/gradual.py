@@ -133,7 +133,7 @@ class GradualPruning(keras.callbacks.Callback):
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
         self._factors = self._fade_only = ()
-        self._updated_at = None
+        self._updated_at = self._target_walk = None
 
     @property
     def _fitted(self):
@@ -197,10 +197,12 @@ class GradualPruning(keras.callbacks.Callback):
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
-        self._masks, self._selection = channel_masks(self._graph, self._widths, self.importance)
+        self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
+            self._graph, self._widths, self.importance, self._rebuilt(self._widths))
         self._fading = []
         if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
-            final, _ = channel_masks(self._graph, self._targets, self.importance)
+            final, _ = channel_masks(self._graph, self._targets, self.importance,
+                                     self._rebuilt(self._targets))
             self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
         self._set_factors()
         self._apply()
@@ -210,6 +212,15 @@ class GradualPruning(keras.callbacks.Callback):
             print(f"GradualPruning: step {step}, {fraction:.0%} of the way to the plan, "
                   f"{masked:,} weights masked" + (f", {fading:,} fading" if fading else ""),
                   flush=True)
+
+    def _rebuilt(self, widths):
+        """The model rebuilt at the plan's widths, made once: the fading ranks at them at every
+        update, and so does ``regrow`` once they are reached. Other widths: None (built anew)."""
+        if list(widths) != list(self._targets):
+            return None
+        if self._target_walk is None:
+            self._target_walk = rebuilt_walk(self._graph, self._targets)
+        return self._target_walk
 
     def _set_factors(self):
         """What a step multiplies each weight by, as tensors on the weights' device, made once per
@@ -254,13 +265,21 @@ class GradualPruning(keras.callbacks.Callback):
         return new
 
 
-def channel_masks(graph, widths, importance="l1"):
+def channel_masks(graph, widths, importance="l1", rebuilt=None):
     """0/1 masks of ``graph.model``'s weights that cut it to ``widths``, and the channels kept.
 
     Channels are ranked by ``importance`` on the current weights and chosen
     as ``apply_plan(..., weights="keep")`` would; the masks are found by
     carrying each weight's flat index through the rebuild at ``widths``, so
     a weight element is kept exactly when the rebuilt model would hold it.
+
+    Args:
+        graph: the walk of the model to mask.
+        widths: the widths to cut it to, one per width variable.
+        importance: ``"l1"`` or ``"l2"`` (see :data:`IMPORTANCE`).
+        rebuilt: :func:`rebuilt_walk` of ``graph`` at ``widths``, made
+            once by a caller that masks at the same widths again (building
+            the model costs more than ranking its channels); default: built here.
 
     Returns:
         ``([(variable, mask)], selection)``: the trainable weights with at
@@ -276,9 +295,7 @@ def channel_masks(graph, widths, importance="l1"):
     selection = select(graph, widths, channel_scores(graph, values, importance))
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
-    new = rebuild(graph, widths, timing=True)
-    new_graph = walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored],
-                     residual=graph.residual)
+    new_graph = rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
     masks = []
     for w, _, kept in carried(graph, new_graph, widths, selection, index):
         if not w.trainable:
@@ -289,6 +306,13 @@ def channel_masks(graph, widths, importance="l1"):
         if mask.min() == 0:
             masks.append((w, mask.reshape(w.shape)))
     return masks, selection
+
+
+def rebuilt_walk(graph, widths):
+    """The walk of ``graph.model`` rebuilt at ``widths``, through which :func:`channel_masks` carries
+    each weight's index (the same layers ignored, the same residual rule)."""
+    new = rebuild(graph, widths, timing=True)
+    return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
 
 
 def _refuse_normalized_cuts(graph, widths):

@@ -280,6 +280,27 @@ def test_shrink_fades_the_channels_the_plan_leaves_out_then_masks_them():
                                keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
 
 
+def test_fading_rebuilds_the_model_once_and_ranks_the_current_weights_at_every_update(monkeypatch):
+    """The model rebuilt at the plan's widths (which the masks are carried through) is built once
+    for all updates, none at full widths; the ranking still follows the training weights: the
+    faded channels at the last update are those a fresh ``channel_masks`` picks from them."""
+    model, x, y = _fit_setup(4)
+    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.5)
+    built = []
+    monkeypatch.setattr(gradual, "rebuild", lambda *a, **k: built.append(a[1]) or rebuild(*a, **k))
+    pruning = kp.GradualPruning(the_plan, end_step=12, frequency=2, schedule="final", shrink=0.1,
+                                verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[pruning], verbose=0)  # steps 1-8: 5 updates
+    targets = kp.planning.planned_widths(walk(model), the_plan, model)
+    assert built == [targets]
+    fresh, _ = gradual.channel_masks(walk(model), targets)
+    faded = {w.path: keras.ops.convert_to_numpy(f) < 1 for w, f in pruning._fading}
+    assert faded and {w.path: m == 0 for w, m in fresh}.keys() == faded.keys()
+    for w, mask in fresh:
+        np.testing.assert_array_equal(faded[w.path], mask == 0)
+
+
 def test_distiller_student_is_pruned():
     model, x, y = _fit_setup(2)
     teacher = _resnet_block_model(3)
