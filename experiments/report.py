@@ -1483,7 +1483,9 @@ def _keep_row(point, label, entry, columns):
         n = "0" if entry is None else _keep_n(entry)
         return f"| {point} | {label} | | not yet trained | | | | | {n} |"
     macs = statistics.mean(r["macs_ratio"] for r in entry["results"])
-    cells = [f"{columns[k][0]:.2f} ± {columns[k][1]:.2f}" if k in columns else "" for k in (0, 1, 2, 3, 10)]
+    spread = len(entry["results"]) > 1  # one seed has no spread to show
+    cells = [(f"{columns[k][0]:.2f} ± {columns[k][1]:.2f}" if spread else f"{columns[k][0]:.2f}")
+             if k in columns else "" for k in (0, 1, 2, 3, 10)]
     return f"| {point} | {label} | {macs:.4f} | {' | '.join(cells)} | {_keep_n(entry)} |"
 
 
@@ -1620,11 +1622,14 @@ _GRADUAL_WAYS = (  # (row label, grid, flags, epochs the run trains: its goal; N
      {"gradual_shrink": 0.01, "distill": True}, 3),
     ("fading (shrink 0.02/step, cut after half an epoch), distilled", "gradual_fade_half",
      {"gradual_shrink": 0.02, "distill": True}, 3),
+    ("fading (shrink 0.01/step, cut after epoch 1), distilled with labels' weight 0.1", "gradual_alpha",
+     {"gradual_shrink": 0.01, "distill_alpha": 0.1}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled, 10 epochs", "gradual_long",
      {"gradual_shrink": 0.01, "distill": True, "epochs": 10}, 10),
     ("same widths from scratch, 3 epochs", "scratch_short", {"plan_file": _GRADUAL_PLAN}, None),
 )
-_GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_long", "scratch_short")
+_GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_alpha", "gradual_long",
+                  "scratch_short")
 _GRADUAL_GOALS = {3: 78.0, 10: 80.2}  # % after 3 and after 10 epochs, mean of 2 seeds (issue 43)
 _GRADUAL_PEERS = (
     "For scale (issue 43's measurements on the same teachers, weight for weight in PyTorch): "
