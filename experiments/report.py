@@ -1539,15 +1539,21 @@ def _keep_point(keep, entries, point):
     return ways, (twin[0] if twin else None)
 
 
-def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_WAYS)):
+# Line colors of the ways in a figure: matplotlib's tab20, dark shades first, without its greys
+# (the from-scratch curve is grey).
+_PALETTE = [plt.cm.tab20.colors[i] for i in (*range(0, 20, 2), *range(1, 20, 2)) if i not in (14, 15)]
+
+
+def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_WAYS), goals=None):
     """Test accuracy against epochs of training the pruned widths, one panel per pruning point:
     each way of fine-tuning (epoch 0: right after pruning) beside the same widths trained from
-    scratch (their 10-epoch curve), and the dense teacher's accuracy (minus the goal's 1 pp)."""
+    scratch (their 10-epoch curve), and the dense teacher's accuracy (minus the goal's 1 pp), or
+    ``goals`` (``{epochs: accuracy %}``) as stars where given."""
     drawn = [(name, ways, twin) for name, ways, twin in points if any(e["results"] for e in ways.values())]
     if not drawn:
         return False
     fig, axes = plt.subplots(1, len(drawn), figsize=(4.6 * len(drawn), 4), sharey=True, squeeze=False)
-    colors = {label: f"C{i}" for i, label in enumerate(labels)}  # a way's color in every panel
+    colors = dict(zip(labels, _PALETTE))  # a way's color in every panel
     for ax, (name, ways, twin) in zip(axes[0], drawn):
         for label, entry in ways.items():
             stats = _epoch_stats(entry)
@@ -1561,7 +1567,10 @@ def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_W
                     label=f"same widths from scratch (n {len(twin[0]['results'])})")
         if teacher is not None:
             ax.axhline(teacher["acc"], color="k", lw=1, label="dense teacher")
-            ax.axhline(teacher["acc"] - _KEEP_GOAL_PP, color="k", lw=1, ls="--", label="dense - 1 pp")
+            if goals is None:
+                ax.axhline(teacher["acc"] - _KEEP_GOAL_PP, color="k", lw=1, ls="--", label="dense - 1 pp")
+        if goals:
+            ax.plot(list(goals), list(goals.values()), "k*", ms=9, ls="none", label="goal")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("epochs of training the pruned widths")
         ax.grid(alpha=0.3)
@@ -1672,7 +1681,8 @@ def _gradual(runs, entries):
         f">= {goal} % after {n} epochs" for n, goal in _GRADUAL_GOALS.items()) + ", 2 seeds.", ""]
     lines += [_gradual_verdict({k: e for k, e in ways.items() if epochs[k] == n}, n, goal)
               for n, goal in _GRADUAL_GOALS.items()] + [""]
-    if _plot_keep(teacher, [(point, ways, twin)], FIGURES / "gradual.png", [w[0] for w in _GRADUAL_WAYS]):
+    if _plot_keep(teacher, [(point, ways, twin)], FIGURES / "gradual.png", [w[0] for w in _GRADUAL_WAYS],
+                  goals=_GRADUAL_GOALS):
         lines += ["![gradual](figures/gradual.png)", ""]
     return lines
 
