@@ -760,7 +760,9 @@ def _speed_points(runs, speed, plans=None):
     any of its seeds (they share their widths); a latency plan that it does
     not time takes its calibration's speedup from ``plans``
     (``_load_plans()``); SynFlow's masks and the dense baseline are at 1.0x;
-    other masked methods are left out.
+    other masked methods are left out, and so are models pruned from a trained
+    one (``init_model``: their own sections compare them; the series here are
+    trained from scratch).
 
     Returns:
         ``(points, untimed)``: ``{network: {series: [(speedup, summary)]}}``
@@ -769,7 +771,8 @@ def _speed_points(runs, speed, plans=None):
     """
     points, untimed = {}, []
     for stem, (flags, ids) in _trained_models(runs, _SPEED_EPOCHS).items():
-        if flags["method"] not in _FULL_COST and flags["method"] not in _run.STRUCTURED:
+        if (flags["method"] not in _FULL_COST and flags["method"] not in _run.STRUCTURED) or \
+                flags.get("init_model"):
             continue
         speedup, label = _model_speedup(stem, flags, speed, plans or {})
         if speedup is None:

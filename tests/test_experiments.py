@@ -1194,6 +1194,10 @@ def test_speed_points_place_latency_plans_by_their_calibration(tmp_path, monkeyp
     monkeypatch.setattr(report, "FIGURES", tmp_path)
     ids = {kind: f"{_PLAN.format(kind)}-s0" for kind in ("0.5_auto", "0.5_uniform", "0.33_auto")}
     runs = {name: _result("precrop_plan", 0.7 + 0.01 * i, 0) for i, name in enumerate(ids.values())}
+    # A plan's widths pruned from a trained model for 10 epochs (grid gradual_long): not from
+    # scratch, so in none of the series, timed or not.
+    pruned = next(report._run.run_id(f) for f in report._run.load_grid(report.GRIDS / "gradual_long.json"))
+    runs[pruned] = _result("precrop_plan", 0.8, 0)
     plans = {"resnet20_tf_b64_latency0.5_auto": _plan_record(0.5, "exact", 0.4),
              "resnet20_tf_b64_latency0.5_uniform": _plan_record(0.5, "uniform", 0.5)}
     speed = {"settings": {"batch_size": 64, "rounds": 3}, "machine": {"cpu": "Test CPU", "usable_cpus": 2},
