@@ -219,7 +219,7 @@ class GradualPruning(keras.callbacks.Callback):
         if list(widths) != list(self._targets):
             return None
         if self._target_walk is None:
-            self._target_walk = rebuilt_walk(self._graph, self._targets)
+            self._target_walk = _rebuilt_walk(self._graph, self._targets)
         return self._target_walk
 
     def _set_factors(self):
@@ -277,7 +277,7 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
         graph: the walk of the model to mask.
         widths: the widths to cut it to, one per width variable.
         importance: ``"l1"`` or ``"l2"`` (see :data:`IMPORTANCE`).
-        rebuilt: :func:`rebuilt_walk` of ``graph`` at ``widths``, made
+        rebuilt: :func:`_rebuilt_walk` of ``graph`` at ``widths``, made
             once by a caller that masks at the same widths again (building
             the model costs more than ranking its channels); default: built here.
 
@@ -295,7 +295,7 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
     selection = select(graph, widths, channel_scores(graph, values, importance))
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
-    new_graph = rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
+    new_graph = _rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
     masks = []
     for w, _, kept in carried(graph, new_graph, widths, selection, index):
         if not w.trainable:
@@ -308,7 +308,7 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
     return masks, selection
 
 
-def rebuilt_walk(graph, widths):
+def _rebuilt_walk(graph, widths):
     """The walk of ``graph.model`` rebuilt at ``widths``, through which :func:`channel_masks` carries
     each weight's index (the same layers ignored, the same residual rule)."""
     new = rebuild(graph, widths, timing=True)
