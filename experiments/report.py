@@ -1693,12 +1693,12 @@ def _gradual(runs, entries):
 def _gradual_verdict(ways, epochs, goal):
     """An issue-43 goal's verdict: the best way (of runs ``epochs`` long) whose 2+ seeds have
     finished, after its last epoch; else the best single seed so far, marked as such."""
-    done = {label: (_epoch_stats(e)[epochs], len(e["results"])) for label, e in ways.items()
-            if e["results"] and epochs in _epoch_stats(e)}
+    stats = {label: (_epoch_stats(e), len(e["results"])) for label, e in ways.items()}
+    done = {label: (s[epochs], n) for label, (s, n) in stats.items() if epochs in s}
     if not done:
         return f"- {epochs} epochs: **not yet measured** (no run has finished)."
     paired = {label: d for label, d in done.items() if d[1] >= 2}
-    label, ((acc, std), n) = max((paired or done).items(), key=lambda item: item[1][0][0])
+    label, ((acc, std), _) = max((paired or done).items(), key=lambda item: item[1][0][0])
     if not paired:
         return (f"- {epochs} epochs: **not yet measured** with 2 seeds; one seed so far, {label}: "
                 f"{acc:.2f} % (goal {goal}).")
