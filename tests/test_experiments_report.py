@@ -329,3 +329,55 @@ def test_gradual_section_meets_the_ten_epoch_goal_with_two_seeds(tmp_path, monke
         "gradual_long": {3: [0.5] * 9 + [0.80], 4: [0.5] * 9 + [0.806]}})
     assert goals == ["- 3 epochs: **not yet measured** (no run has finished).",
                      f"- 10 epochs: **met**: best with 2+ seeds, {_FADE}, 10 epochs: 80.30 ± 0.42 %."]
+
+
+def _mobilenet_section(tmp_path, monkeypatch, teachers, runs_by_entry):
+    """The MobileNetV2 sub-section of issue 43 of these runs: ``teachers`` ``{seed: final
+    accuracy}`` of grid trained_teachers, ``runs_by_entry`` ``{(entry, seed): per-epoch
+    accuracies}`` of grid gradual_mobilenet, the same widths from scratch at 0.82/0.84 (grid
+    uniform_mobilenet). Returns the table's rows and the lines that follow it."""
+    runs = tmp_path / "runs"
+    for seed, acc in teachers.items():
+        _fake_run(runs, f"mobilenet_v2_cifar-baseline-ep10-s{seed}", [0.5, acc], macs_ratio=1.0)
+    for seed in (0, 1):
+        plan = "planmobilenet_v2_cifar_tf_b64_latency0.5_auto"
+        _fake_run(runs, f"mobilenet_v2_cifar-precrop_plan-{plan}-ep10-s{seed}", [0.5, 0.82 + 0.02 * seed],
+                  macs_ratio=0.52)
+    for flags in report._run.load_grid(report.GRIDS / "gradual_mobilenet.json"):
+        if (flags["entry"], flags["seed"]) in runs_by_entry:
+            _fake_run(runs, report._run.run_id(flags), runs_by_entry[flags["entry"], flags["seed"]],
+                      macs_ratio=0.52, pruned=0.85)
+    monkeypatch.setattr(report, "HERE", tmp_path)
+    loaded = report._load_runs()
+    lines = report._gradual_mobilenet(loaded, {"uniform_mobilenet": report._entries("uniform_mobilenet",
+                                                                                    loaded)})
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+    return [line for line in lines if line.startswith("| ")], [line for line in lines[table_end + 1:] if line]
+
+
+def test_mobilenet_goal_is_the_teachers_mean_less_one_and_a_half_points(tmp_path, monkeypatch):
+    """Teachers at 85 and 87 %: the goal is 84.5 %; the fading way's two seeds (84.4, 84.8) meet it
+    with their mean; the one-shot way's one seed is tabled, not judged; from scratch is the twin."""
+    ten = [0.6] * 9
+    rows, after = _mobilenet_section(tmp_path, monkeypatch, {0: 0.85, 1: 0.87}, {
+        (0, 0): ten + [0.844], (0, 1): ten + [0.848], (1, 0): ten + [0.83]})
+    point = "latency 0.5, default mode"
+    assert "| - | dense teacher, from scratch | 1.0000 |  |  |  |  | 86.00 ± 1.41 | 2 |" in rows
+    assert f"| {point} | fading (shrink 0.01/step, cut after epoch 1), distilled | 0.5200 | 85.00 ± 0.00 " \
+           "| 60.00 ± 0.00 | 60.00 ± 0.00 | 60.00 ± 0.00 | 84.60 ± 0.28 | 2 |" in rows
+    assert f"| {point} | one-shot, distilled | 0.5200 | 85.00 | 60.00 | 60.00 | 60.00 | 83.00 " \
+           "| 1 (seeds 1 pending) |" in rows
+    assert f"| {point} | from scratch (grid uniform_mobilenet, mode auto) | 0.5200 |  |  |  |  " \
+           "| 83.00 ± 1.41 | 2 |" in rows
+    assert after == ["Goal: within 1.5 pp of the teachers' 86.00 ± 1.41 %: >= 84.5 % after 10 epochs, "
+                     "2 seeds.",
+                     "- 10 epochs: **met**: best with 2+ seeds, fading (shrink 0.01/step, cut after "
+                     "epoch 1), distilled: 84.60 ± 0.28 %."]
+
+
+def test_mobilenet_goal_waits_for_both_teachers(tmp_path, monkeypatch):
+    rows, after = _mobilenet_section(tmp_path, monkeypatch, {0: 0.85}, {})
+    assert "| latency 0.5, default mode | one-shot, distilled | | not yet trained | | | | | " \
+           "0 (seeds 0, 1 pending) |" in rows
+    assert after == ["- 10 epochs, within 1.5 pp of the teacher: **not yet measured** (the teachers of "
+                     "grid trained_teachers have not both finished)."]
