@@ -314,7 +314,7 @@ def test_gradual_section_judges_each_goal_on_runs_of_its_length(tmp_path, monkey
     assert f"| latency 0.5, stream floor widths | {_FADE} | 0.1700 | 81.00 ± 0.00 | 50.00 ± 0.00 " \
            "| 75.00 ± 0.00 | 77.75 ± 0.35 |  | 2 |" in rows
     assert f"| latency 0.5, stream floor widths | {_FADE} with labels' weight 0.1 | 0.1700 | 81.00 " \
-           "| 50.00 | 75.00 | 79.00 |  | 1 (seeds 4 pending) |" in rows
+           "| 50.00 | 75.00 | 79.00 |  | 1 |" in rows  # the grid runs seed 3 alone
     assert f"| latency 0.5, stream floor widths | {_FADE}, 10 epochs | 0.1700 | 81.00 | 50.00 | 70.00 " \
            "| 79.50 | 81.00 | 1 (seeds 4 pending) |" in rows
     assert "| latency 0.5, stream floor widths | same widths from scratch, 3 epochs | 0.1700 |  " \
