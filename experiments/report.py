@@ -1636,14 +1636,18 @@ _GRADUAL_WAYS = (  # (row label, grid, flags, epochs the run trains: its goal; N
      {"gradual_shrink": 0.02, "distill": True}, 3),
     ("fading (shrink 0.005/step, cut after epoch 2), distilled", "gradual_fade_long",
      {"gradual_shrink": 0.005, "distill": True}, 3),
+    ("fading (shrink 0.01/step, cut after epoch 1), distilled, rate rewound to 0.05", "gradual_lr",
+     {"learning_rate": 0.05}, 3),
+    ("fading (shrink 0.01/step, cut after epoch 1), distilled, rate rewound to 0.2", "gradual_lr",
+     {"learning_rate": 0.2}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled with labels' weight 0.1", "gradual_alpha",
      {"gradual_shrink": 0.01, "distill_alpha": 0.1}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled, 10 epochs", "gradual_long",
      {"gradual_shrink": 0.01, "distill": True, "epochs": 10}, 10),
     ("same widths from scratch, 3 epochs", "scratch_short", {"plan_file": _GRADUAL_PLAN}, None),
 )
-_GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_fade_long", "gradual_alpha",
-                  "gradual_long", "scratch_short")
+_GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_fade_long", "gradual_lr",
+                  "gradual_alpha", "gradual_long", "scratch_short")
 _GRADUAL_GOALS = {3: 78.0, 10: 80.2}  # % after 3 and after 10 epochs, mean of 2 seeds (issue 43)
 _GRADUAL_PEERS = (
     "For scale (issue 43's measurements on the same teachers, weight for weight in PyTorch): "
