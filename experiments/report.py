@@ -1577,9 +1577,10 @@ def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_W
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("epochs of training the pruned widths")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="lower right")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.16))  # below: the curves stay clear
     axes[0][0].set_ylabel("test accuracy (%)")
-    _save(fig, path)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
     return True
 
 
