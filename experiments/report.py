@@ -367,13 +367,18 @@ _XLABELS = {
 }
 
 
+def _descriptions(*grids):
+    """The grids' descriptions (``experiments/grids/<name>.json``), each a paragraph of the page."""
+    return [line for grid in grids
+            for line in (json.loads((GRIDS / f"{grid}.json").read_text())["description"], "")]
+
+
 def _section(title, grid, runs, figures=(), level=2):
     """A grid's heading (``level`` 3: a sub-section), description, table and figures: ``figures``
     holds ``(file name, title, x key, methods or None for all)`` of accuracy-vs-cost plots; without
     any, one bar per entry."""
     entries = _entries(grid, runs)
-    description = json.loads((GRIDS / f"{grid}.json").read_text())["description"]
-    lines = [f"{'#' * level} {title}", "", description, "", *_table(entries)]
+    lines = [f"{'#' * level} {title}", "", *_descriptions(grid), *_table(entries)]
     drawn = []
     for name, fig_title, x_key, methods in figures:
         shown = [e for e in entries if methods is None or e["flags"]["method"] in methods]
@@ -1493,6 +1498,14 @@ def _keep_row(point, label, entry, columns):
     return f"| {point} | {label} | {macs:.4f} | {' | '.join(cells)} | {_keep_n(entry)} |"
 
 
+def _keep_head(teachers, teacher):
+    """The head of a pruned-from-a-trained-model table and its first row, the dense teachers'
+    (``teachers``: their grid's entries; ``teacher``: the first one's summary)."""
+    return ["| pruning point | model | MACs ratio | pruned | 1 | 2 | 3 | 10 | n |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+            _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher))]
+
+
 def _final(summary):
     """``{10: (mean, std)}`` of a from-scratch summary's final accuracy, the table's last column."""
     return {} if summary is None else {10: (summary["acc"], summary["std"])}
@@ -1592,16 +1605,13 @@ def _keep_weights(runs, entries):
     teacher = _summary(teachers[0]) if teachers else None
     lines = [
         "## Pruning a trained model (issue 29)", "",
-        json.loads((GRIDS / "keep_weights.json").read_text())["description"], "",
+        *_descriptions("keep_weights"),
         "Test accuracy % (mean ± std over seeds, n finished): *pruned* right after pruning, before any "
         "training; *1-3* after each epoch of one 3-epoch fine-tuning run (each run's `history.csv`); *10* "
         "after 10 epochs of the recipe from scratch: the dense teacher (the models pruned) and the same "
         "widths' PreCrop model (grids uniform_latency and core, seeds 0-1). MACs ratio of the trained model.",
         "",
-        "| pruning point | model | MACs ratio | pruned | 1 | 2 | 3 | 10 | n |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-        _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher)),
-    ]
+    ] + _keep_head(teachers, teacher)
     goals, drawn = [], []
     for point in _KEEP_POINTS:
         ways, twin = _keep_point(keep, entries, point)
@@ -1672,17 +1682,13 @@ def _gradual(runs, entries):
     twin = twin[0] if twin else None
     lines = [
         "## Pruning a trained model gradually (issue 43)", "",
-    ] + [line for grid in _GRADUAL_GRIDS
-         for line in (json.loads((GRIDS / f"{grid}.json").read_text())["description"], "")] + [
+    ] + _descriptions(*_GRADUAL_GRIDS) + [
         "Test accuracy % (mean ± std over seeds, n finished): *pruned* before any training (one-shot: "
         "the pruned model; gradual: the dense model, which the masks then cut); *1-3* after each of "
         "the first 3 epochs (gradual: the masked model, whose rebuilt smaller model scores the same; "
         "mid-schedule for the 10-epoch runs); *10*: after 10 epochs (from scratch, or of pruning and "
         "recovery).", "",
-        "| pruning point | model | MACs ratio | pruned | 1 | 2 | 3 | 10 | n |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-        _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher)),
-    ]
+    ] + _keep_head(teachers, teacher)
     point = "latency 0.5, stream floor widths"
     lines += [_keep_row(point, label, entry, _epoch_stats(entry)) for label, entry in ways.items()]
     lines.append(_keep_row(point, "from scratch (grid latency_stream_floor)", twin and twin[0],
@@ -1717,14 +1723,11 @@ def _gradual_mobilenet(runs, entries):
     twin = _find(entries["uniform_mobilenet"], plan_file=_MOBILENET_TWIN_PLAN)
     twin = twin[0] if twin else (None, None)
     point = "latency 0.5, default mode"
-    lines = ["### MobileNetV2-CIFAR", ""] + [
-        line for name in ("trained_teachers", "gradual_mobilenet")
-        for line in (json.loads((GRIDS / f"{name}.json").read_text())["description"], "")] + [
-        "| pruning point | model | MACs ratio | pruned | 1 | 2 | 3 | 10 | n |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-        _keep_row("-", "dense teacher, from scratch", teachers[0] if teachers else None, _final(teacher)),
-    ] + [_keep_row(point, label, entry, _epoch_stats(entry)) for label, entry in ways.items()] + [
-        _keep_row(point, "from scratch (grid uniform_mobilenet, mode auto)", twin[0], _final(twin[1])), ""]
+    lines = (["### MobileNetV2-CIFAR", ""] + _descriptions("trained_teachers", "gradual_mobilenet")
+             + _keep_head(teachers, teacher)
+             + [_keep_row(point, label, entry, _epoch_stats(entry)) for label, entry in ways.items()]
+             + [_keep_row(point, "from scratch (grid uniform_mobilenet, mode auto)", twin[0],
+                          _final(twin[1])), ""])
     if teacher is None or teacher["n"] < 2:
         return lines + ["- 10 epochs, within 1.5 pp of the teacher: **not yet measured** (the teachers of "
                         "grid trained_teachers have not both finished).", ""]
