@@ -227,11 +227,15 @@ def _finish(fig, ax, xlabel, title, path, legend=None):
     _save(fig, path)
 
 
-def _save(fig, path, dpi=120, bbox_inches=None):
-    """Lays out, writes and closes a figure (``bbox_inches="tight"``: grown to hold artists placed
-    outside the axes)."""
+def _save(fig, path, dpi=120, outside=()):
+    """Lays out, writes and closes a figure; ``outside``: artists placed outside the axes (legends
+    below them), left out of the layout (which would shrink the axes to fit them) and grown into the
+    written image."""
+    for artist in outside:
+        artist.set_in_layout(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, bbox_inches=bbox_inches)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight" if outside else None,
+                bbox_extra_artists=list(outside) or None)
     plt.close(fig)
 
 
@@ -1571,6 +1575,7 @@ def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_W
         return False
     fig, axes = plt.subplots(1, len(drawn), figsize=(4.6 * len(drawn), 4), sharey=True, squeeze=False)
     colors = dict(zip(labels, _PALETTE))  # a way's color in every panel
+    legends = []
     for ax, (name, ways, twin) in zip(axes[0], drawn):
         for label, entry in ways.items():
             stats = _epoch_stats(entry)
@@ -1591,9 +1596,9 @@ def _plot_keep(teacher, points, path, labels=tuple(label for label, _ in _KEEP_W
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("epochs of training the pruned widths")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.16))  # below: the curves stay clear
+        legends.append(ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.16)))  # below
     axes[0][0].set_ylabel("test accuracy (%)")
-    _save(fig, path, bbox_inches="tight")  # the legends below the panels stay in
+    _save(fig, path, outside=legends)
     return True
 
 
@@ -1653,12 +1658,16 @@ _GRADUAL_WAYS = (  # (row label, grid, flags, epochs the run trains: its goal; N
      {"learning_rate": 0.2}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled with labels' weight 0.1", "gradual_alpha",
      {"gradual_shrink": 0.01, "distill_alpha": 0.1}, 3),
+    ("fading (shrink 0.01/step, cut after epoch 1), distilled, rate rewound to 0.3", "gradual_push",
+     {"learning_rate": 0.3}, 3),
+    ("fading (shrink 0.01/step, cut after epoch 1), distilled with labels' weight 0.8, rate 0.2",
+     "gradual_push", {"distill_alpha": 0.8}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled, 10 epochs", "gradual_long",
      {"gradual_shrink": 0.01, "distill": True, "epochs": 10}, 10),
     ("same widths from scratch, 3 epochs", "scratch_short", {"plan_file": _GRADUAL_PLAN}, None),
 )
 _GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_fade_long", "gradual_lr",
-                  "gradual_alpha", "gradual_long", "scratch_short")
+                  "gradual_alpha", "gradual_push", "gradual_long", "scratch_short")
 _GRADUAL_GOALS = {3: 78.0, 10: 80.2}  # % after 3 and after 10 epochs, mean of 2 seeds (issue 43)
 _GRADUAL_PEERS = (
     "For scale (issue 43's measurements on the same teachers, weight for weight in PyTorch): "
