@@ -1547,17 +1547,27 @@ def _keep_goal(teacher, scratch, ways):
                        f"({acc - teacher['acc']:+.2f} pp) and from scratch {scratch['acc']:.2f}")
 
 
+def _point_ways(grids, entries, ways_of_point, twin_grid, twin_flags):
+    """One pruning point's runs: ``(ways, epochs, twin)``: ``{label: entry}`` of the ways
+    (``(label, grid, flags, epochs trained)``) found in ``grids``, ``{label: epochs trained}`` (their
+    goal; None: none) and the from-scratch twin ``(entry, summary)`` found in ``entries[twin_grid]``
+    (None if that grid lacks it)."""
+    ways, epochs = {}, {}
+    for label, grid, flags, trained in ways_of_point:
+        found = _find(grids[grid], **flags)
+        if found:
+            ways[label], epochs[label] = found[0][0], trained
+    twin = _find(entries[twin_grid], **twin_flags)
+    return ways, epochs, (twin[0] if twin else None)
+
+
 def _keep_point(keep, entries, point):
     """One pruning point: ``(ways, twin)``: ``{label: entry}`` of the ways its grid entries have, and
     the from-scratch twin ``(entry, summary)`` (None if its grid lacks it)."""
     _, flags, grid, twin_flags, _ = point
-    ways = {}
-    for label, way in _KEEP_WAYS:
-        found = _find(keep, **flags, **way)
-        if found:
-            ways[label] = found[0][0]
-    twin = _find(entries[grid], **twin_flags)
-    return ways, (twin[0] if twin else None)
+    ways_of_point = [(label, "keep_weights", {**flags, **way}, None) for label, way in _KEEP_WAYS]
+    ways, _, twin = _point_ways({"keep_weights": keep}, entries, ways_of_point, grid, twin_flags)
+    return ways, twin
 
 
 # Line colors of the ways in a figure: matplotlib's tab20, dark shades first, without its greys
@@ -1689,20 +1699,6 @@ _GRADUAL_PEERS = (
     "budget (a one-epoch group-lasso phase) 75.6%; at MACs 0.27 its one shot reached 78.6%.")
 
 
-def _gradual_point(grids, entries, point):
-    """One pruning point of the gradual section: ``(ways, epochs, twin)``: ``{label: entry}`` of the
-    ways found in ``grids``, ``{label: epochs trained}`` (their goal; None: none) and the
-    from-scratch twin ``(entry, summary)`` (None if its grid lacks it)."""
-    _, ways_of_point, twin_grid, twin_flags = point
-    ways, epochs = {}, {}
-    for label, grid, flags, trained in ways_of_point:
-        found = _find(grids[grid], **flags)
-        if found:
-            ways[label], epochs[label] = found[0][0], trained
-    twin = _find(entries[twin_grid], **twin_flags)
-    return ways, epochs, (twin[0] if twin else None)
-
-
 def _gradual(runs, entries):
     """Section "Pruning a trained model gradually (issue 43)": test accuracy against epochs for each
     way of reaching each pruning point from the trained teachers, a figure, the goals (judged at
@@ -1719,7 +1715,7 @@ def _gradual(runs, entries):
         "mid-schedule for the 10-epoch runs); *10*: after 10 epochs (from scratch, or of pruning and "
         "recovery).", "",
     ] + _keep_head(teachers, teacher)
-    found = [(point, *_gradual_point(grids, entries, point)) for point in _GRADUAL_POINTS]
+    found = [(point, *_point_ways(grids, entries, *point[1:])) for point in _GRADUAL_POINTS]
     for point, ways, _, twin in found:
         lines += [_keep_row(point[0], label, entry, _epoch_stats(entry)) for label, entry in ways.items()]
         lines.append(_keep_row(point[0], f"from scratch (grid {point[2]})", twin and twin[0],
