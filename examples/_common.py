@@ -22,6 +22,7 @@ them; ``--strategy`` is a ``tf.distribute`` strategy on TensorFlow and Keras'
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -43,6 +44,8 @@ from keras_precrop.training.finetune import distiller  # noqa: E402
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig", "precrop_plan")
 UNSTRUCTURED = ("synflow", "snip", "grasp", "magnitude", "random")
 METHODS = ("baseline", *UNSTRUCTURED, *STRUCTURED)
+# The backup folder of a model rebuilt smaller mid-run (--gradual_rebuild), beside the masked model's.
+_REBUILT_BACKUP = "backup_rebuilt"
 # Training examples whose gradients rank channels for --importance=taylor (whole batches, rounded up).
 TAYLOR_EXAMPLES = 512
 
@@ -194,6 +197,14 @@ def define_flags(default_model):
         "0: off.",
     )
     flags.DEFINE_bool(
+        "gradual_rebuild",
+        False,
+        "--gradual_epochs (a whole number, below --epochs): once the masks reach the plan, rebuild the "
+        "model smaller and train it on with the optimizer's state carried over "
+        "(kp.GradualPruning.carry_optimizer): the same training at the smaller model's cost; default: "
+        "the masked model trains to the last epoch.",
+    )
+    flags.DEFINE_bool(
         "regrow",
         False,
         "--gradual_epochs: zero the masked weights at the updates only, so a masked channel may train "
@@ -281,10 +292,15 @@ def _check_transfer_flags():
         raise app.UsageError(f"--gradual_epochs must be in [0, --epochs], got {FLAGS.gradual_epochs}.")
     if FLAGS.gradual_epochs is not None and FLAGS.export_init:
         raise app.UsageError("--gradual_epochs prunes while training; --export_init trains nothing.")
-    changed = [f"--{name}" for name in ("gradual_schedule", "gradual_shrink", "regrow")
+    changed = [f"--{name}" for name in ("gradual_schedule", "gradual_shrink", "regrow", "gradual_rebuild")
                if FLAGS[name].value != FLAGS[name].default]
     if changed and FLAGS.gradual_epochs is None:
         raise app.UsageError(f"{', '.join(changed)} shape(s) gradual pruning; add --gradual_epochs.")
+    cut = FLAGS.gradual_epochs
+    if FLAGS.gradual_rebuild and cut is not None and not (
+            cut == int(cut) >= 1 and cut < (FLAGS.epochs or math.inf)):
+        raise app.UsageError(f"--gradual_rebuild rebuilds the model after --gradual_epochs={cut:g}: "
+                             "give a whole number of epochs, at least 1 and below --epochs.")
     if not 0 <= FLAGS.gradual_shrink < 1:
         raise app.UsageError(f"--gradual_shrink must be in [0, 1), got {FLAGS.gradual_shrink}.")
     if FLAGS.distill_alpha != 0.5 and not FLAGS.distill:
@@ -398,9 +414,15 @@ def _builder(reference, train_ds, num_classes, batch_size):
     model to train, with a copy of the reference (the ``--init_model``) as teacher.
     """
     build, masks = _student_builder(reference, train_ds, num_classes, batch_size)
+    return (lambda: _trained(build(), reference)), masks
+
+
+def _trained(student, reference):
+    """What ``fit`` trains: ``student``, or with ``--distill`` a ``Distiller`` of it and a copy of
+    the reference (the ``--init_model``) as teacher."""
     if FLAGS.distill:
-        return (lambda: distiller(build(), _copy_of(reference), alpha=FLAGS.distill_alpha)), masks
-    return build, masks
+        return distiller(student, _copy_of(reference), alpha=FLAGS.distill_alpha)
+    return student
 
 
 def _student(model):
@@ -446,23 +468,52 @@ def _gradual_pruning(reference, steps):
                              shrink=FLAGS.gradual_shrink, verbose=min(FLAGS.verbose, 1))
 
 
-def _finalized(pruning, result, eval_ds):
-    """``result`` with the smaller model ``pruning`` rebuilds in place of the masked one.
+def _finalized(small, result, eval_ds):
+    """``small``, the model rebuilt from the masks, once it scores what the masked model scored.
 
     The masked model computes what the rebuilt one does, so the rebuilt model's
-    test accuracy is the last epoch's, the run's final accuracy (checked here, to
-    0.2 pp: summation order).
+    test accuracy is the last epoch's (checked here, to 0.2 pp: summation order).
+    Read with ``predict``: ``small`` is not compiled (it may train on in a ``Distiller``).
     """
-    small = pruning.finalize()
-    small.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    accuracy = small.evaluate(eval_ds, steps=FLAGS.eval_steps, return_dict=True, verbose=0)["accuracy"]
+    batches = eval_ds if FLAGS.eval_steps is None else eval_ds.take(FLAGS.eval_steps)
+    right = total = 0
+    for images, labels in batches:
+        guess = keras.ops.convert_to_numpy(keras.ops.argmax(small(images, training=False), axis=-1))
+        right, total = right + int((guess == labels.numpy().ravel()).sum()), total + len(guess)
+    accuracy = right / total
     print(f"Rebuilt {small.count_params():,} params from the masks: test accuracy {accuracy:.4f} "
           f"(the masked model's last epoch: {result.final_accuracy:.4f})")
     if abs(accuracy - result.final_accuracy) > 0.002:
         raise RuntimeError(f"the rebuilt model scores {accuracy:.4f}, the masked one "
                            f"{result.final_accuracy:.4f}: the rebuild lost what the masks kept")
-    return dataclasses.replace(result, model=small)
+    return small
+
+
+def _fit_rebuilt(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy):
+    """``--gradual_rebuild``: the masked model trains until the masks reach the plan (its
+    ``--gradual_epochs``), the rebuilt smaller model the other epochs.
+
+    The smaller model computes what the masked one does (checked) and takes the
+    optimizer's state (``kp.GradualPruning.carry_optimizer``), so the run trains as
+    the masked model would, at the smaller model's cost. A run cut short after the
+    rebuild resumes the smaller model from its own backup (the plan's widths, its
+    weights and optimizer restored); one cut short before refits nothing up to the
+    cut (``BackupAndRestore``) and rebuilds from the restored masked model.
+    """
+    cut, backup = int(FLAGS.gradual_epochs), os.path.join(FLAGS.model_dir, _REBUILT_BACKUP)
+    resumed = tf.io.gfile.exists(backup) and tf.io.gfile.listdir(backup)
+    if resumed:
+        small = compile_with(lambda: _trained(kp.apply_plan(reference, pruning.plan), reference))
+    else:
+        result = fit(model, epochs=cut, callbacks=(pruning,))
+        small = compile_with(lambda: _trained(_finalized(pruning.finalize(), result, eval_ds),
+                                              reference))
+    small.evaluate(eval_ds, steps=1, verbose=0)  # built, as BackupAndRestore wants
+    if not resumed:
+        with strategy.scope():
+            pruning.carry_optimizer(small)
+    result = fit(small, epochs=epochs, initial_epoch=cut, backup=_REBUILT_BACKUP)
+    return dataclasses.replace(result, model=_student(small))
 
 
 def _transfer_record(model, eval_ds, base_lr):
@@ -599,15 +650,16 @@ def run(dataset):
     steps = FLAGS.steps_per_epoch or train.steps_per_epoch(train_ds)
 
     build_model, masks = _builder(reference, train_ds, info.num_classes, batch_size)
-    model = train.compile_model(
-        build_model,
-        recipe,
+    compile_with = functools.partial(
+        train.compile_model,
+        recipe=recipe,
         steps_per_epoch=steps,
         global_batch_size=batch_size,
         epochs=epochs,
         strategy=strategy,
         steps_per_execution=FLAGS.steps_per_execution,
     )
+    model = compile_with(build_model)
     pruning = _gradual_pruning(reference, steps)
     costs = _costs(_student(model) if pruning is None else kp.apply_plan(reference, pruning.plan),
                    reference, masks)
@@ -642,24 +694,21 @@ def run(dataset):
             "epochs": FLAGS.gradual_epochs, "end_step": pruning.end_step,
             "frequency": pruning.frequency, "schedule": pruning.schedule,
             "importance": pruning.importance, "regrow": pruning.regrow,
-            "shrink": pruning.shrink},
+            "shrink": pruning.shrink, "rebuild": FLAGS.gradual_rebuild},
     }
     if FLAGS.export_init:
         _export_init(model, record)
         return
-    result = train.fit(
-        model,
-        train_ds,
-        eval_ds,
-        model_dir=FLAGS.model_dir,
-        epochs=epochs,
-        steps_per_epoch=FLAGS.steps_per_epoch,
-        eval_steps=FLAGS.eval_steps,
-        verbose=FLAGS.verbose,
-        callbacks=() if pruning is None else (pruning,),
-    )
-    if pruning is not None:
-        result = _finalized(pruning, result, eval_ds)
+    fit = functools.partial(train.fit, train_data=train_ds, eval_data=eval_ds, model_dir=FLAGS.model_dir,
+                            steps_per_epoch=FLAGS.steps_per_epoch, eval_steps=FLAGS.eval_steps,
+                            verbose=FLAGS.verbose)
+    if pruning is None:
+        result = fit(model, epochs=epochs)
+    elif FLAGS.gradual_rebuild:
+        result = _fit_rebuilt(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy)
+    else:
+        result = fit(model, epochs=epochs, callbacks=(pruning,))
+        result = dataclasses.replace(result, model=_finalized(pruning.finalize(), result, eval_ds))
     if FLAGS.save_model and pruning is not None:  # the smaller model, rebuilt from the masks
         result.model.save(os.path.join(result.model_dir, "final_model.keras"))
     elif FLAGS.save_model and FLAGS.distill:  # the student alone, not the Distiller with its teacher

@@ -94,6 +94,7 @@ _ID_FLAGS = (
     "gradual_schedule",
     "gradual_shrink",
     "regrow",
+    "gradual_rebuild",
     "distill",
     "distill_alpha",
     "learning_rate",

@@ -33,6 +33,9 @@ structured and ending in a really smaller model:
 
 The model is never rebuilt during ``fit``, so the optimizer (its momentum,
 every variable it holds) keeps following the same variables, on every backend.
+After ``end_step`` the masked model trains at its full cost, for nothing:
+:meth:`GradualPruning.carry_optimizer` lets a second ``fit`` go on with the
+finalized smaller model, its optimizer state sliced as its weights were.
 Works with ``keras.distillation.Distiller``: the callback prunes its student.
 """
 
@@ -50,6 +53,7 @@ from keras_precrop.graph.walker import walk
 from keras_precrop.planning import Plan, build_checked, named_for, planned_widths
 from keras_precrop.transfer.carry import carried, carry_weights
 from keras_precrop.transfer.importance import channel_scores
+from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
 
 SCHEDULES = ("cubic", "linear", "final")
@@ -133,7 +137,7 @@ class GradualPruning(keras.callbacks.Callback):
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
         self._factors = self._fade_only = ()
-        self._updated_at = self._target_walk = None
+        self._updated_at = self._target_walk = self._final = None
 
     @property
     def _fitted(self):
@@ -252,6 +256,8 @@ class GradualPruning(keras.callbacks.Callback):
         Raises:
             ArgumentError: pruning has not reached the plan yet.
         """
+        if self._graph is not None and self._fraction is None and self._step() >= self.end_step:
+            self._update_resumed()
         if self._graph is None or self._fraction != 1.0:
             reached = ("not started" if self._graph is None
                        else f"gone {self._fraction:.0%} of the way")
@@ -262,7 +268,63 @@ class GradualPruning(keras.callbacks.Callback):
         new, rebuilt = build_checked(self._graph, self._targets, self._plan)
         carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
         new.precrop_plan = self._plan
+        self._final = rebuilt
         return new
+
+    def _update_resumed(self):
+        """Mask a model restored past ``end_step`` by a fit that trained no batch: ranked at the
+        restored step, its zero channels last. The masks must zero nothing it trained: a ranking
+        that moved a residual stream's prefix would cut kept channels, so that is refused."""
+        before = {id(w): keras.ops.convert_to_numpy(w) for w in self.pruned.trainable_weights}
+        self._update(self._step(), force=True)
+        cut = [w.path for w, mask in self._masks if np.any(before[id(w)][mask == 0] != 0)]
+        if cut:
+            raise ArgumentError(
+                f"GradualPruning.finalize: the model restored at step {self._step()} is not the "
+                f"masked model its masks make: they would cut trained weights of {cut[:3]}. Finalize "
+                "with the callback that fitted it (fit resumed by {end_step} past no batch).",
+                end_step=self.end_step)
+
+    def carry_optimizer(self, model):
+        """Give ``model``'s optimizer the state of the one ``fit`` used, to train on smaller.
+
+        Once the masks are final the masked model trains at its full cost;
+        the model :meth:`finalize` returns computes the same at the plan's
+        cost. To go on training it where ``fit`` stopped, compile it (or a
+        ``Distiller`` around it) with a fresh optimizer of the same class and
+        call this: the optimizer is built on ``model``'s trainable variables
+        and takes the fitted one's step count (a schedule goes on where it
+        was) and its slots (momentum, Adam's moments, ...) sliced to the kept
+        channels as the weights were, so every kept weight goes on exactly
+        as it would have in the masked model::
+
+            small = pruning.finalize()
+            small.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=...)
+            pruning.carry_optimizer(small)
+            small.fit(train_ds, initial_epoch=1, epochs=10)
+
+        Args:
+            model: compiled, and training the model :meth:`finalize` returned
+                (that model, or a ``keras.distillation.Distiller`` whose
+                student it is).
+
+        Raises:
+            ArgumentError: ``finalize`` was not called, ``model`` does not
+                train its result or is not compiled, or the optimizers'
+                classes differ.
+        """
+        if self._final is None:
+            raise ArgumentError("GradualPruning.carry_optimizer: call finalize() first; {model} "
+                                "must train the model it returns.", model=NAME_ONLY)
+        optimizer = getattr(model, "optimizer", None)
+        ids = {id(v) for v in getattr(model, "trainable_variables", ())}
+        if optimizer is None or not all(id(w) in ids for w in self._final.model.trainable_weights):
+            raise ArgumentError("{model} must be compiled and train the model finalize() returned "
+                                "(that model, or a Distiller whose student it is).", model=model)
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        carry_optimizer_state(self._fitted.optimizer, optimizer, self._graph, self._final,
+                              self._targets, self._selection)
 
 
 def channel_masks(graph, widths, importance="l1", rebuilt=None):

@@ -8,6 +8,9 @@
   weight still trained, the finalized model matches its plan (Keras'
   ``count_params``) and computes what the masked model computes, through a
   ``keras.distillation.Distiller`` too;
+* training on with the finalized smaller model and the optimizer state
+  carried over (``carry_optimizer``) ends where the masked model's training
+  ends (SGD with momentum and a schedule, Adam, a Distiller);
 * bad arguments name themselves.
 """
 
@@ -20,6 +23,8 @@ import keras_precrop as kp
 from keras_precrop import gradual
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.walker import walk
+from keras_precrop.training import finetune
+from keras_precrop.training.optimizers import SGDWithL2
 from keras_precrop.transfer.carry import carry_weights
 from tests.conftest import random_cnns
 
@@ -319,6 +324,102 @@ def test_distiller_student_is_pruned():
                                keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
     for before, w in zip(teacher_weights, teacher.weights):
         np.testing.assert_array_equal(before, keras.ops.convert_to_numpy(w))
+
+
+def _optimizer(kind):
+    if kind == "adam":
+        return keras.optimizers.Adam(0.01)
+    return SGDWithL2(1e-3, learning_rate=keras.optimizers.schedules.PolynomialDecay(0.05, 24, 0.0),
+                        momentum=0.9)
+
+
+def _fit_then_finalize(seed, kind, epochs, distill):
+    """A model (or a Distiller's student) fitted with gradual pruning (masks final at step 4), the
+    callback, its finalized smaller model and what fit trained."""
+    model, x, y = _fit_setup(seed)
+    trained = model
+    if distill:
+        trained = finetune.distiller(model, _resnet_block_model(seed + 1))
+    trained.compile(_optimizer(kind), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning = kp.GradualPruning(kp.plan(model, params=0.5), end_step=4, frequency=2, verbose=0)
+    trained.fit(x, y, batch_size=4, epochs=epochs, shuffle=False, callbacks=[pruning], verbose=0)
+    return pruning, pruning.finalize(), x, y
+
+
+def _on_smaller(pruning, small, x, y, seed, kind, distill, carry=True):
+    """``small`` trained on for epoch 2 (8 steps), the optimizer carried over (or fresh)."""
+    trained = finetune.distiller(small, _resnet_block_model(seed + 1)) if distill else small
+    trained.compile(_optimizer(kind), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if carry:
+        pruning.carry_optimizer(trained)
+    before = [keras.ops.convert_to_numpy(w) for w in small.trainable_weights]
+    trained.fit(x, y, batch_size=4, epochs=3, initial_epoch=2, shuffle=False, verbose=0)
+    return before
+
+
+@pytest.mark.parametrize("kind, distill", [("sgd", False), ("adam", False), ("sgd", True)])
+def test_training_on_smaller_with_the_carried_optimizer_is_training_on_masked(kind, distill):
+    """Masks final at step 4, then 8 more steps: of the masked model (reference), or of the
+    finalized smaller model with the optimizer's state carried over (step count, momentum or
+    Adam's moments sliced to the kept channels). The weights end the same; every kept weight
+    trained on; a fresh optimizer (no carry) ends elsewhere, so the comparison can fail."""
+    _, reference, _, _ = _fit_then_finalize(7, kind, epochs=3, distill=distill)
+    pruning, small, x, y = _fit_then_finalize(7, kind, epochs=2, distill=distill)
+    before = _on_smaller(pruning, small, x, y, 7, kind, distill)
+    for w, ref in zip(small.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(w), keras.ops.convert_to_numpy(ref),
+                                   rtol=1e-4, atol=1e-5, err_msg=w.path)
+    for w, old in zip(small.trainable_weights, before):
+        assert not np.allclose(keras.ops.convert_to_numpy(w), old), w.path
+    pruning, fresh, x, y = _fit_then_finalize(7, kind, epochs=2, distill=distill)
+    _on_smaller(pruning, fresh, x, y, 7, kind, distill, carry=False)
+    gap = max(np.abs(keras.ops.convert_to_numpy(a) - keras.ops.convert_to_numpy(b)).max()
+              for a, b in zip(fresh.trainable_weights, reference.trainable_weights))
+    assert gap > 1e-3
+
+
+def test_finalize_after_a_resumed_fit_that_trained_no_batch(tmp_path):
+    """A run cut short after ``end_step`` and rerun: ``BackupAndRestore`` restores the masked model,
+    ``fit`` trains no batch, and a new callback still finalizes a smaller model that computes what
+    the masked one does (it masks at the restored step; the masked channels, zero, rank last)."""
+    smalls = []
+    for run in range(3):
+        model, x, y = _fit_setup(10)
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        pruning = kp.GradualPruning(kp.plan(model, params=0.5), end_step=4, frequency=2, verbose=0)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path), delete_checkpoint=False),
+                             pruning])
+        if run == 2:  # restored, then moved off its masks: refused, not cut silently
+            for w in model.trainable_weights:
+                w.assign(w + 0.01)
+            with pytest.raises(kp.ArgumentError, match="would cut trained weights"):
+                pruning.finalize()
+            break
+        smalls.append(pruning.finalize())
+        masked = model
+    assert pruning._updated_at == 8  # the reruns trained nothing: they ranked at the restored step
+    assert [w.shape for w in smalls[1].weights] == [w.shape for w in smalls[0].weights]
+    for small in smalls:  # the stream's order may differ (ranked later), not what it computes
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x[:4])),
+                                   keras.ops.convert_to_numpy(masked(x[:4])), rtol=1e-5, atol=1e-5)
+
+
+def test_carry_optimizer_refuses_what_it_cannot_carry():
+    pruning, small, _, _ = _fit_then_finalize(8, "sgd", epochs=1, distill=False)
+    unfinalized = kp.GradualPruning(pruning.plan, end_step=4)
+    with pytest.raises(kp.ArgumentError, match="finalize"):
+        unfinalized.carry_optimizer(small)
+    with pytest.raises(kp.ArgumentError, match="compiled"):
+        pruning.carry_optimizer(small)
+    other = _resnet_block_model(9)
+    other.compile(_optimizer("sgd"), "mse")
+    with pytest.raises(kp.ArgumentError, match="model="):
+        pruning.carry_optimizer(other)
+    small.compile(keras.optimizers.Adam(), "mse")
+    with pytest.raises(kp.ArgumentError, match="optimizer='Adam'.*SGDWithL2"):
+        pruning.carry_optimizer(small)
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -568,7 +568,7 @@ def _use_tensorboard(tensorboard):
     return not missing if tensorboard is None else bool(tensorboard)
 
 
-def _callbacks(model_dir, history, monitor, tensorboard):
+def _callbacks(model_dir, history, monitor, tensorboard, backup):
     """Built-in callbacks, in the order that keeps the CSV log and backup consistent."""
     best = [row[monitor] for row in history if monitor in row]
     mode = "min" if "loss" in monitor else "max"
@@ -588,7 +588,7 @@ def _callbacks(model_dir, history, monitor, tensorboard):
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard")))
     # Last: an epoch is only marked done after everything above logged it.
     callbacks.append(
-        keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup"), delete_checkpoint=False)
+        keras.callbacks.BackupAndRestore(os.path.join(model_dir, backup), delete_checkpoint=False)
     )
     return callbacks
 
@@ -600,12 +600,14 @@ def fit(
     *,
     model_dir,
     epochs,
+    initial_epoch=0,
     steps_per_epoch=None,
     eval_steps=None,
     callbacks=(),
     tensorboard=None,
     verbose=1,
     log_every=30.0,
+    backup="backup",
 ):
     """Trains a compiled model, resuming from ``model_dir`` if a run was cut short.
 
@@ -623,6 +625,8 @@ def fit(
         eval_data: evaluation dataset, or None.
         model_dir: output directory (local or ``gs://``).
         epochs: total epochs, counting those trained before a restart.
+        initial_epoch: the epoch to start from when there is no backup yet
+            (a model that takes over from another one's training).
         steps_per_epoch: batches per epoch; None for the whole dataset.
         eval_steps: evaluation batches; None for the whole dataset.
         callbacks: extra callbacks, run after the built-in ones.
@@ -634,6 +638,8 @@ def fit(
             ``log_every`` seconds, so log files hold no control characters);
             2 one line per epoch.
         log_every: seconds between the plain progress lines of ``verbose=1``.
+        backup: the folder of ``model_dir`` the backup goes to: one per model
+            that trains there (a model rebuilt smaller mid-run has its own).
 
     Returns:
         A ``TrainResult``.
@@ -648,10 +654,12 @@ def fit(
         train_data,
         validation_data=eval_data,
         epochs=epochs,
+        initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
         validation_steps=eval_steps,
         shuffle=False,  # tf.data pipelines shuffle themselves
-        callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard))
+        callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard),
+                             backup)
         + list(callbacks)
         + progress,
         verbose=verbose,
