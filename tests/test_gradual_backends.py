@@ -13,6 +13,8 @@ model computes what the masked model computes.
 * ``tf.distribute.MirroredStrategy`` over two logical CPUs, in a subprocess
   (the devices must be configured before TensorFlow starts), through the
   ``Distiller`` too with ``-m slow``;
+* the finalized model trained on with the optimizer's state carried over
+  (``carry_optimizer``) ends with the weights of the masked model trained on;
 * checkpoint and resume: a fit interrupted in the middle of the schedule and
   resumed by ``keras.callbacks.BackupAndRestore`` into a new model with a new
   callback ends with the weights, zeros included, of an uninterrupted fit
@@ -50,14 +52,22 @@ def _assert_resumed(result):
     assert result["params"] == result["predicted"]
 
 
+def _assert_carried(result):
+    """The finalized model trained on with the carried optimizer ends where the masked model does."""
+    assert result["steps"] == 3 * gradual_fit.STEPS_PER_EPOCH
+    assert result["unchanged"] == 0  # every kept variable still updates
+    assert result["max_weight_diff"] <= 1e-5
+
+
 def _backend_run(backend, tmp_path):
-    args = [SCRIPT, "--distiller", "--resume", str(tmp_path / "backup")]
+    args = [SCRIPT, "--distiller", "--resume", str(tmp_path / "backup"), "--carry"]
     result = json.loads(_check(_run(backend, args, tmp_path / "jax_cache")).strip().splitlines()[-1])
     assert result["backend"] == backend
     _assert_pruned(result["fit"])
     assert "distiller_error" not in result, result.get("distiller_error")
     _assert_pruned(result["distiller"])
     _assert_resumed(result["resume"])
+    _assert_carried(result["carry"])
 
 
 def test_gradual_pruning_under_jax(tmp_path):

@@ -1,6 +1,6 @@
 """``kp.GradualPruning`` in ``model.fit`` under the current Keras backend: prints one JSON line.
 
-Usage: ``python gradual_fit.py [--mirrored] [--distiller] [--resume FOLDER]``. Builds a small
+Usage: ``python gradual_fit.py [--mirrored] [--distiller] [--resume FOLDER] [--carry]``. Builds a small
 functional CNN (batch norm, a residual add), plans ``params=0.5``, fits it a
 few steps with the callback, finalizes, and reports what
 ``tests/test_gradual_backends.py`` checks against independent references:
@@ -13,7 +13,8 @@ trains under ``tf.distribute.MirroredStrategy`` over two logical CPUs, which
 must be configured before TensorFlow starts, hence a script of its own.
 ``--resume FOLDER`` also interrupts a fit in the middle of the schedule and
 resumes it with a new model and a new callback through
-``keras.callbacks.BackupAndRestore`` (see :func:`resume`).
+``keras.callbacks.BackupAndRestore`` (see :func:`resume`). ``--carry`` trains the
+finalized model on with the optimizer's state carried over (see :func:`carry`).
 """
 
 import contextlib
@@ -168,6 +169,41 @@ def resume(folder, interrupt_at, end_step=10, frequency=3, pruning_first=False):
     }
 
 
+def carry():
+    """Training on with the finalized model and the optimizer carried over, against the masked model.
+
+    Reference: the masked model fitted 3 epochs (masks final at step 4), then finalized. Carried: fitted
+    2 epochs, finalized, compiled with a fresh SGD, ``carry_optimizer``, fitted epoch 3. Returns how
+    far their weights are apart and how many of the carried model's trainable weights epoch 3 left
+    unchanged.
+    """
+    import keras_precrop as kp
+
+    x, y = data()
+    smalls = []
+    for epochs in (3, 2):
+        model = residual_cnn(0)
+        model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        pruning = kp.GradualPruning(kp.plan(model, params=0.5), end_step=4, frequency=2, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, callbacks=[pruning], verbose=0)
+        smalls.append(pruning.finalize())
+    small = smalls[1]
+    small.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning.carry_optimizer(small)
+    before = [keras.ops.convert_to_numpy(w) for w in small.trainable_weights]
+    small.fit(x, y, batch_size=8, epochs=3, initial_epoch=2, shuffle=False, verbose=0)
+    value = keras.ops.convert_to_numpy
+    return {
+        "max_weight_diff": float(max(np.abs(value(a) - value(b)).max()
+                                     for a, b in zip(small.weights, smalls[0].weights, strict=True))),
+        "unchanged": sum(bool(np.array_equal(value(w), b))
+                         for w, b in zip(small.trainable_weights, before, strict=True)),
+        "steps": int(value(small.optimizer.iterations)),
+    }
+
+
 def _two_cpu_strategy():
     """MirroredStrategy over two logical CPUs (configured before TensorFlow's runtime starts)."""
     import tensorflow as tf
@@ -185,6 +221,8 @@ def main(argv):
     if "--resume" in argv:
         folder = argv[argv.index("--resume") + 1]
         result["resume"] = resume(folder, interrupt_at=7, pruning_first=True)
+    if "--carry" in argv:
+        result["carry"] = carry()
     if "--distiller" in argv:
         try:
             result["distiller"] = run(distiller=True, strategy=strategy)
