@@ -478,7 +478,7 @@ def _finalized(small, result, eval_ds):
     batches = eval_ds if FLAGS.eval_steps is None else eval_ds.take(FLAGS.eval_steps)
     right = total = 0
     for images, labels in batches:
-        guess = keras.ops.convert_to_numpy(keras.ops.argmax(small(images, training=False), axis=-1))
+        guess = keras.ops.convert_to_numpy(keras.ops.argmax(small(images.numpy(), training=False), axis=-1))
         right, total = right + int((guess == labels.numpy().ravel()).sum()), total + len(guess)
     accuracy = right / total
     print(f"Rebuilt {small.count_params():,} params from the masks: test accuracy {accuracy:.4f} "
