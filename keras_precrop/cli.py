@@ -446,7 +446,8 @@ def _prune_trained_args(p, default):
     p.add_argument("--epochs", type=int, required=True, help="epochs of training in all")
     p.add_argument("--gradual_epochs", type=float,
                    help="epochs over which the channels go, on a cubic schedule; the rest of "
-                   "--epochs trains the pruned widths (default: a third of --epochs)")
+                   "--epochs trains the pruned model, rebuilt smaller from the next whole epoch "
+                   "on (its optimizer's state carried over) (default: a third of --epochs)")
     p.add_argument("--shrink", type=float, default=default(0.0),
                    help="fade the channels the plan leaves out (re-ranked as they go) by 1 - SHRINK "
                    "after every step, then take them away at once when --gradual_epochs ends "
@@ -564,8 +565,7 @@ def _run_prune_trained(args):
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
     pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps), frequency=_RECIPE["frequency"],
                                 shrink=args.shrink, schedule="final" if args.shrink else "cubic")
-    _train_pruned(args, student, original if args.distill else None, train, test, pruning)
-    small = pruning.finalize()
+    small = _train_pruned(args, student, original if args.distill else None, train, test, pruning, steps)
     if test is not None:
         print(f"Test accuracy: {_accuracy(original, test, args.batch_size):.4f} original, "
               f"{_accuracy(small, test, args.batch_size):.4f} pruned")
@@ -592,15 +592,31 @@ def _prune_plan(args, model):
                    latency_model=latency_model)
 
 
-def _train_pruned(args, student, teacher, train, test, pruning):
-    """``kp.fine_tune`` with the recipe and the pruning callback; data that does not fit names --data."""
+def _train_pruned(args, student, teacher, train, test, pruning, steps):
+    """``kp.fine_tune`` with the recipe, returning the pruned model; data that does not fit names --data.
+
+    The student trains masked by ``pruning`` until the epoch in which its masks
+    reach the plan, then the finalized smaller model trains the other epochs with
+    the optimizer's state carried over (``optimizer_from``): the same training,
+    at the smaller model's cost. One schedule spans both.
+    """
+    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
     from keras_precrop.errors import DataError  # noqa: PLC0415  (NumPy: not for --help)
 
     arrays = isinstance(train, tuple)
+    cut = min(args.epochs, max(1, math.ceil(pruning.end_step / steps)))
+    recipe = {"teacher": teacher, "batch_size": args.batch_size if arrays else None,
+              "learning_rate": keras.optimizers.schedules.PolynomialDecay(
+                  args.learning_rate, args.epochs * steps, 0.0),
+              "validation_data": test, "weight_decay": _RECIPE["weight_decay"]}
     try:
-        kp.fine_tune(student, train, teacher=teacher, epochs=args.epochs,
-                     learning_rate=args.learning_rate, batch_size=args.batch_size if arrays else None,
-                     validation_data=test, weight_decay=_RECIPE["weight_decay"], callbacks=[pruning])
+        kp.fine_tune(student, train, epochs=cut, callbacks=[pruning], **recipe)
+        small = pruning.finalize()
+        if cut < args.epochs:
+            kp.fine_tune(small, train, epochs=args.epochs, initial_epoch=cut, optimizer_from=pruning,
+                         **recipe)
+        return small
     except DataError as err:
         splits = {"train_data": "x_train, y_train" if arrays else "its train split",
                   "validation_data": "x_test, y_test" if arrays else "its test split"}

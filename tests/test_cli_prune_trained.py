@@ -56,10 +56,17 @@ def _accuracy(model, x, y):
 
 
 def test_the_saved_model_has_the_plan_s_widths_trained_and_its_accuracy_is_printed(files, tmp_path,
-                                                                                     capsys):
-    out = str(tmp_path / "small.keras")
+                                                                                     capsys, monkeypatch):
+    """Pruned over the first of 3 epochs (a third), then the rebuilt model trains epochs 2-3."""
+    out, fits, fine_tune = str(tmp_path / "small.keras"), [], kp.fine_tune
+
+    def spy(student, *args, **kwargs):
+        fits.append((student.count_params(), kwargs["epochs"], kwargs.get("initial_epoch", 0)))
+        return fine_tune(student, *args, **kwargs)
+
+    monkeypatch.setattr(kp, "fine_tune", spy)
     assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--data",
-                 files["data.npz"], "--epochs", "1", "--batch_size", "32", "--out", out]) == 0
+                 files["data.npz"], "--epochs", "3", "--batch_size", "32", "--out", out]) == 0
     printed = capsys.readouterr().out
     original, small = keras.models.load_model(files["trained.keras"]), keras.models.load_model(out)
     plan = kp.plan(original, params=0.5)
@@ -79,7 +86,10 @@ def test_the_saved_model_has_the_plan_s_widths_trained_and_its_accuracy_is_print
     before, after = kp.profile(original), kp.profile(small)
     assert (f"{after.total_params:,} params ({after.total_params / before.total_params:.1%} of "
             f"{before.total_params:,}), {after.total_macs:,} MACs") in printed
-    assert "GradualPruning: step 3, 100% of the way to the plan" in printed  # 8 steps, a third
+    assert "GradualPruning: step 8, 100% of the way to the plan" in printed  # 24 steps, a third
+    # Epoch 1 trained the masked model, epochs 2-3 the rebuilt one (its own fit, from epoch 2).
+    assert printed.index("step 8, 100%") < printed.index("Epoch 2/3") < printed.index("Epoch 3/3")
+    assert fits == [(original.count_params(), 1, 0), (small.count_params(), 3, 1)]
     assert "distillation_loss" in printed  # distilled from the original by default
 
 

@@ -11,6 +11,7 @@ task before and after.
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_precrop as kp
 
@@ -165,3 +166,43 @@ def test_a_teacher_that_is_no_model_or_has_other_outputs_is_refused_naming_teach
                                                r"the student \(3,\)") as err:
         kp.fine_tune(student, (X, Y), teacher=other, verbose=0)
     assert err.value.argument == "teacher"
+
+
+def _pruned_cnn(seed):
+    """A small residual CNN (stem, one block, dense head) and its plan at half the parameters."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(
+        keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)))
+    y = keras.layers.BatchNormalization()(keras.layers.Conv2D(16, 3, padding="same")(
+        keras.layers.ReLU()(keras.layers.Conv2D(12, 3, padding="same")(x))))
+    x = keras.layers.Add()([x, y])
+    model = keras.Model(inputs, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(x)))
+    return model, kp.plan(model, params=0.5)
+
+
+@pytest.mark.parametrize("teacher", [False, True])
+def test_going_on_with_the_finalized_model_trains_as_the_masked_model(teacher):
+    """fine_tune 1 epoch of 3 with GradualPruning (masks final at step 4), then fine_tune the
+    finalized model from epoch 1 with optimizer_from=: the weights end where 3 epochs of the masked
+    model end (the same schedule, the carried momentum), distilled or not."""
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices((rng.normal(size=(32, 8, 8, 3)).astype("float32"),
+                                               rng.integers(0, 5, 32))).batch(4)  # fit keeps its order
+    schedule = keras.optimizers.schedules.PolynomialDecay(0.05, 24, 0.0)
+    smalls = []
+    for epochs in (3, 1):
+        model, plan = _pruned_cnn(3)
+        pruning = kp.GradualPruning(plan, end_step=4, frequency=2, verbose=0)
+        kw = {"teacher": _pruned_cnn(4)[0] if teacher else None, "learning_rate": schedule,
+              "weight_decay": 1e-3, "verbose": 0}
+        kp.fine_tune(model, data, epochs=epochs, callbacks=[pruning], **kw)
+        smalls.append(pruning.finalize())
+    kp.fine_tune(smalls[1], data, epochs=3, initial_epoch=1, optimizer_from=pruning, **kw)
+    for got, want in zip(smalls[1].weights, smalls[0].weights, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want),
+                                   rtol=1e-4, atol=1e-5)
+    with pytest.raises(kp.ArgumentError, match="initial_epoch=3"):
+        kp.fine_tune(smalls[1], data, epochs=3, initial_epoch=3)
+    with pytest.raises(kp.ArgumentError, match="optimizer_from="):
+        kp.fine_tune(smalls[1], data, epochs=3, optimizer_from="pruning")

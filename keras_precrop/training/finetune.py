@@ -38,7 +38,8 @@ from keras_precrop.training.optimizers import SGDWithL2
 
 def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
               distill_temperature=4.0, alpha=0.5, loss=None, batch_size=None, steps_per_epoch=None,
-              validation_data=None, weight_decay=0.0, callbacks=(), verbose="auto"):
+              validation_data=None, weight_decay=0.0, callbacks=(), verbose="auto", initial_epoch=0,
+              optimizer_from=None):
     """Train ``student`` in place for a few epochs, distilled or not.
 
     A model that ends in a softmax (``Dense(..., activation="softmax")``,
@@ -86,6 +87,15 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
             the training recipes' form: 1e-4 in CIFAR-10's); 0: none.
         callbacks: passed to ``fit``, e.g. a :class:`~keras_precrop.GradualPruning`
             that prunes the student while it trains.
+        initial_epoch: the epoch to start from, as for ``fit``: a second call
+            that goes on with the model a first one pruned (``epochs`` counts
+            both; pass both calls the same ``LearningRateSchedule``).
+        optimizer_from: the :class:`~keras_precrop.GradualPruning` whose
+            ``finalize()`` returned ``student``: the optimizer starts from the
+            state of the one that fitted the masked model (its step count and
+            momentum sliced to the kept channels, ``carry_optimizer``), so
+            training goes on as it would have on the masked model, at the
+            smaller model's cost.
 
     Returns:
         The ``History`` of ``fit``.
@@ -95,6 +105,7 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
             that does not fit ``student``.
     """
     _check(student, teacher, epochs, learning_rate, distill_temperature, alpha)
+    _check_resume(epochs, initial_epoch, optimizer_from)
     for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
         _check_count(name, value)
     if isinstance(weight_decay, bool) or not (weight_decay == 0 or _positive(weight_decay)):
@@ -116,8 +127,11 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
             student, teacher, distill_temperature, alpha, checked.inputs)
         model.compile(optimizer=SGDWithL2(weight_decay, learning_rate=learning_rate, momentum=0.9),
                       loss=loss, metrics=["accuracy"])
+        if optimizer_from is not None:
+            optimizer_from.carry_optimizer(model)
         return model.fit(x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                         validation_data=validation_data, callbacks=list(callbacks), verbose=verbose)
+                         validation_data=validation_data, callbacks=list(callbacks), verbose=verbose,
+                         initial_epoch=initial_epoch)
     finally:
         _restore_flags(flags)
 
@@ -247,6 +261,17 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
             "{student:=} has no trainable weights (student.trainable is False, or every layer of it "
             "is frozen), so fine_tune would train nothing. Set student.trainable = True, or unfreeze "
             "the layers to train.", student=NAME_ONLY)
+
+
+def _check_resume(epochs, initial_epoch, optimizer_from):
+    """Checks where :func:`fine_tune` starts from, naming the argument at fault."""
+    whole = isinstance(initial_epoch, int) and not isinstance(initial_epoch, bool)
+    if not whole or not 0 <= initial_epoch < epochs:
+        raise ArgumentError(f"{{initial_epoch}} must be an integer in [0, epochs={epochs}).",
+                            initial_epoch=initial_epoch)
+    if optimizer_from is not None and not callable(getattr(optimizer_from, "carry_optimizer", None)):
+        raise ArgumentError("{optimizer_from} must be the kp.GradualPruning whose finalize() returned "
+                            "the student.", optimizer_from=optimizer_from)
 
 
 def _check_distillation(student, teacher, temperature, alpha):
