@@ -280,10 +280,10 @@ class GradualPruning(keras.callbacks.Callback):
         cut = [w.path for w, mask in self._masks if np.any(before[id(w)][mask == 0] != 0)]
         if cut:
             raise ArgumentError(
-                f"GradualPruning.finalize: the model restored at step {self._step()} is not the "
-                f"masked model its masks make: they would cut trained weights of {cut[:3]}. Finalize "
-                "with the callback that fitted it (fit resumed by {end_step} past no batch).",
-                end_step=self.end_step)
+                f"GradualPruning.finalize: the model, restored at step {self._step()} (past "
+                "{end_step}, no batch trained since), would lose trained weights of "
+                f"{cut[:3]} to the masks ranked now, so it is not the masked model it was. "
+                "Finalize with the callback that fitted it.", end_step=self.end_step)
 
     def carry_optimizer(self, model):
         """Give ``model``'s optimizer the state of the one ``fit`` used, to train on smaller.

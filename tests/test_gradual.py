@@ -394,7 +394,7 @@ def test_finalize_after_a_resumed_fit_that_trained_no_batch(tmp_path):
         if run == 2:  # restored, then moved off its masks: refused, not cut silently
             for w in model.trainable_weights:
                 w.assign(w + 0.01)
-            with pytest.raises(kp.ArgumentError, match="would cut trained weights"):
+            with pytest.raises(kp.ArgumentError, match="would lose trained weights"):
                 pruning.finalize()
             break
         smalls.append(pruning.finalize())
