@@ -39,6 +39,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
 from keras_precrop import data, pai, train  # noqa: E402
+from keras_precrop.training import finetune  # noqa: E402
 from keras_precrop.training.finetune import distiller  # noqa: E402
 
 STRUCTURED = ("precrop_params", "precrop_flops", "preconfig", "precrop_plan")
@@ -473,14 +474,10 @@ def _finalized(small, result, eval_ds):
 
     The masked model computes what the rebuilt one does, so the rebuilt model's
     test accuracy is the last epoch's (checked here, to 0.2 pp: summation order).
-    Read with ``predict``: ``small`` is not compiled (it may train on in a ``Distiller``).
+    Read by calls, not ``evaluate``: ``small`` is not compiled (it may train on in a ``Distiller``).
     """
-    batches = eval_ds if FLAGS.eval_steps is None else eval_ds.take(FLAGS.eval_steps)
-    right = total = 0
-    for images, labels in batches:
-        guess = keras.ops.convert_to_numpy(keras.ops.argmax(small(images.numpy(), training=False), axis=-1))
-        right, total = right + int((guess == labels.numpy().ravel()).sum()), total + len(guess)
-    accuracy = right / total
+    accuracy = finetune.accuracy(small, eval_ds if FLAGS.eval_steps is None
+                                 else eval_ds.take(FLAGS.eval_steps))
     print(f"Rebuilt {small.count_params():,} params from the masks: test accuracy {accuracy:.4f} "
           f"(the masked model's last epoch: {result.final_accuracy:.4f})")
     if abs(accuracy - result.final_accuracy) > 0.002:

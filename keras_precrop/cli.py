@@ -567,8 +567,10 @@ def _run_prune_trained(args):
                                 shrink=args.shrink, schedule="final" if args.shrink else "cubic")
     small = _train_pruned(args, student, original if args.distill else None, train, test, pruning, steps)
     if test is not None:
-        print(f"Test accuracy: {_accuracy(original, test, args.batch_size):.4f} original, "
-              f"{_accuracy(small, test, args.batch_size):.4f} pruned")
+        from keras_precrop.training.finetune import accuracy  # noqa: PLC0415  (as keras above)
+
+        print(f"Test accuracy: {accuracy(original, test, args.batch_size):.4f} original, "
+              f"{accuracy(small, test, args.batch_size):.4f} pruned")
     small.save(args.out)
     _print_pruned(args, original, small)
 
@@ -622,27 +624,6 @@ def _train_pruned(args, student, teacher, train, test, pruning, steps):
                   "validation_data": "x_test, y_test" if arrays else "its test split"}
         raise ValueError(f"--data {args.data}: " + err.format(
             lambda name, value: splits.get(name, name), front="cli")) from None
-
-
-def _accuracy(model, data, batch_size):
-    """The share of ``data``'s examples whose label is ``model``'s top class (logits or softmax).
-
-    ``data``: ``(x, y)`` arrays or a dataset of such batches; labels are class
-    indices or one-hot rows.
-    """
-    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
-    import numpy as np  # noqa: PLC0415
-
-    if isinstance(data, tuple):
-        data = [(data[0][i:i + batch_size], data[1][i:i + batch_size])
-                for i in range(0, len(data[0]), batch_size)]
-    correct = total = 0
-    for x, y in data:
-        y = np.asarray(y)
-        labels = np.argmax(y, -1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(-1)
-        predicted = np.argmax(keras.ops.convert_to_numpy(model(x, training=False)), -1)
-        correct, total = correct + int(np.sum(predicted == labels)), total + len(labels)
-    return correct / total
 
 
 def _print_pruned(args, original, small):

@@ -30,6 +30,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 from keras_precrop.errors import NAME_ONLY, ArgumentError
 from keras_precrop.training._user_data import check_data, outputs_probabilities
@@ -134,6 +135,30 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
                          initial_epoch=initial_epoch)
     finally:
         _restore_flags(flags)
+
+
+def accuracy(model, data, batch_size=32):
+    """The share of ``data``'s examples whose label is ``model``'s top class (logits or softmax out).
+
+    Read from calls in inference mode, not ``evaluate``: ``model`` need not be
+    compiled (a pruned student may train on inside a ``Distiller``).
+
+    Args:
+        model: the classifier.
+        data: ``(x, y)`` arrays, or batches of such pairs (a ``tf.data.Dataset``);
+            labels are class indices or one-hot rows.
+        batch_size: the batches that ``(x, y)`` arrays are read in.
+    """
+    if isinstance(data, tuple):
+        data = [(data[0][i:i + batch_size], data[1][i:i + batch_size])
+                for i in range(0, len(data[0]), batch_size)]
+    correct = total = 0
+    for x, y in data:
+        y = np.asarray(y)
+        labels = np.argmax(y, -1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(-1)
+        predicted = np.argmax(keras.ops.convert_to_numpy(model(np.asarray(x), training=False)), -1)
+        correct, total = correct + int(np.sum(predicted == labels)), total + len(labels)
+    return correct / total
 
 
 def _default_loss(labels, probabilities):
