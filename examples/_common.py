@@ -160,9 +160,11 @@ def define_flags(default_model):
     flags.DEFINE_enum(
         "importance",
         None,
-        ["l1", "l2", "taylor", "random"],
+        ["l1", "l2", "taylor", "bn_scale", "random"],
         f"--keep_weights: how channels are ranked; default l1. taylor: |activation x gradient| on "
-        f"{TAYLOR_EXAMPLES} training examples; random (seeded by --seed): the control.",
+        f"{TAYLOR_EXAMPLES} training examples (with --gradual_epochs, at every update); bn_scale: "
+        "the BatchNormalization scales that write each channel; random (seeded by --seed): the "
+        "control.",
     )
     flags.DEFINE_bool(
         "distill",
@@ -390,9 +392,16 @@ def _keep_options(train_ds, batch_size):
     if not FLAGS.keep_weights:
         return {}
     importance = FLAGS.importance or "l1"
-    taylor = train_ds.take(math.ceil(TAYLOR_EXAMPLES / batch_size)) if importance == "taylor" else None
     seed = FLAGS.seed if importance == "random" else None  # nothing else of a kept model is drawn
-    return dict(weights="keep", importance=importance, data=taylor, seed=seed)
+    return dict(weights="keep", importance=importance, data=_taylor_data(train_ds, batch_size),
+                seed=seed)
+
+
+def _taylor_data(train_ds, batch_size):
+    """The training batches Taylor importance takes its gradients on; ``None`` for other rankings."""
+    if (FLAGS.importance or "l1") != "taylor":
+        return None
+    return train_ds.take(math.ceil(TAYLOR_EXAMPLES / batch_size))
 
 
 def _student_builder(reference, train_ds, num_classes, batch_size):
@@ -455,7 +464,7 @@ def _init_model(zoo):
                          f"{why}. Give the --model it was trained as.")
 
 
-def _gradual_pruning(reference, steps):
+def _gradual_pruning(reference, train_ds, batch_size, steps):
     """The ``kp.GradualPruning`` callback of ``--gradual_epochs`` (``None`` without it)."""
     if FLAGS.gradual_epochs is None:
         return None
@@ -465,8 +474,9 @@ def _gradual_pruning(reference, steps):
                              f"--gradual_epochs takes {'/'.join(kp.gradual.IMPORTANCE)}.")
     return kp.GradualPruning(_plan(reference), end_step=round(FLAGS.gradual_epochs * steps),
                              frequency=FLAGS.gradual_frequency, importance=importance,
-                             regrow=FLAGS.regrow, schedule=FLAGS.gradual_schedule,
-                             shrink=FLAGS.gradual_shrink, verbose=min(FLAGS.verbose, 1))
+                             data=_taylor_data(train_ds, batch_size), regrow=FLAGS.regrow,
+                             schedule=FLAGS.gradual_schedule, shrink=FLAGS.gradual_shrink,
+                             verbose=min(FLAGS.verbose, 1))
 
 
 def _finalized(small, result, eval_ds):
@@ -657,7 +667,7 @@ def run(dataset):
         steps_per_execution=FLAGS.steps_per_execution,
     )
     model = compile_with(build_model)
-    pruning = _gradual_pruning(reference, steps)
+    pruning = _gradual_pruning(reference, train_ds, batch_size, steps)
     costs = _costs(_student(model) if pruning is None else kp.apply_plan(reference, pruning.plan),
                    reference, masks)
     commit, dirty = _git_commit()

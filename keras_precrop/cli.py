@@ -42,7 +42,10 @@ _FLOOR_ON = ("all", "streams")
 _DEFAULT_MODES = ("exact", "layerwise", "uniform")
 _RUNTIMES = ("tf", "jax", "torch", "torch_compile", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
 # Channel rankings the command line offers: taylor needs training data, which it does not load.
-_IMPORTANCE = ("l1", "l2", "random")
+_IMPORTANCE = ("l1", "l2", "bn_scale", "random")
+# prune-trained ranks during training (kp.gradual.IMPORTANCE), taylor on its first examples.
+_GRADUAL_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale")
+_TAYLOR_EXAMPLES = 512
 
 
 def _parser(defaults=True):
@@ -165,7 +168,8 @@ def _planner_args(p, default):
                    "to fine-tune) or fresh (the default for a zoo model: newly initialized, as "
                    "PreCrop prescribes)")
     p.add_argument("--importance", choices=_IMPORTANCE,
-                   help="--weights keep: how channels are ranked (default l1; random: the control). "
+                   help="--weights keep: how channels are ranked (default l1; bn_scale: by the "
+                   "BatchNormalization scales that write them; random: the control). "
                    "Taylor importance needs training data, which only the Python API takes: "
                    "kp.precrop(model, ..., weights='keep', importance='taylor', data=(x, y))")
     p.add_argument("--seed", type=int,
@@ -453,6 +457,11 @@ def _prune_trained_args(p, default):
                    "after every step, then take them away at once when --gradual_epochs ends "
                    "(kp.GradualPruning(shrink=, schedule='final'); e.g. 0.01 for 390 steps); "
                    "default 0: they go a few at a time on a cubic schedule")
+    p.add_argument("--importance", choices=_GRADUAL_IMPORTANCE, default=default("l1"),
+                   help="how the channels are ranked, anew at each update: l1 (default) or l2 norm "
+                   "of their weights, bn_scale: the BatchNormalization scales that write them, "
+                   f"taylor: |activation x gradient| on the first {_TAYLOR_EXAMPLES} training "
+                   "examples")
     p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
                    help="train against the original model's outputs too (distillation; default) "
                    "or on the labels alone (--no-distill)")
@@ -563,8 +572,10 @@ def _run_prune_trained(args):
     # The model that trains and loses channels; the original stays whole and teaches.
     student = keras.models.load_model(args.model, compile=False)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
+    taylor = _taylor_batches(train, args.batch_size) if args.importance == "taylor" else None
     pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps), frequency=_RECIPE["frequency"],
-                                shrink=args.shrink, schedule="final" if args.shrink else "cubic")
+                                shrink=args.shrink, schedule="final" if args.shrink else "cubic",
+                                importance=args.importance, data=taylor)
     small = _train_pruned(args, student, original if args.distill else None, train, test, pruning, steps)
     if test is not None:
         from keras_precrop.training.finetune import accuracy  # noqa: PLC0415  (as keras above)
@@ -573,6 +584,15 @@ def _run_prune_trained(args):
               f"{accuracy(small, test, args.batch_size):.4f} pruned")
     small.save(args.out)
     _print_pruned(args, original, small)
+
+
+def _taylor_batches(train, batch_size):
+    """The first training examples, in batches: what ``--importance taylor`` takes gradients on."""
+    if isinstance(train, tuple):
+        x, y = train
+        return [(x[i:i + batch_size], y[i:i + batch_size])
+                for i in range(0, min(len(x), _TAYLOR_EXAMPLES), batch_size)]
+    return train.take(math.ceil(_TAYLOR_EXAMPLES / batch_size))
 
 
 def _prune_plan(args, model):

@@ -8,7 +8,9 @@ structured and ending in a really smaller model:
 
 * every ``frequency`` optimizer steps between ``start_step`` and ``end_step``
   it ranks the channels of every width variable of a :class:`~keras_precrop.Plan`
-  (``importance``: the weights' L1/L2 norm, re-ranked as training goes) and
+  (``importance``: the weights' L1/L2 norm, first-order Taylor on a few
+  batches of ``data``, or the BatchNormalization scales; re-ranked as
+  training goes) and
   masks the lowest ones, as many as a cubic schedule says (from the original
   widths at ``start_step`` to the plan's at ``end_step``);
 * a masked channel is zeroed in every weight that writes or reads it, the way
@@ -18,7 +20,8 @@ structured and ending in a really smaller model:
   kept weights into a rebuilt model (``transfer.carry``), so the masked model
   computes exactly what the rebuilt one will;
 * after each optimizer step the masks are applied again (``regrow=False``, the
-  default: a masked channel stays at zero) or only at the next update
+  default: a masked channel stays at zero, and out: the channels an update
+  kept rank above the others at the next) or only at the next update
   (``regrow=True``: soft filter pruning, a masked channel may train back and
   win its place again);
 * optionally (``shrink``) the channels the plan's widths leave out, as ranked
@@ -50,14 +53,15 @@ from keras_precrop.errors import NAME_ONLY, ArgumentError
 from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.walker import walk
-from keras_precrop.planning import Plan, build_checked, named_for, planned_widths
-from keras_precrop.transfer.carry import carried, carry_weights
+from keras_precrop.planning import Plan, build_checked, named_for, planned_widths, taylor_gradients
+from keras_precrop.training._user_data import check_data
+from keras_precrop.transfer.carry import carried, carry_weights, check_options
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
 
 SCHEDULES = ("cubic", "linear", "final")
-IMPORTANCE = ("l1", "l2")
+IMPORTANCE = ("l1", "l2", "taylor", "bn_scale")
 
 
 def schedule_fraction(step, start_step, end_step, schedule="cubic"):
@@ -112,7 +116,15 @@ class GradualPruning(keras.callbacks.Callback):
             :func:`schedule_fraction`.
         importance: how channels are ranked at each update: ``"l1"`` or
             ``"l2"`` norm of the weights that write and read each channel,
-            each layer's share normalized (see ``transfer/importance.py``).
+            each layer's share normalized; ``"taylor"``: ``|activation x
+            gradient|`` summed over the batches of ``data`` (taken anew at
+            each update, at the weights reached); ``"bn_scale"``: the
+            ``|gamma|`` of the normalization layers that write each channel
+            (see ``transfer/importance.py``).
+        data: for ``importance="taylor"`` only: an ``(x, y)`` batch or an
+            iterable of a few, from the training data (e.g.
+            ``train_ds.take(4)``); each update costs a forward and backward
+            pass over them.
         regrow: ``False``: masked weights are zeroed after every optimizer
             step, so a channel once masked stays out. ``True``: zeroed at the
             updates only, so it may train back in between and be ranked in.
@@ -128,9 +140,9 @@ class GradualPruning(keras.callbacks.Callback):
     """
 
     def __init__(self, plan, end_step, *, start_step=0, frequency=50, schedule="cubic",
-                 importance="l1", regrow=False, shrink=0.0, model=None, verbose=1):
+                 importance="l1", data=None, regrow=False, shrink=0.0, model=None, verbose=1):
         super().__init__()
-        _check(plan, end_step, start_step, frequency, schedule, importance, regrow, shrink)
+        _check(plan, end_step, start_step, frequency, schedule, (importance, data), regrow, shrink)
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
@@ -138,6 +150,7 @@ class GradualPruning(keras.callbacks.Callback):
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
         self._factors = self._fade_only = ()
         self._updated_at = self._target_walk = self._final = None
+        self._data = data
 
     @property
     def _fitted(self):
@@ -161,6 +174,8 @@ class GradualPruning(keras.callbacks.Callback):
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
             _refuse_normalized_cuts(self._graph, self._targets)  # before any step trains
+            if self.importance == "taylor":  # the data fits the model, before any step trains
+                self._data = check_data(model, self._data, "data").data
         self._ranked = False
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -201,11 +216,14 @@ class GradualPruning(keras.callbacks.Callback):
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
+        ranking = (self.importance, taylor_gradients(self.pruned, self._data)
+                   if self.importance == "taylor" and (fraction > 0 or fading) else None)
+        kept = None if self.regrow else self._selection  # a masked channel stays out
         self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
-            self._graph, self._widths, self.importance, self._rebuilt(self._widths))
+            self._graph, self._widths, ranking, self._rebuilt(self._widths), kept)
         self._fading = []
         if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
-            final, _ = channel_masks(self._graph, self._targets, self.importance,
+            final, _ = channel_masks(self._graph, self._targets, ranking,
                                      self._rebuilt(self._targets))
             self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
         self._set_factors()
@@ -327,7 +345,7 @@ class GradualPruning(keras.callbacks.Callback):
                               self._targets, self._selection)
 
 
-def channel_masks(graph, widths, importance="l1", rebuilt=None):
+def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     """0/1 masks of ``graph.model``'s weights that cut it to ``widths``, and the channels kept.
 
     Channels are ranked by ``importance`` on the current weights and chosen
@@ -338,10 +356,17 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
     Args:
         graph: the walk of the model to mask.
         widths: the widths to cut it to, one per width variable.
-        importance: ``"l1"`` or ``"l2"`` (see :data:`IMPORTANCE`).
+        importance: ``"l1"``, ``"l2"`` or ``"bn_scale"`` (see
+            :data:`IMPORTANCE`), or ``("taylor", gradients)``: the loss
+            gradients per batch (``planning.taylor_gradients``); a pair
+            ``(name, None)`` is the name alone.
         rebuilt: :func:`_rebuilt_walk` of ``graph`` at ``widths``, made
             once by a caller that masks at the same widths again (building
             the model costs more than ranking its channels); default: built here.
+        kept: the channels an earlier call kept (its selection), ranked
+            above all others, so that none it masked comes back (a residual
+            stream's order is shared by writers of several widths, and
+            re-ranked freely it could hand a writer a channel it lost).
 
     Returns:
         ``([(variable, mask)], selection)``: the trainable weights with at
@@ -354,7 +379,9 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
     _refuse_normalized_cuts(graph, widths)
     model = graph.model
     values = {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
-    selection = select(graph, widths, channel_scores(graph, values, importance))
+    name, gradients = importance if isinstance(importance, tuple) else (importance, None)
+    scores = channel_scores(graph, values, name, gradients, widths=widths)
+    selection = select(graph, widths, scores if kept is None else _first(scores, kept))
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
     new_graph = _rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
@@ -368,6 +395,22 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None):
         if mask.min() == 0:
             masks.append((w, mask.reshape(w.shape)))
     return masks, selection
+
+
+def _first(scores, kept):
+    """``scores`` raised so that the channels in ``kept`` rank above all others.
+
+    Each variable adds a bonus larger than all scores together to the
+    channels it kept; a residual stream's family sums its members' scores, so
+    a channel kept by more members ranks higher, and every member's new
+    prefix (no wider than before) falls within the channels it kept.
+    """
+    bonus = 1.0 + 2.0 * sum(float(np.abs(s).sum()) for s in scores.values())
+    raised = {i: np.array(s, np.float64) for i, s in scores.items()}
+    for i, channels in kept.items():
+        if i in raised:
+            raised[i][channels[channels >= 0]] += bonus
+    return raised
 
 
 def _rebuilt_walk(graph, widths):
@@ -403,7 +446,7 @@ def _refuse_normalized_cuts(graph, widths):
                 plan=NAME_ONLY, ignore=[rec.path])
 
 
-def _check(plan, end_step, start_step, frequency, schedule, importance, regrow, shrink):
+def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shrink):
     """Refuse arguments of :class:`GradualPruning` that cannot mean what they say."""
     if not isinstance(plan, Plan):
         raise ArgumentError("{plan} must be a keras_precrop.Plan, e.g. kp.plan(model, latency=0.5).",
@@ -417,9 +460,11 @@ def _check(plan, end_step, start_step, frequency, schedule, importance, regrow, 
                             end_step=end_step)
     if schedule not in SCHEDULES:
         raise ArgumentError(f"{{schedule}} must be one of {list(SCHEDULES)}.", schedule=schedule)
-    if importance not in IMPORTANCE:
+    importance, data = ranking
+    if not isinstance(importance, str) or importance not in IMPORTANCE:
         raise ArgumentError(f"{{importance}} must be one of {list(IMPORTANCE)} during fit.",
                             importance=importance)
+    check_options("keep", importance, data)  # data= with taylor, and only with it
     if not isinstance(regrow, bool):
         raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
     if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0 <= shrink < 1:

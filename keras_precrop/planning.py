@@ -620,7 +620,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     _check_seed_use(seed, importance, graph, widths)
     new, rebuilt = build_checked(graph, widths, plan, seed)
     if importance:
-        gradients = _taylor_gradients(model, defined, data) if importance == "taylor" else None
+        gradients = taylor_gradients(model, data, defined) if importance == "taylor" else None
         _transfer.carry_weights(graph, new, widths, importance, gradients,
                                 random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size
@@ -763,14 +763,16 @@ def _check_seed_use(seed, importance, graph, widths):
                         "random; leave {seed:=} out.", seed=seed, importance=importance)
 
 
-def _taylor_gradients(model, defined, data):
+def taylor_gradients(model, data, defined=None):
     """The loss gradients of ``defined``'s trainable weights: ``{id(weight): array}`` per batch.
 
     They are computed on ``model``, whose input size is the data's;
-    ``defined`` is ``model`` or its copy at a defined spatial size, with the
-    same weights in the same order. The gradient machinery of each backend
-    lives with the pruning baselines (``pai.gradients``), loaded here on use.
+    ``defined`` is ``model`` (the default) or its copy at a defined spatial
+    size, with the same weights in the same order. The gradient machinery of
+    each backend lives with the pruning baselines (``pai.gradients``), loaded
+    here on use. ``model`` is not changed (its BatchNorm statistics neither).
     """
+    defined = model if defined is None else defined
     gradients = importlib.import_module("keras_precrop.pai.gradients")
     ids = [id(w) for w in defined.trainable_weights]
     batches = list(gradients.batches(data))

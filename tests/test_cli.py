@@ -353,6 +353,7 @@ def trained(tmp_path_factory):
     ([], dict(importance="l1")),
     (["--weights", "keep", "--importance", "l2"], dict(importance="l2")),
     (["--importance", "random", "--seed", "3"], dict(importance="random", seed=3)),
+    (["--importance", "bn_scale"], dict(importance="bn_scale")),
 ])
 def test_a_saved_model_keeps_its_trained_weights_by_default(flags, options, trained, tmp_path,
                                                             capsys):
@@ -440,7 +441,7 @@ def test_taylor_importance_is_not_offered(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["precrop", "resnet20", "--params", "0.5", "--importance", "taylor"])
     assert exit_.value.code == 2
-    assert "invalid choice: 'taylor' (choose from 'l1', 'l2', 'random')" in capsys.readouterr().err
+    assert "invalid choice: 'taylor' (choose from 'l1', 'l2', 'bn_scale', 'random')" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["precrop", "--help"])
     assert "importance='taylor', data=(x, y)" in " ".join(capsys.readouterr().out.split())

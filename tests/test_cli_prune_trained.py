@@ -123,6 +123,37 @@ def test_shrink_fades_the_doomed_channels_then_cuts_them_at_once(files, tmp_path
     assert small.count_params() == kp.apply_plan(original, kp.plan(original, params=0.5)).count_params()
 
 
+@pytest.mark.parametrize("importance", ["taylor", "bn_scale"])
+def test_importance_ranks_the_channels_during_training(files, tmp_path, capsys, monkeypatch, importance):
+    """--importance reaches kp.GradualPruning; taylor with the first training examples in batches."""
+    out, made, gradual_pruning = str(tmp_path / "small.keras"), [], kp.GradualPruning
+
+    def spy(*args, **kwargs):
+        made.append(kwargs)
+        return gradual_pruning(*args, **kwargs)
+
+    monkeypatch.setattr(kp, "GradualPruning", spy)
+    assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--importance", importance,
+                 "--data", files["train_only.npz"], "--epochs", "1", "--batch_size", "64",
+                 "--out", out]) == 0
+    assert made[0]["importance"] == importance
+    if importance == "taylor":
+        x = np.load(files["train_only.npz"])["x_train"]
+        assert [len(b[0]) for b in made[0]["data"]] == [64] * 4  # the 256 examples
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in made[0]["data"]]), x)
+    else:
+        assert made[0]["data"] is None
+    original = keras.models.load_model(files["trained.keras"])
+    assert keras.models.load_model(out).count_params() == \
+        kp.apply_plan(original, kp.plan(original, params=0.5)).count_params()
+
+
+def test_the_rankings_offered_are_those_gradual_pruning_takes():
+    from keras_precrop import gradual  # noqa: PLC0415  (the command line's module loads no keras)
+
+    assert set(cli._GRADUAL_IMPORTANCE) == set(gradual.IMPORTANCE)
+
+
 def _refusal(argv, capsys):
     """The one error line of ``prune-trained ARGV`` (exit status 1), without its prefix."""
     assert main(["prune-trained", *argv]) == 1

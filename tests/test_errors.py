@@ -147,7 +147,7 @@ def test_budgets_that_count_macs_need_the_spatial_size():
 @pytest.mark.parametrize("options, message, arguments", [
     (dict(weights="trained"), "weights='trained' must be None (fresh weights", {"weights": "trained"}),
     (dict(weights="keep", importance="l3"), "importance='l3' is unknown; use one of ['l1', 'l2', "
-     "'taylor', 'random']", {"importance": "l3"}),
+     "'taylor', 'bn_scale', 'random']", {"importance": "l3"}),
     (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: a few (x, y) "
      "batches", {"importance": "taylor"}),
     (dict(weights="keep", data=(np.zeros((1, 16, 16, 3)), np.zeros(1))), "data= is for "

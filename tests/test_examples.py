@@ -357,10 +357,12 @@ def test_cifar_distill_fine_tunes_the_student_with_the_recipes_loop(tmp_path, te
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", [[], ["--gradual_schedule=final", "--gradual_shrink=0.5"]])
+@pytest.mark.parametrize("shape", [[], ["--gradual_schedule=final", "--gradual_shrink=0.5"],
+                                   ["--importance=taylor"]])
 def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_path, teacher, shape):
     """--gradual_epochs with --distill: the whole model trains masked (kp.GradualPruning reaches the
-    plan after one epoch; cubic, or all at once after fading), the record names the method and holds
+    plan after one epoch; cubic, or all at once after fading; ranked by L1 or by Taylor on training
+    batches at every update), the record names the method and holds
     the plan's costs, the rebuilt smaller model is saved and scores what the masked model's last
     epoch did (the script checks)."""
     results, stdout = _train(tmp_path, "train_cifar.py", [
@@ -370,8 +372,9 @@ def test_cifar_gradual_prunes_while_training_and_saves_the_rebuilt_model(tmp_pat
     _check_results(results, epochs=2)
     plan = kp.Plan.from_json(str(_PLAN))
     assert results["prune"] == "gradual" and results["gradual"]["end_step"] == 2
-    assert results["gradual"]["shrink"] == (0.5 if shape else 0.0)
-    assert ("fading" in stdout) == bool(shape)
+    fading = "--gradual_shrink=0.5" in shape
+    assert results["gradual"]["shrink"] == (0.5 if fading else 0.0) and ("fading" in stdout) == fading
+    assert results["importance"] == ("taylor" if "--importance=taylor" in shape else "l1")
     assert results["params"] == plan.predicted["params"] and results["macs"] == plan.predicted["macs"]
     small = keras.saving.load_model(tmp_path / "final_model.keras", compile=False)
     assert small.count_params() == plan.predicted["params"]

@@ -26,6 +26,7 @@ from keras_precrop.graph.walker import walk
 from keras_precrop.training import finetune
 from keras_precrop.training.optimizers import SGDWithL2
 from keras_precrop.transfer.carry import carry_weights
+from tests.backend_scripts import gradual_fit
 from tests.conftest import random_cnns
 
 L = keras.layers
@@ -304,6 +305,41 @@ def test_fading_rebuilds_the_model_once_and_ranks_the_current_weights_at_every_u
     assert faded and {w.path: m == 0 for w, m in fresh}.keys() == faded.keys()
     for w, mask in fresh:
         np.testing.assert_array_equal(faded[w.path], mask == 0)
+
+
+def test_a_writer_channel_once_masked_stays_out_though_its_stream_channel_grows():
+    """``regrow=False``: a residual writer narrower than its stream keeps its masked channels out,
+    even where the stream's shared order, re-ranked, would hand one back (the stream's own channel
+    made the strongest after the writer lost it); the zeros only grow, update after update."""
+    model = gradual_fit.residual_cnn()
+    x, y = gradual_fit.data(batches=8)
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.2)  # the stream 16 -> 11, its writer c2 16 -> 9
+    pruning = kp.GradualPruning(the_plan, end_step=6, frequency=2, schedule="linear", verbose=0)
+    history, boosted = [], []
+
+    class Boost(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            history.append({w.path: m.copy() for w, m in pruning._masks})
+            masks = history[-1]
+            lost = np.flatnonzero((masks.get("c2/bias", np.ones(16)) == 0)
+                                  & (masks.get("stem_bn/gamma", np.ones(16)) == 1))
+            if len(lost) and not boosted:  # the stream's channel j, which c2 no longer writes
+                boosted.append(int(lost[0]))
+                for w in (model.get_layer("stem").kernel, model.get_layer("stem_bn").gamma):
+                    value = keras.ops.convert_to_numpy(w)
+                    value[..., boosted[0]] *= 100.0
+                    w.assign(value)
+
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[pruning, Boost()], verbose=0)
+    assert boosted and pruning._fraction == 1.0
+    assert history[-1]["c2/bias"][boosted[0]] == 0 and not history[-1]["c2/kernel"][..., boosted[0]].any()
+    for before, after in zip(history, history[1:]):
+        for path, mask in before.items():
+            assert not np.any(after[path][mask == 0]), path
+    small = pruning.finalize()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
 
 
 def test_distiller_student_is_pruned():

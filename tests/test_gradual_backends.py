@@ -15,6 +15,9 @@ model computes what the masked model computes.
   ``Distiller`` too with ``-m slow``;
 * the finalized model trained on with the optimizer's state carried over
   (``carry_optimizer``) ends with the weights of the masked model trained on;
+* channels ranked by Taylor during the fit (``importance="taylor"``): the
+  last update's masks are those a one-shot Taylor ranking picks from the
+  weights reached (gradients taken at the training state, under JAX too);
 * checkpoint and resume: a fit interrupted in the middle of the schedule and
   resumed by ``keras.callbacks.BackupAndRestore`` into a new model with a new
   callback ends with the weights, zeros included, of an uninterrupted fit
@@ -60,7 +63,7 @@ def _assert_carried(result):
 
 
 def _backend_run(backend, tmp_path):
-    args = [SCRIPT, "--distiller", "--resume", str(tmp_path / "backup"), "--carry"]
+    args = [SCRIPT, "--distiller", "--resume", str(tmp_path / "backup"), "--carry", "--taylor"]
     result = json.loads(_check(_run(backend, args, tmp_path / "jax_cache")).strip().splitlines()[-1])
     assert result["backend"] == backend
     _assert_pruned(result["fit"])
@@ -68,6 +71,9 @@ def _backend_run(backend, tmp_path):
     _assert_pruned(result["distiller"])
     _assert_resumed(result["resume"])
     _assert_carried(result["carry"])
+    _assert_pruned(result["taylor"])
+    assert result["taylor"]["taylor_masks_differ"] == 0  # ranked at the weights reached mid-fit
+    assert len(set(result["taylor"]["taylor_masked_weights"])) == 1
 
 
 def test_gradual_pruning_under_jax(tmp_path):

@@ -84,7 +84,8 @@ def options(draw, names):
         kwargs["params"] = draw(ratio)
     kwargs["weights"] = draw(st.sampled_from((None, "keep")))
     if kwargs["weights"] == "keep":
-        kwargs["importance"] = draw(st.sampled_from(("l1", "l1", "l2", "random", "random", "taylor")))
+        kwargs["importance"] = draw(st.sampled_from(("l1", "l1", "l2", "random", "random", "taylor",
+                                                     "bn_scale")))
     kwargs["ignore"] = draw(st.lists(st.sampled_from(sorted(names)), max_size=2, unique=True))
     kwargs["round_to"] = draw(st.sampled_from((1, 1, 2, 4, 8)))
     kwargs["mode"] = draw(st.sampled_from(sorted(MODES) + ["auto"]))

@@ -79,7 +79,8 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
     """
     values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
     if selection is None:
-        selection = select(graph, widths, channel_scores(graph, values, importance, gradients, seed))
+        scores = channel_scores(graph, values, importance, gradients, seed, widths)
+        selection = select(graph, widths, scores)
     for _, new_w, value in carried(graph, new_graph, widths, selection, values):
         new_w.assign(value)
     return selection

@@ -23,6 +23,11 @@ conv it feeds).
   BatchNormalization, the BatchNormalization's output); over the weights
   that read it, it is the read activation times the gradient that flows
   back through that reader. Weight gradients suffice, on every backend;
+* ``"bn_scale"``: the magnitude of the scale (``gamma``) of the
+  normalization layers that write the channel (network slimming's ranking:
+  a BatchNormalization's output is ``gamma`` times a unit-variance channel,
+  so ``|gamma|`` is its size); the plan must cut only channels such a
+  scale writes, else the channels would rank at random, so that is refused;
 * ``"random"``: seeded random scores, the control of an experiment.
 
 Moving statistics and other non-trainable weights are carried, not scored.
@@ -32,14 +37,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_precrop.errors import ArgumentError
 from keras_precrop.graph.channels import input_shape
 from keras_precrop.graph.handlers import WeightSpec
 from keras_precrop.transfer import flow
+from keras_precrop.transfer.selection import families
 
-IMPORTANCE = ("l1", "l2", "taylor", "random")
+IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
 
 
-def channel_scores(graph, values, importance, gradients=None, seed=0):
+def channel_scores(graph, values, importance, gradients=None, seed=0, widths=None):
     """Importance of every original channel of every width variable that is a group.
 
     Args:
@@ -49,22 +56,57 @@ def channel_scores(graph, values, importance, gradients=None, seed=0):
         gradients: for ``"taylor"``: one ``{id(weight): loss gradient}`` per
             batch, for the trainable weights of ``graph.model``.
         seed: the seed of ``"random"``.
+        widths: the widths the scores will cut to; for ``"bn_scale"``,
+            checked to cut only channels a normalization scale writes.
 
     Returns:
         ``{variable index: float array over its original channels}`` for
         each variable that is not a view (views read their stream's channels).
+
+    Raises:
+        ArgumentError: ``"bn_scale"`` where ``widths`` cut a family of
+            channels some of which no normalization scale writes.
     """
     variables = graph.variables
     groups = [i for i, v in enumerate(variables) if v.kind != "view"]
     offsets = dict(zip(groups, np.cumsum([0] + [variables[i].width for i in groups])))
     total = sum(variables[i].width for i in groups)
     if importance == "random":
-        scores = np.random.default_rng(seed).random(total)
-    else:
-        scores = np.zeros(total)
-        for call, origin_in, origin_out in _origins(graph, offsets).values():
-            _score_layer(call, origin_in, origin_out, values, (importance, gradients), scores)
-    return {i: scores[offsets[i]:offsets[i] + variables[i].width] for i in groups}
+        return _split(np.random.default_rng(seed).random(total), variables, groups, offsets)
+    scores, scaled = np.zeros(total), np.zeros(total, bool)
+    for call, origin_in, origin_out in _origins(graph, offsets).values():
+        _score_layer(call, origin_in, origin_out, values, (importance, gradients), (scores, scaled))
+    if importance == "bn_scale" and widths is not None:
+        _refuse_unscaled(graph, widths, _split(scaled, variables, groups, offsets))
+    return _split(scores, variables, groups, offsets)
+
+
+def _split(flat, variables, groups, offsets):
+    """``{variable index: its slice of the flat per-channel array}``."""
+    return {i: flat[offsets[i]:offsets[i] + variables[i].width] for i in groups}
+
+
+def _refuse_unscaled(graph, widths, scaled):
+    """Refuse ``"bn_scale"`` where the widths cut a family with channels no scale writes.
+
+    Such channels would score 0 and go first, whatever they carry.
+    """
+    variables, unscaled = graph.variables, []
+    for root, members in families(variables).items():
+        if all(widths[i] >= variables[i].width for i in members):
+            continue
+        covered = np.zeros(variables[root].width, bool)
+        for i in (i for i in members if i in scaled):
+            width = min(len(scaled[i]), len(covered))
+            covered[:width] |= scaled[i][:width]
+        if not covered.all():
+            unscaled.append(f"{variables[root].name!r} (layers {variables[root].layers[:3]})")
+    if unscaled:
+        raise ArgumentError(
+            "{importance} ranks channels by the scale (gamma) of the normalization layer that "
+            "writes them, but the plan cuts channels that no such scale writes: "
+            + ", ".join(unscaled) + ". Rank them by 'l1' or 'taylor' instead.",
+            importance="bn_scale")
 
 
 def _origins(graph, offsets):
@@ -101,10 +143,12 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
     The layer's weights on the channels it writes (kernel filters, bias,
     gamma and beta) add up to one share, those on the channels it reads to
     another: for Taylor, ``sum w * dL/dw`` over a channel's output weights is
-    the channel's ``sum activation x gradient``.
+    the channel's ``sum activation x gradient``. ``"bn_scale"`` takes a
+    normalization's ``gamma`` alone and marks its channels in ``scores[1]``.
     """
     rec = call.record
     importance, gradients = method
+    scores, scaled = scores
     width = input_shape(call.node)[-1]
     sides = {"in": [], "out": []}
     weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
@@ -112,6 +156,8 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
         grads = [g[id(w)] for g in gradients or () if id(w) in g]
         if not w.trainable or not roles or (importance == "taylor" and not grads):
             continue  # statistics, weights without channels, frozen weights
+        if importance == "bn_scale" and w is not getattr(rec.layer, "gamma", None):
+            continue
         value = values[id(w)].astype(np.float64)
         if "group_in" in roles.values():  # all inputs, zero across groups
             spec = grouped(width, value)
@@ -125,6 +171,8 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
     for parts in sides.values():
         if parts:
             _accumulate(scores, parts)
+            if importance == "bn_scale":
+                scaled[np.concatenate([ids for ids, _ in parts]).ravel()] = True
 
 
 def grouped(width, kernel):
@@ -136,7 +184,7 @@ def _per_index(value, grads, axis, importance):
     """Per index along ``axis``: the L1 or L2 norm of the rest of the weight (one row), or its
     ``sum w * dL/dw`` per batch (a row per batch)."""
     rows = np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)
-    if importance == "l1":
+    if importance in ("l1", "bn_scale"):
         return np.abs(rows).sum(1)[None]
     if importance == "l2":
         return np.sqrt(np.square(rows).sum(1))[None]

@@ -42,14 +42,8 @@ def select(graph, widths, scores):
         channel each new channel is, ``-1`` for a new one.
     """
     variables = graph.variables
-    families = {}
-    for i in range(len(variables)):
-        root = i
-        while variables[root].bound is not None:
-            root = variables[root].bound
-        families.setdefault(root, []).append(i)
     selection = {}
-    for root, members in families.items():
+    for root, members in families(variables).items():
         v = variables[root]
         if members == [root]:
             selection[root] = _best(scores[root], int(widths[root]), v.multiple)
@@ -59,6 +53,20 @@ def select(graph, widths, scores):
             if variables[i].kind != "view":
                 selection[i] = _prefix(order, int(widths[i]), variables[i])
     return selection
+
+
+def families(variables):
+    """``{root: [member indices]}``: each unbounded width variable with those bounded by it.
+
+    A family shares one order of its channels (see the module docstring).
+    """
+    out = {}
+    for i in range(len(variables)):
+        root = i
+        while variables[root].bound is not None:
+            root = variables[root].bound
+        out.setdefault(root, []).append(i)
+    return out
 
 
 def _best(score, width, multiple):

@@ -1,7 +1,7 @@
 """``kp.GradualPruning`` in ``model.fit`` under the current Keras backend: prints one JSON line.
 
-Usage: ``python gradual_fit.py [--mirrored] [--distiller] [--resume FOLDER] [--carry]``. Builds a small
-functional CNN (batch norm, a residual add), plans ``params=0.5``, fits it a
+Usage: ``python gradual_fit.py [--mirrored] [--distiller] [--resume FOLDER] [--carry] [--taylor]``.
+Builds a small functional CNN (batch norm, a residual add), plans ``params=0.5``, fits it a
 few steps with the callback, finalizes, and reports what
 ``tests/test_gradual_backends.py`` checks against independent references:
 the masked weights' values (on every replica), every kept weight's change,
@@ -14,7 +14,8 @@ must be configured before TensorFlow starts, hence a script of its own.
 ``--resume FOLDER`` also interrupts a fit in the middle of the schedule and
 resumes it with a new model and a new callback through
 ``keras.callbacks.BackupAndRestore`` (see :func:`resume`). ``--carry`` trains the
-finalized model on with the optimizer's state carried over (see :func:`carry`).
+finalized model on with the optimizer's state carried over (see :func:`carry`);
+``--taylor`` ranks channels by Taylor on two batches during the fit (see :func:`taylor`).
 """
 
 import contextlib
@@ -46,6 +47,39 @@ def data(seed=0, batches=STEPS_PER_EPOCH, batch_size=8):
     rng = np.random.default_rng(seed)
     n = batches * batch_size
     return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.integers(0, 5, n)
+
+
+def taylor():
+    """Fits the residual CNN ranked by Taylor on two batches, its last update at its last step.
+
+    Reports, besides :func:`report`, how many mask elements differ from those
+    a one-shot Taylor ranking picks from the weights the fit ends with (the
+    masked channels are zero, so they rank last and the same are picked):
+    the gradients mid-fit were taken at the weights training had reached.
+    The residual stream is tied (one width): with ``"prefix"`` its writers'
+    masks keep the order of earlier updates, which a one-shot ranking of the
+    final weights does not know.
+    """
+    import keras_precrop as kp
+    from keras_precrop.graph.walker import walk
+    from keras_precrop.planning import planned_widths, taylor_gradients
+
+    x, y = data()
+    model = residual_cnn()
+    plan = kp.plan(model, params=0.5, residual="tie")  # the stream keeps one order of its channels
+    initial = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning = kp.GradualPruning(plan, end_step=2 * STEPS_PER_EPOCH, frequency=2, importance="taylor",
+                                data=(x[:16], y[:16]), verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[pruning], verbose=0)
+    graph = walk(model, residual="tie")
+    expected, _ = kp.gradual.channel_masks(graph, planned_widths(graph, plan, model),
+                                           ("taylor", taylor_gradients(model, (x[:16], y[:16]))))
+    got = {w.path: m for w, m in pruning._masks}
+    differ = sum(int(np.sum(got[w.path] != m)) if w.path in got else m.size for w, m in expected)
+    return {**report(pruning, model, plan, initial, x), "taylor_masks_differ": differ,
+            "taylor_masked_weights": [len(got), len(expected)]}
 
 
 def _replicas(variable):
@@ -223,6 +257,8 @@ def main(argv):
         result["resume"] = resume(folder, interrupt_at=7, pruning_first=True)
     if "--carry" in argv:
         result["carry"] = carry()
+    if "--taylor" in argv:
+        result["taylor"] = taylor()
     if "--distiller" in argv:
         try:
             result["distiller"] = run(distiller=True, strategy=strategy)
