@@ -176,6 +176,8 @@ class GradualPruning(keras.callbacks.Callback):
             _refuse_normalized_cuts(self._graph, self._targets)  # before any step trains
             if self.importance == "taylor":  # the data fits the model, before any step trains
                 self._data = check_data(model, self._data, "data").data
+            if self.importance == "bn_scale":  # a scale ranks every channel the plan cuts
+                channel_scores(self._graph, _values(model), "bn_scale", widths=self._targets)
         self._ranked = False
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -378,9 +380,8 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     """
     _refuse_normalized_cuts(graph, widths)
     model = graph.model
-    values = {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
     name, gradients = importance if isinstance(importance, tuple) else (importance, None)
-    scores = channel_scores(graph, values, name, gradients, widths=widths)
+    scores = channel_scores(graph, _values(model), name, gradients, widths=widths)
     selection = select(graph, widths, scores if kept is None else _first(scores, kept))
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
@@ -395,6 +396,11 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
         if mask.min() == 0:
             masks.append((w, mask.reshape(w.shape)))
     return masks, selection
+
+
+def _values(model):
+    """``{id(weight): numpy array}`` of every weight of ``model``, as the scores read them."""
+    return {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
 
 
 def _first(scores, kept):

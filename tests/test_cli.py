@@ -441,7 +441,8 @@ def test_taylor_importance_is_not_offered(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["precrop", "resnet20", "--params", "0.5", "--importance", "taylor"])
     assert exit_.value.code == 2
-    assert "invalid choice: 'taylor' (choose from 'l1', 'l2', 'bn_scale', 'random')" in capsys.readouterr().err
+    choices = "(choose from 'l1', 'l2', 'bn_scale', 'random')"
+    assert f"invalid choice: 'taylor' {choices}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["precrop", "--help"])
     assert "importance='taylor', data=(x, y)" in " ".join(capsys.readouterr().out.split())

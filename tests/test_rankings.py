@@ -64,11 +64,14 @@ def test_bn_scale_refuses_channels_no_scale_writes():
     the_plan = kp.plan(model, params=0.5)
     with pytest.raises(kp.ArgumentError, match=r"importance='bn_scale'.*'conv_a'"):
         kp.apply_plan(model, the_plan, weights="keep", importance="bn_scale")
+    x = np.random.default_rng(0).normal(size=(8, 8, 8, 3)).astype("float32")
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    before = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    pruning = kp.GradualPruning(the_plan, end_step=4, frequency=2, importance="bn_scale", verbose=0)
     with pytest.raises(kp.ArgumentError, match=r"importance='bn_scale'.*'conv_a'"):
-        x = np.zeros((4, 8, 8, 3), "float32")
-        model.compile(keras.optimizers.SGD(0.01), "mse")
-        pruning = kp.GradualPruning(the_plan, end_step=0, importance="bn_scale", verbose=0)
-        model.fit(x, np.zeros((4, 3)), batch_size=4, callbacks=[pruning], verbose=0)
+        model.fit(x, np.ones((8, 3)), batch_size=4, callbacks=[pruning], verbose=0)
+    for b, w in zip(before, model.weights):  # refused before any step trained
+        np.testing.assert_array_equal(b, keras.ops.convert_to_numpy(w))
     scaled = _conv_bn_model()
     with pytest.raises(kp.ArgumentError, match="importance='bn_scale'") as error:
         kp.apply_plan(scaled, kp.plan(scaled, params=0.5, ignore=["conv_a"]), weights="keep",
