@@ -21,7 +21,8 @@ structured and ending in a really smaller model:
   computes exactly what the rebuilt one will;
 * after each optimizer step the masks are applied again (``regrow=False``, the
   default: a masked channel stays at zero, and out: the channels an update
-  kept rank above the others at the next) or only at the next update
+  kept, or a restored model's channels that are not zero, rank above the
+  others at the next) or only at the next update
   (``regrow=True``: soft filter pruning, a masked channel may train back and
   win its place again);
 * optionally (``shrink``) the channels the plan's widths leave out, as ranked
@@ -220,7 +221,8 @@ class GradualPruning(keras.callbacks.Callback):
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
         ranking = (self.importance, taylor_gradients(self.pruned, self._data)
                    if self.importance == "taylor" and (fraction > 0 or fading) else None)
-        kept = None if self.regrow else self._selection  # a masked channel stays out
+        kept = None if self.regrow else (  # a masked channel stays out, a restored one too
+            self._selection if self._selection is not None else _nonzero(self._graph))
         self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
             self._graph, self._widths, ranking, self._rebuilt(self._widths), kept)
         self._fading = []
@@ -365,10 +367,11 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
         rebuilt: :func:`_rebuilt_walk` of ``graph`` at ``widths``, made
             once by a caller that masks at the same widths again (building
             the model costs more than ranking its channels); default: built here.
-        kept: the channels an earlier call kept (its selection), ranked
-            above all others, so that none it masked comes back (a residual
-            stream's order is shared by writers of several widths, and
-            re-ranked freely it could hand a writer a channel it lost).
+        kept: the channels an earlier call kept (its selection, or those
+            not zero), ranked above all others, so that none it masked comes
+            back (a residual stream's order is shared by writers of several
+            widths, and re-ranked freely it could hand a writer a channel it
+            lost).
 
     Returns:
         ``([(variable, mask)], selection)``: the trainable weights with at
@@ -401,6 +404,13 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
 def _values(model):
     """``{id(weight): numpy array}`` of every weight of ``model``, as the scores read them."""
     return {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
+
+
+def _nonzero(graph):
+    """The channels of every variable whose weights are not all zero: what an earlier callback
+    kept, for a callback that starts on a masked model (a fit resumed by ``BackupAndRestore``)."""
+    return {i: np.flatnonzero(score > 0)
+            for i, score in channel_scores(graph, _values(graph.model), "l1").items()}
 
 
 def _first(scores, kept):

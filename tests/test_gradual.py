@@ -342,6 +342,32 @@ def test_a_writer_channel_once_masked_stays_out_though_its_stream_channel_grows(
                                keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
 
 
+def test_a_new_callback_on_a_masked_model_keeps_its_masked_channels_out():
+    """A fit resumed with a new callback (``BackupAndRestore`` restores the masked weights, not the
+    callback's ranking): the channels that are zero rank last, so the writer's masked channel stays
+    out even where its stream channel is now the strongest."""
+    model = gradual_fit.residual_cnn()
+    x, y = gradual_fit.data(batches=3)
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.2)
+    first = kp.GradualPruning(the_plan, end_step=6, frequency=2, schedule="linear", verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[first], verbose=0)  # steps 1-3
+    masks = {w.path: m for w, m in first._masks}
+    lost = np.flatnonzero((masks["c2/bias"] == 0) & (masks.get("stem_bn/gamma", np.ones(16)) == 1))
+    assert len(lost)
+    for w in (model.get_layer("stem").kernel, model.get_layer("stem_bn").gamma):
+        value = keras.ops.convert_to_numpy(w)
+        value[..., lost[0]] *= 100.0
+        w.assign(value)
+    second = kp.GradualPruning(the_plan, end_step=6, frequency=2, schedule="linear", verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[second], verbose=0)  # 4-6
+    assert second._fraction == 1.0
+    again = {w.path: m for w, m in second._masks}
+    for path, mask in masks.items():  # what the first callback masked stays masked
+        assert not np.any(again[path][mask == 0]), path
+    assert not keras.ops.convert_to_numpy(model.get_layer("c2").kernel)[..., lost[0]].any()
+
+
 def test_distiller_student_is_pruned():
     model, x, y = _fit_setup(2)
     teacher = _resnet_block_model(3)
