@@ -56,7 +56,7 @@ from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.walker import walk
 from keras_precrop.planning import Plan, build_checked, named_for, planned_widths, taylor_gradients
 from keras_precrop.training._user_data import check_data
-from keras_precrop.transfer.carry import carried, carry_weights, check_options
+from keras_precrop.transfer.carry import carried, carry_weights, check_options, weight_values
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
@@ -178,7 +178,7 @@ class GradualPruning(keras.callbacks.Callback):
             if self.importance == "taylor":  # the data fits the model, before any step trains
                 self._data = check_data(model, self._data, "data").data
             if self.importance == "bn_scale":  # a scale ranks every channel the plan cuts
-                channel_scores(self._graph, _values(model), "bn_scale", widths=self._targets)
+                channel_scores(self._graph, weight_values(model), "bn_scale", widths=self._targets)
         self._ranked = False
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -221,10 +221,8 @@ class GradualPruning(keras.callbacks.Callback):
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
         ranking = (self.importance, taylor_gradients(self.pruned, self._data)
                    if self.importance == "taylor" and (fraction > 0 or fading) else None)
-        kept = None if self.regrow else (  # a masked channel stays out, a restored one too
-            self._selection if self._selection is not None else _nonzero(self._graph))
         self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
-            self._graph, self._widths, ranking, self._rebuilt(self._widths), kept)
+            self._graph, self._widths, ranking, self._rebuilt(self._widths), self._kept())
         self._fading = []
         if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
             final, _ = channel_masks(self._graph, self._targets, ranking,
@@ -238,6 +236,14 @@ class GradualPruning(keras.callbacks.Callback):
             print(f"GradualPruning: step {step}, {fraction:.0%} of the way to the plan, "
                   f"{masked:,} weights masked" + (f", {fading:,} fading" if fading else ""),
                   flush=True)
+
+    def _kept(self):
+        """The channels the next masks must keep within (``regrow=False``: a masked channel stays
+        out): the last update's, or those not zero in a model this callback starts on masked (a
+        resumed fit); ``None`` with ``regrow``. Read only where an update masks."""
+        if self.regrow:
+            return None
+        return self._selection if self._selection is not None else _nonzero(self._graph)
 
     def _rebuilt(self, widths):
         """The model rebuilt at the plan's widths, made once: the fading ranks at them at every
@@ -384,7 +390,7 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     _refuse_normalized_cuts(graph, widths)
     model = graph.model
     name, gradients = importance if isinstance(importance, tuple) else (importance, None)
-    scores = channel_scores(graph, _values(model), name, gradients, widths=widths)
+    scores = channel_scores(graph, weight_values(model), name, gradients, widths=widths)
     selection = select(graph, widths, scores if kept is None else _first(scores, kept))
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
@@ -401,16 +407,11 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     return masks, selection
 
 
-def _values(model):
-    """``{id(weight): numpy array}`` of every weight of ``model``, as the scores read them."""
-    return {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
-
-
 def _nonzero(graph):
     """The channels of every variable whose weights are not all zero: what an earlier callback
     kept, for a callback that starts on a masked model (a fit resumed by ``BackupAndRestore``)."""
     return {i: np.flatnonzero(score > 0)
-            for i, score in channel_scores(graph, _values(graph.model), "l1").items()}
+            for i, score in channel_scores(graph, weight_values(graph.model), "l1").items()}
 
 
 def _first(scores, kept):

@@ -77,13 +77,18 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
     Returns:
         ``{variable index: original channel of each new channel (-1: new)}``.
     """
-    values = {id(w): keras.ops.convert_to_numpy(w) for w in graph.model.weights}  # read once
+    values = weight_values(graph.model)  # read once
     if selection is None:
         scores = channel_scores(graph, values, importance, gradients, seed, widths)
         selection = select(graph, widths, scores)
     for _, new_w, value in carried(graph, new_graph, widths, selection, values):
         new_w.assign(value)
     return selection
+
+
+def weight_values(model):
+    """``{id(weight): numpy array}`` of every weight of ``model``: what scores and carrying read."""
+    return {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
 
 
 def carried(graph, new_graph, widths, selection, values):
