@@ -589,9 +589,9 @@ def _run_prune_trained(args):
 def _taylor_batches(train, batch_size):
     """The first training examples, in batches: what ``--importance taylor`` takes gradients on."""
     if isinstance(train, tuple):
-        x, y = train
-        return [(x[i:i + batch_size], y[i:i + batch_size])
-                for i in range(0, min(len(x), _TAYLOR_EXAMPLES), batch_size)]
+        from keras_precrop.training._user_data import array_batches  # noqa: PLC0415  (as keras above)
+
+        return array_batches(train, batch_size, limit=_TAYLOR_EXAMPLES)
     return train.take(math.ceil(_TAYLOR_EXAMPLES / batch_size))
 
 

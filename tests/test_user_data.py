@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import keras_precrop as kp
 from keras_precrop.errors import DataError
-from keras_precrop.training._user_data import check_data, outputs_probabilities
+from keras_precrop.training._user_data import array_batches, check_data, outputs_probabilities
 
 L = keras.layers
 RNG = np.random.default_rng(0)
@@ -181,3 +181,18 @@ def test_fine_tune_names_its_own_data_arguments():
         kp.fine_tune(model, _dataset(X, Y).batch(4).repeat(), verbose=0)
     with pytest.raises(DataError, match=r"^train_data= must give \(x, y\) batches"):
         kp.fine_tune(model, X, verbose=0)  # labels are needed unless distilling with alpha=0
+
+
+@pytest.mark.parametrize("batch_size, limit, sizes", [(5, None, [5, 5, 5, 1]), (5, 8, [5, 5]),
+                                                      (16, 4, [16]), (4, 100, [4, 4, 4, 4])])
+def test_array_batches_cut_rows_in_order_without_copies(batch_size, limit, sizes):
+    """Arrays are read in batches that start below ``limit``, rows in order, (x, y) kept paired."""
+    batches = array_batches((X, Y), batch_size, limit=limit)
+    assert [len(x) for x, _ in batches] == [len(y) for _, y in batches] == sizes
+    rows = sum(sizes)
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in batches]), X[:rows])
+    np.testing.assert_array_equal(np.concatenate([y for _, y in batches]), Y[:rows])
+    assert all(np.shares_memory(x, X) for x, _ in batches)  # views: a list read at every update
+    nested = array_batches({"a": X, "b": Y}, 8)
+    assert [sorted(b) for b in nested] == [["a", "b"]] * 2
+    np.testing.assert_array_equal(nested[1]["b"], Y[8:])

@@ -80,6 +80,24 @@ class Checked(typing.NamedTuple):
     inputs: object
 
 
+def array_batches(arrays, batch_size, limit=None):
+    """``arrays`` (an array, or a pair or other structure of arrays of equal length) cut into
+    batches of ``batch_size`` rows, the way a loop of model calls reads them.
+
+    Slices are views, so the list costs no copy and can be read more than once
+    (``GradualPruning`` reads its ``data=`` at every update).
+
+    Args:
+        arrays: the rows, e.g. ``(x, y)``.
+        batch_size: rows a batch; the last batch may be shorter.
+        limit: only the batches that start before this row (``None``: all).
+    """
+    rows = len(keras.tree.flatten(arrays)[0])
+    stop = rows if limit is None else min(rows, limit)
+    return [keras.tree.map_structure(lambda a, s=start: a[s:s + batch_size], arrays)
+            for start in range(0, stop, batch_size)]
+
+
 def outputs_probabilities(model, inputs=None):
     """Whether ``model``'s (single) output is a softmax's probabilities rather than logits.
 

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import NAME_ONLY, ArgumentError
-from keras_precrop.training._user_data import _is_pair, _split_batch, check_data
+from keras_precrop.training._user_data import _is_pair, _split_batch, array_batches, check_data
 from keras_precrop.training.finetune import _check_count, _restore_flags, _trainable_flags
 
 
@@ -125,9 +125,8 @@ def _input_batches(data, batches, batch_size):
     """The inputs of at most ``batches`` batches of ``data`` (checked), as numpy arrays."""
     if _is_pair(data) or (hasattr(data, "shape") and hasattr(data, "dtype")):  # arrays
         x = data[0] if _is_pair(data) else data
-        rows = len(keras.tree.flatten(x)[0])
-        for start in range(0, min(rows, batches * batch_size), batch_size):
-            yield keras.tree.map_structure(lambda a, s=start: np.asarray(a[s:s + batch_size]), x)
+        for batch in array_batches(x, batch_size, limit=batches * batch_size):
+            yield keras.tree.map_structure(np.asarray, batch)
         return
     for batch in itertools.islice(iter(data), batches):
         yield keras.tree.map_structure(np.asarray, _split_batch(batch, "data", labels=False)[0])

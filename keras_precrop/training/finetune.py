@@ -33,7 +33,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import NAME_ONLY, ArgumentError
-from keras_precrop.training._user_data import check_data, outputs_probabilities
+from keras_precrop.training._user_data import array_batches, check_data, outputs_probabilities
 from keras_precrop.training.optimizers import SGDWithL2
 
 
@@ -150,8 +150,7 @@ def accuracy(model, data, batch_size=32):
         batch_size: the batches that ``(x, y)`` arrays are read in.
     """
     if isinstance(data, tuple):
-        data = [(data[0][i:i + batch_size], data[1][i:i + batch_size])
-                for i in range(0, len(data[0]), batch_size)]
+        data = array_batches(data, batch_size)
     correct = total = 0
     for x, y in data:
         y = np.asarray(y)
