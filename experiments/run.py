@@ -52,6 +52,14 @@ that the driver writes to ``experiments/runs/driver.pid``.
 Example:
   python experiments/run.py --grid experiments/grids/core.json \
       --data_dir ../shared/tfds --commit
+
+``--match`` repeated is a queue in order of need, e.g. a teacher, the gradual
+run that starts from it, the next teacher and its gradual run, then the rest
+(a run id holds its ``init_model``'s id, so anchor a teacher's pattern):
+  python experiments/run.py --grid experiments/grids/trained_teachers.json \
+      --grid experiments/grids/gradual_mobilenet.json --commit \
+      --match '^mobilenet_v2_cifar-baseline-ep10-s0$' --match 'gradual1.*s0$' \
+      --match '^mobilenet_v2_cifar-baseline-ep10-s1$' --match 'gradual1.*s1$' --match .
 """
 
 import argparse
@@ -342,6 +350,16 @@ def _commit(run_dir, keep_model=False):
     return False
 
 
+def _in_match_order(todo, patterns):
+    """The runs of ``todo`` whose id matches one of ``patterns`` (regexes), those of the first
+    pattern first (in ``todo``'s order), then the second's, each run once."""
+    ordered = {}
+    for pattern in patterns:
+        ordered.update({name: flags for name, flags in todo
+                        if name not in ordered and re.search(pattern, name)})
+    return list(ordered.items())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", action="append", required=True, help="grid JSON file (repeatable)")
@@ -355,7 +373,9 @@ def main(argv=None):
         help="checkout whose examples/ and keras_precrop/ train the grids that pin no 'code' "
         "(e.g. a git worktree pinned to a commit); default: this one",
     )
-    parser.add_argument("--match", default=None, help="train only runs whose id matches this regex (first)")
+    parser.add_argument("--match", action="append", default=None,
+                        help="train only runs whose id matches this regex; repeated, the runs of "
+                        "the first pattern train first, then the second's (a queue in order of need)")
     parser.add_argument("--max_runs", type=int, default=None, help="stop after training this many runs")
     args = parser.parse_args(argv)
 
@@ -369,7 +389,7 @@ def main(argv=None):
     todo.sort(key=lambda item: item[1]["seed"])  # stable: every grid's first seed first
     kept = kept_runs(args.grid)
     if args.match:
-        todo = [(name, flags) for name, flags in todo if re.search(args.match, name)]
+        todo = _in_match_order(todo, args.match)
     RUNS.mkdir(parents=True, exist_ok=True)
     done = [name for name, _ in todo if (RUNS / name / "results.json").exists()]
     print(f"[run.py] {len(todo)} runs, {len(done)} done, {len(todo) - len(done)} to train", flush=True)

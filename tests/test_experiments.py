@@ -275,6 +275,15 @@ def test_driver_match_and_max_runs(fake, tmp_path, capsys):
     assert [c["run"] for c in _calls()] == [*trained, "resnet20-baseline-ep1-s1"]
 
 
+def test_driver_trains_repeated_matches_in_their_order(fake, tmp_path, capsys):
+    """--match twice: a queue, the second pattern's runs after the first's, none twice."""
+    grid = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3}])
+    assert _drive(fake, grid, args=["--match=synflow.*s1$", "--match=baseline", "--match=s1$"]) == 0
+    assert _header(capsys.readouterr().out) == ("3", "0", "3")
+    assert [c["run"] for c in _calls()] == ["resnet20-synflow-params0.3-ep1-s1", "resnet20-baseline-ep1-s0",
+                                            "resnet20-baseline-ep1-s1"]
+
+
 def test_driver_reports_a_failed_run_and_goes_on(fake, tmp_path, monkeypatch, capsys):
     grid = _write_grid(tmp_path, "g", [{"method": "baseline"}, {"method": "synflow", "params": 0.3}])
     failing = "resnet20-synflow-params0.3-ep1-s0"
