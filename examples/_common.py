@@ -509,8 +509,9 @@ def _fit_rebuilt(model, pruning, fit, compile_with, reference, eval_ds, epochs, 
     """
     cut, backup = int(FLAGS.gradual_epochs), os.path.join(FLAGS.model_dir, _REBUILT_BACKUP)
     resumed = tf.io.gfile.exists(backup) and tf.io.gfile.listdir(backup)
-    if resumed:
+    if resumed:  # the masked epochs were trained by an earlier process: skip their data passes
         small = compile_with(lambda: _trained(kp.apply_plan(reference, pruning.plan), reference))
+        train.skip_epochs(fit.keywords["train_data"], cut, FLAGS.steps_per_epoch)
     else:
         result = fit(model, epochs=cut, callbacks=(pruning,))
         small = compile_with(lambda: _trained(_finalized(pruning.finalize(), result, eval_ds),

@@ -239,15 +239,20 @@ def _tiny_model():
     return keras.Model(inputs, keras.layers.Dense(_CLASSES, name="fc")(x), name="tiny")
 
 
-def _batches():
-    """Fixed (unshuffled) batches, identical in every process."""
+def _batches(shuffled=False):
+    """Fixed batches, identical in every process; ``shuffled``: reshuffled every epoch from a seed,
+    as ``make_pipeline`` does (epoch k's order is the k-th draw of the seed)."""
     rng = np.random.default_rng(1)
     images = rng.normal(size=(_STEPS * _BATCH, 8, 8, 3)).astype("float32")
     labels = rng.integers(0, _CLASSES, size=_STEPS * _BATCH).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((images, labels)).batch(_BATCH, drop_remainder=True)
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    if shuffled:
+        tf.random.set_seed(0)  # with the op's seed, the same draws in every process
+        ds = ds.shuffle(len(labels), seed=1, reshuffle_each_iteration=True)
+    return ds.batch(_BATCH, drop_remainder=True)
 
 
-def _run(strategy, model_dir, init_weights, callbacks=()):
+def _run(strategy, model_dir, init_weights, callbacks=(), shuffled=False, steps_per_epoch=None):
     """Trains the tiny model for _EPOCHS epochs and returns the TrainResult."""
 
     def build():
@@ -264,7 +269,8 @@ def _run(strategy, model_dir, init_weights, callbacks=()):
         strategy=strategy,
     )
     return train.fit(
-        model, _batches(), _batches(), model_dir=model_dir, epochs=_EPOCHS, callbacks=callbacks, verbose=0
+        model, _batches(shuffled), _batches(), model_dir=model_dir, epochs=_EPOCHS, callbacks=callbacks,
+        steps_per_epoch=steps_per_epoch, verbose=0,
     )
 
 
@@ -292,6 +298,8 @@ def _worker_main(argv):
     parser.add_argument("out")
     parser.add_argument("--kill_after", type=int, default=-1)
     parser.add_argument("--logical_cpus", type=int, default=0)
+    parser.add_argument("--shuffled", action="store_true")
+    parser.add_argument("--steps_per_epoch", type=int, default=None)
     args = parser.parse_args(argv)
     if args.logical_cpus:
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -300,7 +308,8 @@ def _worker_main(argv):
         )
     strategy = train.get_strategy(args.strategy)
     recorder = _Recorder(args.kill_after)
-    result = _run(strategy, args.model_dir, args.init_weights, [recorder])
+    result = _run(strategy, args.model_dir, args.init_weights, [recorder], args.shuffled,
+                  args.steps_per_epoch)
     with open(args.out, "w") as f:
         json.dump(
             {
@@ -403,10 +412,20 @@ def test_fit_without_tensorboard(reference, tmp_path):
         result.final_accuracy  # noqa: B018 - reading the property raises
 
 
-def test_resumes_after_kill(reference, tmp_path):
+@pytest.mark.parametrize("data", ["fixed", "shuffled", "shuffled, steps_per_epoch"])
+def test_resumes_after_kill(reference, tmp_path, data):
+    """Killed after epoch 0 and rerun, the run trains epochs 1-2 as the uninterrupted one did: the
+    weights, optimizer and schedule restored, and (shuffled) the data of epochs 1-2, not epoch 0's
+    order again (the restarted process builds its pipeline afresh; train.skip_epochs), with
+    steps_per_epoch None or the dataset's batches (Keras makes its iterators differently)."""
     init_weights, reference_history = reference
+    flags = {"fixed": [], "shuffled": ["--shuffled"],
+             "shuffled, steps_per_epoch": ["--shuffled", "--steps_per_epoch", _STEPS]}[data]
+    if data != "fixed":  # the uninterrupted run of the same data, here
+        reference_history = _run(tf.distribute.get_strategy(), str(tmp_path / "reference"), init_weights,
+                                 shuffled=True, steps_per_epoch=_STEPS if "steps" in data else None).history
     model_dir = tmp_path / "run"
-    args = ["default", model_dir, init_weights, tmp_path / "out.json"]
+    args = ["default", model_dir, init_weights, tmp_path / "out.json", *flags]
     _wait(_spawn([*args, "--kill_after", 0]), expected_rc=_KILLED_RC)
     with open(model_dir / "history.csv") as f:
         assert [line.split(",")[0] for line in f.read().splitlines()[1:]] == ["0"]

@@ -23,6 +23,7 @@ import csv
 import dataclasses
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -535,6 +536,41 @@ def _files(path):
     )
 
 
+def skip_epochs(train_data, epochs, steps_per_epoch=None):
+    """Advances ``train_data`` (a ``tf.data.Dataset``) past ``epochs`` whole epochs without reading it.
+
+    A pipeline that shuffles or augments with a seed (``make_pipeline``) draws
+    each epoch's order and augmentations from the number of iterations made
+    over it, and a restarted process builds it afresh: a resumed run would
+    replay the first epoch's images instead of the epochs it has not trained.
+    Making an iterator and dropping it advances those seeds as an epoch's
+    iterators do, so the next epoch sees what an uninterrupted run sees
+    (tests/test_train.py checks it against one). Keras' ``fit`` makes two an
+    epoch where ``steps_per_epoch`` is None (one to train on, one made as the
+    pass ends) and one where it is the dataset's batches. Nothing is done for
+    other data, for ``epochs`` below 1, or where an epoch is not one pass
+    (other ``steps_per_epoch``: Keras then keeps one iterator across epochs).
+    """
+    tf = sys.modules.get("tensorflow")
+    if epochs < 1 or tf is None or not isinstance(train_data, tf.data.Dataset):
+        return
+    batches = int(train_data.cardinality())
+    if batches < 0 or steps_per_epoch not in (None, batches):  # infinite, unknown, or partial epochs
+        return
+    for _ in range(epochs * (2 if steps_per_epoch is None else 1)):
+        iter(train_data)
+
+
+def _backed_up_epochs(backup_dir):
+    """The epochs ``BackupAndRestore`` recorded as trained in ``backup_dir`` (0 without a backup)."""
+    path = os.path.join(backup_dir, "training_metadata.json")
+    files = _files(path)
+    if not files.exists(path):
+        return 0
+    with files.GFile(path, "r") as f:
+        return int(json.load(f)["epoch"])
+
+
 def _worker_dir(model_dir, model):
     """The chief writes ``model_dir``; other workers write private subfolders.
 
@@ -616,7 +652,7 @@ def fit(
     loss without ``eval_data``), ``last.keras``, ``tensorboard/`` and
     ``backup/`` (``BackupAndRestore``: a killed run restarted with the same
     arguments continues after the last finished epoch, with the optimizer
-    state and schedule position restored). Rerunning a finished run trains
+    state, schedule position and data order restored). Rerunning a finished run trains
     nothing and returns its history.
 
     Args:
@@ -626,7 +662,11 @@ def fit(
         model_dir: output directory (local or ``gs://``).
         epochs: total epochs, counting those trained before a restart.
         initial_epoch: the epoch to start from when there is no backup yet
-            (a model that takes over from another one's training).
+            (a model that takes over from another one's training), and the
+            epoch ``train_data``'s next pass is for: a run resumed from a
+            backup first skips the passes from there to the backup's epoch
+            (:func:`skip_epochs`), so it trains on the epochs' own shuffles
+            and augmentations, not the first epoch's again.
         steps_per_epoch: batches per epoch; None for the whole dataset.
         eval_steps: evaluation batches; None for the whole dataset.
         callbacks: extra callbacks, run after the built-in ones.
@@ -646,6 +686,8 @@ def fit(
     """
     model_dir = _worker_dir(model_dir, model)
     _files(model_dir).makedirs(model_dir)
+    skip_epochs(train_data, _backed_up_epochs(os.path.join(model_dir, backup)) - initial_epoch,
+                steps_per_epoch)
     monitor = "val_accuracy" if eval_data is not None else "loss"
     progress = []
     if verbose == 1 and not _progress.interactive():
