@@ -21,7 +21,9 @@ Usage::
 import json
 import math
 import pathlib
+import re
 import statistics
+import subprocess
 import textwrap
 
 import matplotlib
@@ -1173,6 +1175,58 @@ def _sanity(data):
     return lines
 
 
+_DATA_ORDER_FIX = "7d3d106"  # train.fit skips the data passes of the epochs a backup restores
+# The runs' train.log files and git history, read from this checkout (HERE holds the results only
+# where the page is regenerated elsewhere: tests/test_experiments_report.py).
+_CHECKOUT = pathlib.Path(__file__).resolve().parent
+
+
+def _replayed_epochs(run_dir):
+    """The epochs (from 1) that a restarted process of the run in ``run_dir`` trained first.
+
+    Before commit ``_DATA_ORDER_FIX`` such an epoch read the first epoch's
+    shuffle and augmentations again (a fresh pipeline's first draw).
+    """
+    epochs, restarted, starts = [], False, 0
+    for line in (run_dir / "train.log").read_text(errors="replace").splitlines():
+        if line.startswith("$ python"):
+            starts += 1
+            restarted = starts > 1
+        elif restarted and (match := re.match(r"Epoch (\d+)/\d+$", line)):
+            restarted = False
+            epochs += [int(match.group(1))] if int(match.group(1)) > 1 else []
+    return epochs
+
+
+def _has_fix(commit, known):
+    """Whether ``commit`` (a run's ``git_commit``) contains ``_DATA_ORDER_FIX``; ``known`` caches it."""
+    if commit not in known:
+        known[commit] = bool(commit) and subprocess.run(
+            ["git", "merge-base", "--is-ancestor", _DATA_ORDER_FIX, commit], cwd=_CHECKOUT,
+            capture_output=True).returncode == 0
+    return known[commit]
+
+
+def _replayed(runs):
+    """The section listing the finished runs that a restart made replay the first epoch's data."""
+    known, rows = {}, []
+    for name, result in sorted(runs.items()):
+        log = _CHECKOUT / "runs" / name / "train.log"
+        epochs = _replayed_epochs(log.parent) if log.exists() else []
+        if epochs and not _has_fix(result.get("git_commit"), known):
+            rows.append(f"| {name} | {', '.join(map(str, epochs))} | {100 * result['final_accuracy']:.2f} |")
+    lines = ["## Runs resumed before the data-order fix", "",
+             f"Before commit {_DATA_ORDER_FIX}, a run killed and restarted from its backup trained its "
+             "next epoch on the first epoch's shuffle and augmentations again (the restarted process "
+             "built its pipeline afresh, and a seeded pipeline draws each epoch from the count of its "
+             "passes): one epoch of data repeated per restart, not a wrong model, but not the "
+             "uninterrupted run either. These finished runs had such epochs (read from train.log); "
+             "their numbers stand, each with this caveat.", ""]
+    if not rows:
+        return lines + ["None.", ""]
+    return lines + ["| run | epochs replayed | test accuracy % |", "|---|---|---:|", *rows, ""]
+
+
 def _skipped(skipped):
     """The runs sanity.py skipped, by reason: ``why (n runs: a, b)``, most common reason first."""
     by_why = {}
@@ -1846,6 +1900,7 @@ def main():
         + _long(long_entries, core, entries["thm_comp"])
         + _modes(core + pareto + entries["balance"] + entries["uniform"] + long_entries)
         + _sanity(sanity)
+        + _replayed(runs)
     )
     lines += ["## Figure 1 (spar_comp): SynExp vs SynFlow layer densities", "", *_spar_comp(), ""]
     lines += ["## Figure 4's proxy: SynFlow's score of each way (no training)", "", *_thm_score(), ""]

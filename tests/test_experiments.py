@@ -746,6 +746,7 @@ def report_dir(tmp_path_factory):
         patch.setattr(report, "FIGURES", tmp / "figures")
         patch.setattr(report, "SPEED_DIR", tmp)
         patch.setattr(report, "PLANS", tmp / "plans")
+        patch.setattr(report, "_CHECKOUT", tmp)  # the runs' train.log files: none here
         (tmp / "trained_speed_resnet20.json").write_text(json.dumps(_SPEED))
         (tmp / "trained_speed_mobilenet_v2_cifar.json").write_text(json.dumps(_SPEED_MOBILENET))
         report.PLANS.mkdir()
@@ -768,9 +769,10 @@ def test_report_page_layout(report_dir, page):
     finished = sum(map(len, _ACCURACIES.values())) + sum(map(len, _LONG_ACCURACIES.values()))
     assert f"Finished runs: {finished}." in page  # the header's epochs are the CPU grids' alone
     headings = [line for line in page.splitlines() if line.startswith("## ")]
-    assert headings[:4] == ["## The paper's claims on this run",
+    assert headings[:5] == ["## The paper's claims on this run",
                             "## Translation mode: which widths train best at equal cost",
                             "## What was checked to rule out a bug",
+                            "## Runs resumed before the data-order fix",
                             "## Figures 2-3 (cifar-a, cifar-b) and the dense baseline"]
     # Every grid with a finished run has its figures: figure 2 against params, 3 and 5 against MACs,
     # the others one bar per entry.

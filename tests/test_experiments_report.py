@@ -392,3 +392,36 @@ def test_mobilenet_goal_waits_for_both_teachers(tmp_path, monkeypatch):
            "0 (seeds 0, 1 pending) |" in rows
     assert after == ["- 10 epochs, within 1.5 pp of the teacher: **not yet measured** (the teachers of "
                      "grid trained_teachers have not both finished)."]
+
+
+def test_replayed_epochs_are_the_first_epochs_of_restarted_processes(tmp_path):
+    """A restart that resumed mid-run (its first epoch above 1) is read from train.log; a first
+    process, and a rerun that starts at epoch 1 (nothing was backed up), are not."""
+    (tmp_path / "train.log").write_text("\n".join([
+        "$ python examples/train_cifar.py", "Epoch 1/10", "1/390 - 3s - loss: 2.3", "Epoch 2/10",
+        "$ python examples/train_cifar.py", "Epoch 1/10", "Epoch 2/10",
+        "$ python examples/train_cifar.py", "table | Epoch 9/10 |", "Epoch 4/10", "Epoch 5/10",
+        "$ python examples/train_cifar.py", "Epoch 7/10"]))
+    assert report._replayed_epochs(tmp_path) == [4, 7]
+
+
+def test_replayed_section_lists_runs_of_code_before_the_fix(tmp_path, monkeypatch):
+    """Runs whose code lacks the fix (or is unknown) and that restarted mid-run are listed."""
+    for name in ("before", "after", "never"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        restart = [] if name == "never" else ["$ python x", "Epoch 3/3"]
+        (tmp_path / "runs" / name / "train.log").write_text("\n".join(["$ python x", "Epoch 1/3", *restart]))
+    monkeypatch.setattr(report, "_CHECKOUT", tmp_path)
+    monkeypatch.setattr(report, "_has_fix", lambda commit, known: commit == "new")
+    runs = {"before": {"git_commit": "old", "final_accuracy": 0.5}, "after": {"git_commit": "new",
+            "final_accuracy": 0.6}, "never": {"git_commit": "old", "final_accuracy": 0.7}}
+    rows = [line for line in report._replayed(runs) if line.startswith("| ") and "run |" not in line]
+    assert rows == ["| before | 3 | 50.00 |"]
+
+
+def test_the_fix_is_told_by_git_history():
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = git(REPO, "rev-parse", "HEAD").strip()
+    before = git(REPO, "rev-parse", f"{report._DATA_ORDER_FIX}~1").strip()
+    assert report._has_fix(head, {}) and not report._has_fix(before, {}) and not report._has_fix(None, {})
