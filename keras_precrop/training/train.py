@@ -550,6 +550,12 @@ def skip_epochs(train_data, epochs, steps_per_epoch=None):
     pass ends) and one where it is the dataset's batches. Nothing is done for
     other data, for ``epochs`` below 1, or where an epoch is not one pass
     (other ``steps_per_epoch``: Keras then keeps one iterator across epochs).
+
+    Args:
+        train_data: the training data that ``fit`` will read, not yet read in
+            this process past the epochs to skip.
+        epochs: the epochs already trained on it elsewhere (a killed process).
+        steps_per_epoch: as given to ``fit``.
     """
     tf = sys.modules.get("tensorflow")
     if epochs < 1 or tf is None or not isinstance(train_data, tf.data.Dataset):
