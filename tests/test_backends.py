@@ -308,3 +308,53 @@ def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path, jax_cac
     assert len(single["loss"]) == 2
     np.testing.assert_allclose(parallel["loss"], single["loss"], rtol=1e-3)
     assert single["loss"][1] < single["loss"][0]  # it did train
+
+
+_RESUME = textwrap.dedent(
+    """
+    import json, os, sys
+    import keras, numpy as np, tensorflow as tf
+    from keras_precrop import train
+
+    model_dir, kill = sys.argv[1], sys.argv[2] == "kill"
+    steps = None if sys.argv[3] == "None" else int(sys.argv[3])
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(64, 8, 8, 3)).astype("float32"), rng.integers(0, 4, 64).astype("int32")
+    tf.random.set_seed(0)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=1, reshuffle_each_iteration=True)
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if kill:
+                os._exit(3)  # a kill after epoch 0, backed up
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8, 8, 3))
+        h = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(4)(h))
+
+    model = train.compile_model(build, train.RECIPES["cifar10"], steps_per_epoch=4, global_batch_size=16,
+                                epochs=3)
+    result = train.fit(model, data.batch(16), model_dir=model_dir, epochs=3, steps_per_epoch=steps,
+                       callbacks=[Kill()], verbose=0, tensorboard=False)
+    print(json.dumps([row["loss"] for row in result.history]))
+    """
+)
+
+
+@pytest.mark.parametrize("steps_per_epoch", [None, 4])
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_resumed_fit_reads_the_epochs_own_shuffles(backend, steps_per_epoch, tmp_path, jax_cache):
+    """On JAX and PyTorch too (Keras reads tf.data through generators there), a fit killed after
+    epoch 0 and resumed trains epochs 1-2 on their own reshuffled batches: its losses are the
+    uninterrupted run's (train.skip_epochs; without it, epoch 1 repeats epoch 0's order)."""
+    def losses(name, how):
+        args = ["-c", _RESUME, str(tmp_path / name), how, str(steps_per_epoch)]
+        process = _run(backend, args, jax_cache, hide_tensorflow=False)
+        assert process.returncode == (3 if how == "kill" else 0), process.stderr[-4000:]
+        return json.loads(process.stdout.strip().splitlines()[-1]) if how != "kill" else None
+
+    uninterrupted = losses("whole", "go")
+    losses("resumed", "kill")
+    np.testing.assert_allclose(losses("resumed", "go"), uninterrupted, rtol=1e-6)

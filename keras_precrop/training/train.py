@@ -545,9 +545,11 @@ def skip_epochs(train_data, epochs, steps_per_epoch=None):
     replay the first epoch's images instead of the epochs it has not trained.
     Making an iterator and dropping it advances those seeds as an epoch's
     iterators do, so the next epoch sees what an uninterrupted run sees
-    (tests/test_train.py checks it against one). Keras' ``fit`` makes two an
-    epoch where ``steps_per_epoch`` is None (one to train on, one made as the
-    pass ends) and one where it is the dataset's batches. Nothing is done for
+    (tests/test_train.py and tests/test_backends.py check it against one).
+    Keras' ``fit`` on TensorFlow makes two an epoch where ``steps_per_epoch``
+    is None (one to train on, one made as the pass ends) and one where it is
+    the dataset's batches; on JAX and PyTorch it reads the dataset through a
+    generator, which makes its iterator once read: one an epoch. Nothing is done for
     other data, for ``epochs`` below 1, or where an epoch is not one pass
     (other ``steps_per_epoch``: Keras then keeps one iterator across epochs).
 
@@ -563,7 +565,8 @@ def skip_epochs(train_data, epochs, steps_per_epoch=None):
     batches = int(train_data.cardinality())
     if batches < 0 or steps_per_epoch not in (None, batches):  # infinite, unknown, or partial epochs
         return
-    for _ in range(epochs * (2 if steps_per_epoch is None else 1)):
+    twice = steps_per_epoch is None and keras.backend.backend() == "tensorflow"
+    for _ in range(epochs * (2 if twice else 1)):
         iter(train_data)
 
 
