@@ -412,20 +412,28 @@ def test_fit_without_tensorboard(reference, tmp_path):
         result.final_accuracy  # noqa: B018 - reading the property raises
 
 
-@pytest.mark.parametrize("data", ["fixed", "shuffled", "shuffled, steps_per_epoch"])
+@pytest.mark.parametrize("data", ["fixed", "shuffled", "shuffled, steps_per_epoch", "shuffled, mirrored"])
 def test_resumes_after_kill(reference, tmp_path, data):
     """Killed after epoch 0 and rerun, the run trains epochs 1-2 as the uninterrupted one did: the
     weights, optimizer and schedule restored, and (shuffled) the data of epochs 1-2, not epoch 0's
     order again (the restarted process builds its pipeline afresh; train.skip_epochs), with
-    steps_per_epoch None or the dataset's batches (Keras makes its iterators differently)."""
+    steps_per_epoch None or the dataset's batches (Keras makes its iterators differently), and
+    under a MirroredStrategy over two logical CPUs (Keras distributes the dataset given, whose
+    distributed copy draws from the same seeds)."""
     init_weights, reference_history = reference
     flags = {"fixed": [], "shuffled": ["--shuffled"],
-             "shuffled, steps_per_epoch": ["--shuffled", "--steps_per_epoch", _STEPS]}[data]
-    if data != "fixed":  # the uninterrupted run of the same data, here
+             "shuffled, steps_per_epoch": ["--shuffled", "--steps_per_epoch", _STEPS],
+             "shuffled, mirrored": ["--shuffled", "--logical_cpus", 2]}[data]
+    strategy = "mirrored" if "mirrored" in data else "default"
+    if strategy == "mirrored":  # the uninterrupted run of the same data and strategy, in its process
+        _wait(_spawn([strategy, tmp_path / "reference", init_weights, tmp_path / "reference.json", *flags]))
+        with open(tmp_path / "reference.json") as f:
+            reference_history = json.load(f)["history"]
+    elif data != "fixed":  # the uninterrupted run of the same data, here
         reference_history = _run(tf.distribute.get_strategy(), str(tmp_path / "reference"), init_weights,
                                  shuffled=True, steps_per_epoch=_STEPS if "steps" in data else None).history
     model_dir = tmp_path / "run"
-    args = ["default", model_dir, init_weights, tmp_path / "out.json", *flags]
+    args = [strategy, model_dir, init_weights, tmp_path / "out.json", *flags]
     _wait(_spawn([*args, "--kill_after", 0]), expected_rc=_KILLED_RC)
     with open(model_dir / "history.csv") as f:
         assert [line.split(",")[0] for line in f.read().splitlines()[1:]] == ["0"]
