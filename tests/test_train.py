@@ -470,29 +470,47 @@ def _free_ports(count):
     return ports
 
 
+def _multiworker(model_dir, init_weights, out_prefix, flags=(), expected_rc=0):
+    """Runs two multi-worker processes on localhost to their end; returns their outputs' paths."""
+    workers = [f"localhost:{port}" for port in _free_ports(2)]
+    procs, outs = [], [f"{out_prefix}{index}.json" for index in range(2)]
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        procs.append(_spawn(["multiworker", model_dir, init_weights, outs[index], *flags],
+                            env={"TF_CONFIG": json.dumps(tf_config)}))
+    for proc in procs:
+        _wait(proc, expected_rc)
+    return outs
+
+
 @pytest.mark.slow
 def test_multiworker_two_processes_matches_default(reference, tmp_path):
     init_weights, reference_history = reference
-    workers = [f"localhost:{port}" for port in _free_ports(2)]
-    procs = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(
-            _spawn(
-                ["multiworker", tmp_path / "run", init_weights, tmp_path / f"out{index}.json"],
-                env={"TF_CONFIG": json.dumps(tf_config)},
-            )
-        )
-    for proc in procs:
-        _wait(proc)
-    for index in range(2):
-        with open(tmp_path / f"out{index}.json") as f:
+    for path in _multiworker(tmp_path / "run", init_weights, tmp_path / "out"):
+        with open(path) as f:
             out = json.load(f)
         assert out["replicas"] == 2
         _assert_same_losses(out["history"], reference_history)
     # Only the chief wrote the shared directory; the other worker kept to its own.
     assert (tmp_path / "run" / "best.keras").exists()
     assert (tmp_path / "run" / "worker_1" / "history.csv").exists()
+
+
+@pytest.mark.slow
+def test_multiworker_resumes_after_kill_on_reshuffled_data(reference, tmp_path):
+    """Both workers killed after epoch 0 and rerun train epochs 1-2 on those epochs' shuffles:
+    each worker's history equals the uninterrupted multi-worker run's (train.skip_epochs)."""
+    init_weights, _ = reference
+    references = _multiworker(tmp_path / "reference", init_weights, tmp_path / "reference", ["--shuffled"])
+    _multiworker(tmp_path / "run", init_weights, tmp_path / "killed", ["--shuffled", "--kill_after", 0],
+                 expected_rc=_KILLED_RC)
+    for path, reference_path in zip(
+        _multiworker(tmp_path / "run", init_weights, tmp_path / "out", ["--shuffled"]), references
+    ):
+        with open(path) as f, open(reference_path) as g:
+            out, reference_out = json.load(f), json.load(g)
+        assert out["epochs_run"] == [1, 2]
+        _assert_same_losses(out["history"], reference_out["history"])
 
 
 if __name__ == "__main__":

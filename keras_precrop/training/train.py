@@ -549,9 +549,9 @@ def skip_epochs(train_data, epochs, steps_per_epoch=None):
     Keras' ``fit`` on TensorFlow makes two an epoch where ``steps_per_epoch``
     is None (one to train on, one made as the pass ends) and one where it is
     the dataset's batches; on JAX and PyTorch it reads the dataset through a
-    generator, which makes its iterator once read: one an epoch. Under a
-    ``MirroredStrategy`` the dataset Keras distributes draws from the given one's
-    seeds, so the same count holds (tested; a multi-worker resume is not). Nothing is done for
+    generator, which makes its iterator once read: one an epoch. Under
+    ``tf.distribute`` strategies (mirrored, multi-worker) the dataset Keras
+    distributes draws from the given one's seeds, so the same count holds. Nothing is done for
     other data, for ``epochs`` below 1, or where an epoch is not one pass
     (other ``steps_per_epoch``: Keras then keeps one iterator across epochs).
 
