@@ -551,9 +551,10 @@ def skip_epochs(train_data, epochs, steps_per_epoch=None):
     the dataset's batches; on JAX and PyTorch it reads the dataset through a
     generator, which makes its iterator once read: one an epoch. Under
     ``tf.distribute`` strategies (mirrored, multi-worker) the dataset Keras
-    distributes draws from the given one's seeds, so the same count holds. Nothing is done for
-    other data, for ``epochs`` below 1, or where an epoch is not one pass
-    (other ``steps_per_epoch``: Keras then keeps one iterator across epochs).
+    distributes draws from the given one's seeds, so the same count holds.
+    Nothing is done for other data, for ``epochs`` below 1, or where an epoch
+    is not one pass (other ``steps_per_epoch``: Keras then keeps one iterator
+    across epochs).
 
     Args:
         train_data: the training data that ``fit`` will read, not yet read in
