@@ -393,6 +393,28 @@ def test_checkpoints_load_and_evaluate_like_the_history(reference, tmp_path):
     assert again.history == result.history
 
 
+def test_refuses_to_retrain_over_a_history_whose_backup_is_lost(reference, tmp_path):
+    """One epoch ahead of the backup is a kill between logging and backing up (that epoch trains
+    again); more means the backup is gone, and training again would mix two runs' epochs."""
+    init_weights, _ = reference
+    _run(tf.distribute.get_strategy(), str(tmp_path), init_weights)
+    metadata = tmp_path / "backup" / "training_metadata.json"
+    with open(metadata) as f:
+        state = json.load(f)
+    with open(metadata, "w") as f:
+        json.dump({**state, "epoch": _EPOCHS - 1}, f)
+    recorder = _Recorder(kill_after=-1)
+    _run(tf.distribute.get_strategy(), str(tmp_path), init_weights, [recorder])
+    assert recorder.epochs == [_EPOCHS - 1]
+
+    history = (tmp_path / "history.csv").read_text()
+    for name in os.listdir(tmp_path / "backup"):
+        os.remove(tmp_path / "backup" / name)
+    with pytest.raises(ValueError, match=rf"model_dir='{tmp_path}'.*epochs 0-2.*backup/.* 0 trained"):
+        _run(tf.distribute.get_strategy(), str(tmp_path), init_weights)
+    assert (tmp_path / "history.csv").read_text() == history
+
+
 def test_fit_without_tensorboard(reference, tmp_path):
     init_weights, _ = reference
 

@@ -583,6 +583,29 @@ def _backed_up_epochs(backup_dir):
         return int(json.load(f)["epoch"])
 
 
+def _check_history_has_its_backup(model_dir, backup, backed_up, initial_epoch):
+    """Refuses to train again over a history whose backup is gone.
+
+    ``history.csv`` may be one epoch ahead of the backup (a kill between logging
+    an epoch and backing it up; the epoch is trained again and its row
+    replaced). More rows than that mean the backup was lost (deleted, or not
+    copied with the folder): training would start over from ``initial_epoch``
+    and mix two runs' epochs in one history, and ``best.keras`` would be judged
+    against the lost run's accuracy.
+
+    Raises:
+        ValueError: naming ``model_dir``, the epochs logged and the epochs backed up.
+    """
+    logged = [row["epoch"] for row in read_history(model_dir)]
+    if logged and logged[-1] + 1 > max(backed_up, initial_epoch) + 1:
+        raise ValueError(
+            f"fit(model_dir={model_dir!r}): history.csv logs epochs {logged[0]}-{logged[-1]}, but "
+            f"{backup}/ (BackupAndRestore) holds {backed_up} trained epochs: the backup was lost, and "
+            f"training again would mix two runs in one history. Restore {backup}/ to resume, or "
+            "remove history.csv (or pass another model_dir) to start over."
+        )
+
+
 def _worker_dir(model_dir, model):
     """The chief writes ``model_dir``; other workers write private subfolders.
 
@@ -698,8 +721,9 @@ def fit(
     """
     model_dir = _worker_dir(model_dir, model)
     _files(model_dir).makedirs(model_dir)
-    skip_epochs(train_data, _backed_up_epochs(os.path.join(model_dir, backup)) - initial_epoch,
-                steps_per_epoch)
+    backed_up = _backed_up_epochs(os.path.join(model_dir, backup))
+    _check_history_has_its_backup(model_dir, backup, backed_up, initial_epoch)
+    skip_epochs(train_data, backed_up - initial_epoch, steps_per_epoch)
     monitor = "val_accuracy" if eval_data is not None else "loss"
     progress = []
     if verbose == 1 and not _progress.interactive():
