@@ -29,7 +29,10 @@ made of its flags alone, so grids that share a run (figure 3 reuses figure
 
 * skips a run whose ``results.json`` exists,
 * restarts an interrupted run with the same flags, which resumes after its
-  last finished epoch (``BackupAndRestore`` in ``keras_precrop.train.fit``),
+  last finished epoch (``BackupAndRestore`` in ``keras_precrop.train.fit``;
+  its ``backup*/`` folders are not ignored by git, so that an unfinished run
+  travels to the next session with the untracked files, and are deleted once
+  the run has finished),
 * trains seed-major: every run's first seed before any run's second, so a
   partial grid already answers every question once,
 * with ``--commit``, commits each finished run's small files (results,
@@ -67,6 +70,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -275,6 +279,19 @@ def relativize(run_dir, code_dir):
             path.write_text(text, encoding="utf-8")
 
 
+def drop_backups(run_dir):
+    """Deletes a finished run's ``backup*/`` folders (``BackupAndRestore``'s, kept by ``fit``).
+
+    They only resume an unfinished run, and git does not ignore them (a workplace
+    carries untracked files from one session to the next, not ignored ones, and a
+    run of MobileNetV2 outlives a session): once the run has its ``results.json``,
+    they would only weigh on every copy of the working tree.
+    """
+    for backup in run_dir.glob("backup*"):
+        if backup.is_dir():
+            shutil.rmtree(backup)
+
+
 def kept_runs(grids):
     """The ids of the runs whose ``final_model.keras`` is committed: those of the ``grids`` (paths)
     that say ``"keep_model": true``, the trained models that other runs start from (``init_model``).
@@ -426,6 +443,7 @@ def main(argv=None):
             print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
             continue
         relativize(run_dir, code_dir)
+        drop_backups(run_dir)
         if args.commit:
             _commit(run_dir, keep_model=name in kept)
     return 0

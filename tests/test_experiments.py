@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -39,6 +40,9 @@ call = {"run": model_dir.name, "argv": sys.argv[1:], "script": __file__, "cwd": 
 with open(os.environ["FAKE_TRAIN_CALLS"], "a") as log:
     log.write(json.dumps(call) + "\\n")
 print("fake training of", model_dir.name)
+for backup in ("backup", "backup_rebuilt"):  # BackupAndRestore's folders, as fit leaves them
+    (model_dir / backup).mkdir(exist_ok=True)
+    (model_dir / backup / "training_metadata.json").write_text("{}")
 if re.search(os.environ.get("FAKE_TRAIN_FAILS", "(?!)"), model_dir.name):
     sys.exit(1)
 (model_dir / "results.json").write_text(json.dumps(call))
@@ -295,12 +299,21 @@ def test_driver_reports_a_failed_run_and_goes_on(fake, tmp_path, monkeypatch, ca
                                             "resnet20-synflow-params0.3-ep1-s1"]
     assert not (log.parent / "results.json").exists()
     assert log.read_text().endswith(f"fake training of {failing}\n")
+    # The failed run keeps its backups to resume from (not ignored by git: they travel with the
+    # untracked files to the next session); the finished ones are deleted.
+    assert sorted(p.name for p in log.parent.iterdir()) == ["backup", "backup_rebuilt", "train.log"]
+    assert sorted((tmp_path / "runs").glob("*/backup*")) == [log.parent / "backup",
+                                                              log.parent / "backup_rebuilt"]
+    backups = [f"experiments/runs/a-run/{b}/latest.weights.h5" for b in ("backup", "backup_rebuilt")]
+    ignored = subprocess.run(["git", "check-ignore", *backups], cwd=run.REPO, capture_output=True)
+    assert ignored.returncode == 1  # none of them ignored
 
     monkeypatch.delenv("FAKE_TRAIN_FAILS")
     assert _drive(fake, grid) == 0  # the next call retries the failed run alone
     assert _header(capsys.readouterr().out) == ("4", "3", "1")
     assert [c["run"] for c in _calls()][4:] == [failing]
     assert (log.parent / "results.json").exists()
+    assert not list((tmp_path / "runs").glob("*/backup*"))
 
 
 def test_dry_run_lists_each_runs_state_and_trains_nothing(fake, tmp_path, capsys):
