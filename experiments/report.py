@@ -1817,10 +1817,13 @@ def _gradual_mobilenet(runs, entries):
              + [_keep_row(point, label, entry, _epoch_stats(entry)) for label, entry in ways.items()]
              + [_keep_row(point, "from scratch (grid uniform_mobilenet, mode auto)", twin[0],
                           _final(twin[1])), ""])
+    goal = round(teacher["acc"] - 1.5, 2) if teacher else None
+    if _plot_keep(teacher, [(point, ways, twin if twin[0] else None)], FIGURES / "gradual_mobilenet.png",
+                  [label for label, _ in _MOBILENET_WAYS], goals={point: {10: goal}} if goal else {}):
+        lines += ["![gradual_mobilenet](figures/gradual_mobilenet.png)", ""]
     if teacher is None or teacher["n"] < 2:
         return lines + ["- 10 epochs, within 1.5 pp of the teacher: **not yet measured** (the teachers of "
                         "grid trained_teachers have not both finished).", ""]
-    goal = round(teacher["acc"] - 1.5, 2)
     return lines + [f"Goal: within 1.5 pp of the teachers' {_acc(teacher)} %: >= {goal} % after 10 epochs, "
                     "2 seeds.", "", _gradual_verdict(ways, 10, goal), ""]
 

@@ -359,6 +359,8 @@ def _mobilenet_section(tmp_path, monkeypatch, teachers, runs_by_entry):
             _fake_run(runs, report._run.run_id(flags), runs_by_entry[flags["entry"], flags["seed"]],
                       macs_ratio=0.52, pruned=0.85)
     monkeypatch.setattr(report, "HERE", tmp_path)
+    monkeypatch.setattr(report, "FIGURES", tmp_path / "figures")  # not the committed figure
+    (tmp_path / "figures").mkdir()
     loaded = report._load_runs()
     lines = report._gradual_mobilenet(loaded, {"uniform_mobilenet": report._entries("uniform_mobilenet",
                                                                                     loaded)})
@@ -380,7 +382,9 @@ def test_mobilenet_goal_is_the_teachers_mean_less_one_and_a_half_points(tmp_path
            "| 1 (seeds 1 pending) |" in rows
     assert f"| {point} | from scratch (grid uniform_mobilenet, mode auto) | 0.5200 |  |  |  |  " \
            "| 83.00 ± 1.41 | 2 |" in rows
-    assert after == ["Goal: within 1.5 pp of the teachers' 86.00 ± 1.41 %: >= 84.5 % after 10 epochs, "
+    assert (tmp_path / "figures" / "gradual_mobilenet.png").stat().st_size > 0
+    assert after == ["![gradual_mobilenet](figures/gradual_mobilenet.png)",
+                     "Goal: within 1.5 pp of the teachers' 86.00 ± 1.41 %: >= 84.5 % after 10 epochs, "
                      "2 seeds.",
                      "- 10 epochs: **met**: best with 2+ seeds, fading (shrink 0.01/step, cut after "
                      "epoch 1), distilled: 84.60 ± 0.28 %."]
@@ -390,6 +394,7 @@ def test_mobilenet_goal_waits_for_both_teachers(tmp_path, monkeypatch):
     rows, after = _mobilenet_section(tmp_path, monkeypatch, {0: 0.85}, {})
     assert "| latency 0.5, default mode | one-shot, distilled | | not yet trained | | | | | " \
            "0 (seeds 0, 1 pending) |" in rows
+    assert not (tmp_path / "figures" / "gradual_mobilenet.png").exists()  # no run to draw
     assert after == ["- 10 epochs, within 1.5 pp of the teacher: **not yet measured** (the teachers of "
                      "grid trained_teachers have not both finished)."]
 
