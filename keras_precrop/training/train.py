@@ -583,7 +583,7 @@ def _backed_up_epochs(backup_dir):
         return int(json.load(f)["epoch"])
 
 
-def _check_history_has_its_backup(model_dir, backup, backed_up, initial_epoch):
+def _check_history_has_its_backup(model_dir, history, backup, backed_up, initial_epoch):
     """Refuses to train again over a history whose backup is gone.
 
     ``history.csv`` may be one epoch ahead of the backup (a kill between logging
@@ -596,7 +596,7 @@ def _check_history_has_its_backup(model_dir, backup, backed_up, initial_epoch):
     Raises:
         ValueError: naming ``model_dir``, the epochs logged and the epochs backed up.
     """
-    logged = [row["epoch"] for row in read_history(model_dir)]
+    logged = [row["epoch"] for row in history]
     if logged and logged[-1] + 1 > max(backed_up, initial_epoch) + 1:
         raise ValueError(
             f"fit(model_dir={model_dir!r}): history.csv logs epochs {logged[0]}-{logged[-1]}, but "
@@ -721,8 +721,8 @@ def fit(
     """
     model_dir = _worker_dir(model_dir, model)
     _files(model_dir).makedirs(model_dir)
-    backed_up = _backed_up_epochs(os.path.join(model_dir, backup))
-    _check_history_has_its_backup(model_dir, backup, backed_up, initial_epoch)
+    backed_up, history = _backed_up_epochs(os.path.join(model_dir, backup)), read_history(model_dir)
+    _check_history_has_its_backup(model_dir, history, backup, backed_up, initial_epoch)
     skip_epochs(train_data, backed_up - initial_epoch, steps_per_epoch)
     monitor = "val_accuracy" if eval_data is not None else "loss"
     progress = []
@@ -736,8 +736,7 @@ def fit(
         steps_per_epoch=steps_per_epoch,
         validation_steps=eval_steps,
         shuffle=False,  # tf.data pipelines shuffle themselves
-        callbacks=_callbacks(model_dir, read_history(model_dir), monitor, _use_tensorboard(tensorboard),
-                             backup)
+        callbacks=_callbacks(model_dir, history, monitor, _use_tensorboard(tensorboard), backup)
         + list(callbacks)
         + progress,
         verbose=verbose,
