@@ -597,7 +597,7 @@ def _check_history_has_its_backup(model_dir, history, backup, backed_up, initial
         ValueError: naming ``model_dir``, the epochs logged and the epochs backed up.
     """
     logged = [row["epoch"] for row in history]
-    if logged and logged[-1] + 1 > max(backed_up, initial_epoch) + 1:
+    if logged and logged[-1] > max(backed_up, initial_epoch):  # more than one epoch ahead
         raise ValueError(
             f"fit(model_dir={model_dir!r}): history.csv logs epochs {logged[0]}-{logged[-1]}, but "
             f"{backup}/ (BackupAndRestore) holds {backed_up} trained epochs: the backup was lost, and "
