@@ -333,8 +333,25 @@ def _ops_markdown(row):
 
 
 def _markdown(result):
+    """The benchmark's Markdown report: how it measured, one table per model, budgets, ops, goals."""
+    lines = _intro_markdown(result)
+    for row in result["models"]:
+        lines += _model_markdown(row)
+    lines += _budgets_markdown(result["models"])
+    for row in result["models"]:
+        lines += _ops_summary_markdown(row)
+    for row in result["models"]:
+        lines += _ops_markdown(row)
+    lines += _goals_markdown(result["goals"])
+    lines += ["", f"Command: `{result['command']}`; total {result['seconds']:.0f} s.", "",
+              "![speedup vs ideal](speedup.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def _intro_markdown(result):
+    """The report's title, machine and how each column was measured."""
     m = result["machine"]
-    lines = [
+    return [
         "# PreCrop speedups on CPU",
         "",
         f"{'QUICK RUN (few repeats; not for quoting). ' if result['quick'] else ''}"
@@ -361,72 +378,73 @@ def _markdown(result):
         "accuracy proxy). TFLite: batched inference in the TFLite interpreter (one thread per "
         "core) of the same models.",
     ]
-    for row in result["models"]:
-        b = row["batches"]
-        fit = row["latency_model"]
-        lines += [
-            "",
-            f"## {row['model']}",
-            "",
-            f"Batches: latency {b['latency']}, throughput {b['throughput']}, TFLite "
-            f"{b['tflite']}, train {b['train']}. Latency model: {fit['variants']} variants at "
-            f"batch {fit['batch_size']}, block {fit['block']}, held-out error median "
-            f"{_timing.share(fit['error']['median'])}, worst "
-            f"{_timing.share(fit['error']['worst'])}, on its last "
-            f"refinement plans {_timing.plan_error(fit['error'])}, fitted in "
-            f"{fit['fit_seconds']:.0f} s.",
-            "",
-            "| variant | params | MACs | MACs ratio | ideal | activations ratio | pred. time | "
-            "objective | latency ms | speedup | throughput img/s | speedup | TFLite img/s | "
-            "speedup | train step ms | speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for v in row["variants"]:
-            ideal = 1.0 / v["macs_ratio"]
-            macs = f"{v['macs']:,}"
-            if v["kind"] == "synflow":
-                macs += f" (nonzero {v['nonzero_macs_ratio']:.2f}x)"
-                params = f"{v['nonzero_params']:,} nonzero"
-            else:
-                params = f"{v['params']:,}"
-            tput = b["throughput"] / v["throughput"]["seconds"]["median"]
-            lite = b["tflite"] / v["tflite"]["seconds"]["median"]
-            if "objective" in v:  # a planned variant
-                planned = f"{v['predicted_time_ratio']:.3f} | {v['objective']:.1f}"
-            else:
-                planned = "- | -"
-            lines.append(
-                f"| {v['label']} | {params} | {macs} | {v['macs_ratio']:.3f} | {ideal:.2f}x | "
-                f"{v['activations_ratio']:.3f} | {planned} | {_fmt_ms(v, 'latency')} | "
-                f"{v['latency']['speedup']:.2f}x | {tput:.1f} | "
-                f"{v['throughput']['speedup']:.2f}x | {lite:.1f} | {v['tflite']['speedup']:.2f}x | "
-                f"{_fmt_ms(v, 'train')} | {v['train']['speedup']:.2f}x |")
-        for bad in row["infeasible"]:
-            if bad.get("variant") == "synflow":
-                what = "SynFlow masks: FAILED"
-            elif "latency_budget" in bad:
-                what = f"PreCrop latency={bad['latency_budget']}: infeasible"
-            else:
-                what = f"PreCrop flops={bad['flops']}, round_to={bad['round_to']}: infeasible"
-            lines.append(f"\n{what} ({bad['error']}).")
-    lines += _budgets_markdown(result["models"])
-    for row in result["models"]:
-        lines += _ops_summary_markdown(row)
-    for row in result["models"]:
-        lines += _ops_markdown(row)
-    goals = result["goals"]
-    if goals:
-        lines += ["", f"## Goals: PreCrop at 50% MACs, CPU throughput >= {GOAL_SPEEDUP}x; "
-                  f"latency={GOAL_LATENCY}, >= {GOAL_LATENCY_SPEEDUP}x (TF and TFLite)",
-                  "", "| model | variant | runtime | MACs ratio | throughput speedup | goal | "
-                  "met? |", "|---|---|---|---|---|---|---|"]
-        for g in goals:
-            lines.append(f"| {g['model']} | {g['variant']} | {g['runtime']} | "
-                         f"{g['macs_ratio']:.3f} | {g['throughput_speedup']:.2f}x | "
-                         f">= {g['goal']}x | {'met' if g['met'] else 'NOT met'} |")
-    lines += ["", f"Command: `{result['command']}`; total {result['seconds']:.0f} s.", "",
-              "![speedup vs ideal](speedup.png)"]
-    return "\n".join(lines) + "\n"
+
+
+def _model_markdown(row):
+    """One model's section: its batches, latency model and the table of its variants."""
+    b = row["batches"]
+    fit = row["latency_model"]
+    lines = [
+        "",
+        f"## {row['model']}",
+        "",
+        f"Batches: latency {b['latency']}, throughput {b['throughput']}, TFLite "
+        f"{b['tflite']}, train {b['train']}. Latency model: {fit['variants']} variants at "
+        f"batch {fit['batch_size']}, block {fit['block']}, held-out error median "
+        f"{_timing.share(fit['error']['median'])}, worst "
+        f"{_timing.share(fit['error']['worst'])}, on its last "
+        f"refinement plans {_timing.plan_error(fit['error'])}, fitted in "
+        f"{fit['fit_seconds']:.0f} s.",
+        "",
+        "| variant | params | MACs | MACs ratio | ideal | activations ratio | pred. time | "
+        "objective | latency ms | speedup | throughput img/s | speedup | TFLite img/s | "
+        "speedup | train step ms | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in row["variants"]:
+        ideal = 1.0 / v["macs_ratio"]
+        macs = f"{v['macs']:,}"
+        if v["kind"] == "synflow":
+            macs += f" (nonzero {v['nonzero_macs_ratio']:.2f}x)"
+            params = f"{v['nonzero_params']:,} nonzero"
+        else:
+            params = f"{v['params']:,}"
+        tput = b["throughput"] / v["throughput"]["seconds"]["median"]
+        lite = b["tflite"] / v["tflite"]["seconds"]["median"]
+        if "objective" in v:  # a planned variant
+            planned = f"{v['predicted_time_ratio']:.3f} | {v['objective']:.1f}"
+        else:
+            planned = "- | -"
+        lines.append(
+            f"| {v['label']} | {params} | {macs} | {v['macs_ratio']:.3f} | {ideal:.2f}x | "
+            f"{v['activations_ratio']:.3f} | {planned} | {_fmt_ms(v, 'latency')} | "
+            f"{v['latency']['speedup']:.2f}x | {tput:.1f} | "
+            f"{v['throughput']['speedup']:.2f}x | {lite:.1f} | {v['tflite']['speedup']:.2f}x | "
+            f"{_fmt_ms(v, 'train')} | {v['train']['speedup']:.2f}x |")
+    for bad in row["infeasible"]:
+        if bad.get("variant") == "synflow":
+            what = "SynFlow masks: FAILED"
+        elif "latency_budget" in bad:
+            what = f"PreCrop latency={bad['latency_budget']}: infeasible"
+        else:
+            what = f"PreCrop flops={bad['flops']}, round_to={bad['round_to']}: infeasible"
+        lines.append(f"\n{what} ({bad['error']}).")
+    return lines
+
+
+def _goals_markdown(goals):
+    """The table of the speedup goals, met or not (none without goals)."""
+    if not goals:
+        return []
+    lines = ["", f"## Goals: PreCrop at 50% MACs, CPU throughput >= {GOAL_SPEEDUP}x; "
+             f"latency={GOAL_LATENCY}, >= {GOAL_LATENCY_SPEEDUP}x (TF and TFLite)",
+             "", "| model | variant | runtime | MACs ratio | throughput speedup | goal | met? |",
+             "|---|---|---|---|---|---|---|"]
+    for g in goals:
+        lines.append(f"| {g['model']} | {g['variant']} | {g['runtime']} | "
+                     f"{g['macs_ratio']:.3f} | {g['throughput_speedup']:.2f}x | "
+                     f">= {g['goal']}x | {'met' if g['met'] else 'NOT met'} |")
+    return lines
 
 
 def _budgets_markdown(rows):

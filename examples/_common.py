@@ -54,9 +54,21 @@ FLAGS = flags.FLAGS
 
 
 def define_flags(default_model):
-    """Defines the flags both scripts share; ``default_model`` is ``--model``'s default."""
+    """Defines the flags both scripts share; ``default_model`` is ``--model``'s default.
+
+    The flags come in groups: the model and its compression, the training run,
+    the trained model to start from, and its gradual pruning.
+    """
     flags.DEFINE_string("model", default_model, f"Zoo model, one of: {', '.join(kp.models.list())}.")
     flags.DEFINE_enum("method", "baseline", METHODS, "Compression applied at initialization.")
+    _define_compression_flags()
+    _define_training_flags()
+    _define_transfer_flags()
+    _define_gradual_flags()
+
+
+def _define_compression_flags():
+    """Defines the budgets and options of ``--method``'s compression at initialization."""
     flags.DEFINE_float(
         "params",
         None,
@@ -70,32 +82,6 @@ def define_flags(default_model):
     flags.DEFINE_string(
         "plan_file", None, "--method=precrop_plan: train the model this plan JSON describes "
         "(e.g. a latency plan timed on the machine it was made for)."
-    )
-    flags.DEFINE_integer("epochs", None, "Training epochs; default: the paper's recipe.")
-    flags.DEFINE_integer(
-        "batch_size", None, "Global batch size; default: the paper's recipe (lr scales linearly)."
-    )
-    flags.DEFINE_string("data_dir", None, "TFDS data directory (local or gs://); default: TFDS' own.")
-    flags.DEFINE_string(
-        "model_dir", None, "Output directory: checkpoints, logs, results.json.", required=True
-    )
-    flags.DEFINE_enum(
-        "strategy",
-        "auto",
-        train.STRATEGIES,
-        "Distribution: a tf.distribute strategy on TensorFlow; keras.distribution.DataParallel "
-        "over the devices on JAX (auto, default, mirrored, tpu); one device on PyTorch (auto, default).",
-    )
-    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu/auto; default: Colab/TPU VM.")
-    flags.DEFINE_integer("seed", 0, "Seed of the initialization, masks and input pipeline.")
-    flags.DEFINE_integer(
-        "steps_per_epoch", None, "Batches per epoch, for short runs; default: the whole train split."
-    )
-    flags.DEFINE_integer(
-        "eval_steps", None, "Evaluation batches, for short runs; default: the whole test split."
-    )
-    flags.DEFINE_integer(
-        "steps_per_execution", 1, "Training steps per compiled call (tf.function, jax.jit; e.g. 64 on TPUs)."
     )
     flags.DEFINE_enum(
         "mode",
@@ -127,6 +113,43 @@ def define_flags(default_model):
         "Per-layer densities of --method=random at --params: SynExp's optimum (the paper's "
         "density program) or the densities of SynFlow's masks; default: --params in every layer.",
     )
+
+
+def _define_training_flags():
+    """Defines the training run: recipe overrides, data, output, distribution and logging."""
+    flags.DEFINE_integer("epochs", None, "Training epochs; default: the paper's recipe.")
+    flags.DEFINE_integer(
+        "batch_size", None, "Global batch size; default: the paper's recipe (lr scales linearly)."
+    )
+    flags.DEFINE_float(
+        "learning_rate",
+        None,
+        "Initial learning rate at the recipe's batch size (scaled linearly with --batch_size and "
+        "decayed as the recipe says, to 0 over --epochs on CIFAR-10); default: the recipe's (0.1 on "
+        "CIFAR-10). To fine-tune an --init_model, e.g. 0.01: the rate its last epoch trained at.",
+    )
+    flags.DEFINE_string("data_dir", None, "TFDS data directory (local or gs://); default: TFDS' own.")
+    flags.DEFINE_string(
+        "model_dir", None, "Output directory: checkpoints, logs, results.json.", required=True
+    )
+    flags.DEFINE_enum(
+        "strategy",
+        "auto",
+        train.STRATEGIES,
+        "Distribution: a tf.distribute strategy on TensorFlow; keras.distribution.DataParallel "
+        "over the devices on JAX (auto, default, mirrored, tpu); one device on PyTorch (auto, default).",
+    )
+    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu/auto; default: Colab/TPU VM.")
+    flags.DEFINE_integer("seed", 0, "Seed of the initialization, masks and input pipeline.")
+    flags.DEFINE_integer(
+        "steps_per_epoch", None, "Batches per epoch, for short runs; default: the whole train split."
+    )
+    flags.DEFINE_integer(
+        "eval_steps", None, "Evaluation batches, for short runs; default: the whole test split."
+    )
+    flags.DEFINE_integer(
+        "steps_per_execution", 1, "Training steps per compiled call (tf.function, jax.jit; e.g. 64 on TPUs)."
+    )
     flags.DEFINE_bool(
         "save_model", False, "Also keep the trained model as final_model.keras in --model_dir."
     )
@@ -137,13 +160,18 @@ def define_flags(default_model):
         "--model_dir/init_model.keras with init.json (everything results.json records before "
         "training), and exit: to train it elsewhere, e.g. on another backend without TensorFlow.",
     )
-    flags.DEFINE_float(
-        "learning_rate",
-        None,
-        "Initial learning rate at the recipe's batch size (scaled linearly with --batch_size and "
-        "decayed as the recipe says, to 0 over --epochs on CIFAR-10); default: the recipe's (0.1 on "
-        "CIFAR-10). To fine-tune an --init_model, e.g. 0.01: the rate its last epoch trained at.",
+    flags.DEFINE_integer(
+        "verbose",
+        1,
+        "0: silent training; 1: progress within epochs (a progress bar on a terminal, a plain "
+        "line every 30 s in a log file); 2: one line per epoch. Also SynFlow's pruning rounds.",
+        lower_bound=0,
+        upper_bound=2,
     )
+
+
+def _define_transfer_flags():
+    """Defines the trained model to start from (``--init_model``), how it is pruned and taught."""
     flags.DEFINE_string(
         "init_model",
         None,
@@ -177,6 +205,10 @@ def define_flags(default_model):
         "--distill: the weight of the labels' loss; the teacher's (the softened logits' KL) weighs "
         "1 - this (kp.fine_tune's alpha).",
     )
+
+
+def _define_gradual_flags():
+    """Defines ``--gradual_epochs`` and the options of its ``kp.GradualPruning`` callback."""
     flags.DEFINE_float(
         "gradual_epochs",
         None,
@@ -212,14 +244,6 @@ def define_flags(default_model):
         False,
         "--gradual_epochs: zero the masked weights at the updates only, so a masked channel may train "
         "back in between (soft filter pruning); default: after every step.",
-    )
-    flags.DEFINE_integer(
-        "verbose",
-        1,
-        "0: silent training; 1: progress within epochs (a progress bar on a terminal, a plain "
-        "line every 30 s in a log file); 2: one line per epoch. Also SynFlow's pruning rounds.",
-        lower_bound=0,
-        upper_bound=2,
     )
 
 
@@ -618,6 +642,92 @@ def _export_init(model, record):
     print(f"Wrote the untrained model to {path} and its record to init.json; trained nothing.")
 
 
+def _datasets(dataset, info, batch_size, reference, strategy):
+    """``(train_ds, eval_ds, normalize)``: the splits of ``dataset`` as ``reference`` reads them.
+
+    Inputs are normalized unless the model rescales them itself. TPUs and
+    data-parallel JAX need whole global batches: the last partial test batch
+    is skipped on them.
+    """
+    pipeline = dict(data_dir=FLAGS.data_dir, normalize=not data.model_rescales_inputs(reference))
+    train_ds = data.load(dataset, info.train_split, batch_size, seed=FLAGS.seed, **pipeline)
+    eval_ds = data.load(dataset, info.eval_split, batch_size, training=False,
+                        drop_remainder=train.needs_static_batches(strategy), **pipeline)
+    return train_ds, eval_ds, pipeline["normalize"]
+
+
+def _gradual_record(pruning):
+    """What ``results.json`` records of the ``--gradual_epochs`` callback (``None`` without it)."""
+    if pruning is None:
+        return None
+    return {"epochs": FLAGS.gradual_epochs, "end_step": pruning.end_step,
+            "frequency": pruning.frequency, "schedule": pruning.schedule,
+            "importance": pruning.importance, "regrow": pruning.regrow,
+            "shrink": pruning.shrink, "rebuild": FLAGS.gradual_rebuild}
+
+
+def _record(dataset, recipe, epochs, batch_size, steps, strategy, normalize, pruning):
+    """What ``results.json`` records before training: the command, the flags and the recipe."""
+    commit, dirty = _git_commit()
+    structured = FLAGS.init_model is not None and FLAGS.method in STRUCTURED
+    return {
+        "command": _command(), "git_commit": commit, "git_dirty": dirty,
+        "dataset": dataset, "model": FLAGS.model, "method": FLAGS.method,
+        "params_budget": FLAGS.params, "flops_budget": FLAGS.flops,
+        "plan_options": _plan_options(), "plan_file": FLAGS.plan_file,
+        "granularity": FLAGS.granularity if FLAGS.method == "random" else None,
+        "densities": FLAGS.densities, "recipe": recipe.name, "epochs": epochs,
+        "batch_size": batch_size, "steps_per_epoch": steps, "backend": keras.backend.backend(),
+        "strategy": FLAGS.strategy, "replicas": strategy.num_replicas_in_sync, "seed": FLAGS.seed,
+        "normalize": normalize,
+        "prune": None if not structured else "oneshot" if pruning is None else "gradual",
+        "gradual": _gradual_record(pruning),
+    }
+
+
+def _train(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy):
+    """Trains ``model`` as the flags say: at once, masked gradually, or masked then rebuilt."""
+    if pruning is None:
+        return fit(model, epochs=epochs)
+    if FLAGS.gradual_rebuild:
+        return _fit_rebuilt(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy)
+    result = fit(model, epochs=epochs, callbacks=(pruning,))
+    return dataclasses.replace(result, model=_finalized(pruning.finalize(), result, eval_ds))
+
+
+def _save_model(result, pruning):
+    """``--save_model``: the trained model as ``final_model.keras``: the smaller model rebuilt from
+    the masks, the student alone (not the ``Distiller`` with its teacher), or the last checkpoint."""
+    if not FLAGS.save_model:
+        return
+    path = os.path.join(result.model_dir, "final_model.keras")
+    if pruning is not None:
+        result.model.save(path)
+    elif FLAGS.distill:
+        result.model.student.save(path)
+    else:
+        tf.io.gfile.copy(os.path.join(result.model_dir, "last.keras"), path, overwrite=True)
+
+
+def _write_results(record, result, start):
+    """Writes ``results.json``: ``record`` with the accuracies, times and history of ``result``."""
+    results = {
+        **record,
+        "final_accuracy": result.final_accuracy,
+        "best_accuracy": result.best_accuracy,
+        "train_time_s": result.train_time,
+        "wall_time_s": time.time() - start,
+        "history": result.history,
+    }
+    path = os.path.join(result.model_dir, "results.json")
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(json.dumps(results, indent=1))
+    print(
+        f"Final accuracy {result.final_accuracy:.4f}, best {result.best_accuracy:.4f}, "
+        f"{result.train_time:.0f} s in epochs; wrote {path}"
+    )
+
+
 def run(dataset):
     """Trains ``FLAGS.model`` on ``dataset`` (``"cifar10"`` or ``"imagenet2012"``) as the flags say.
 
@@ -644,101 +754,26 @@ def run(dataset):
     reference = kp.models.get(FLAGS.model, input_shape=info.input_shape, num_classes=info.num_classes)
     if FLAGS.init_model:
         reference = _init_model(reference)
-    pipeline = dict(data_dir=FLAGS.data_dir, normalize=not data.model_rescales_inputs(reference))
-    train_ds = data.load(dataset, info.train_split, batch_size, seed=FLAGS.seed, **pipeline)
-    # TPUs and data-parallel JAX need whole global batches: skip the last partial test batch.
-    eval_ds = data.load(
-        dataset,
-        info.eval_split,
-        batch_size,
-        training=False,
-        drop_remainder=train.needs_static_batches(strategy),
-        **pipeline,
-    )
+    train_ds, eval_ds, normalize = _datasets(dataset, info, batch_size, reference, strategy)
     steps = FLAGS.steps_per_epoch or train.steps_per_epoch(train_ds)
 
     build_model, masks = _builder(reference, train_ds, info.num_classes, batch_size)
     compile_with = functools.partial(
-        train.compile_model,
-        recipe=recipe,
-        steps_per_epoch=steps,
-        global_batch_size=batch_size,
-        epochs=epochs,
-        strategy=strategy,
-        steps_per_execution=FLAGS.steps_per_execution,
+        train.compile_model, recipe=recipe, steps_per_epoch=steps, global_batch_size=batch_size,
+        epochs=epochs, strategy=strategy, steps_per_execution=FLAGS.steps_per_execution,
     )
     model = compile_with(build_model)
     pruning = _gradual_pruning(reference, train_ds, batch_size, steps)
     costs = _costs(_student(model) if pruning is None else kp.apply_plan(reference, pruning.plan),
                    reference, masks)
-    commit, dirty = _git_commit()
-    record = {
-        "command": _command(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "dataset": dataset,
-        "model": FLAGS.model,
-        "method": FLAGS.method,
-        "params_budget": FLAGS.params,
-        "flops_budget": FLAGS.flops,
-        "plan_options": _plan_options(),
-        "plan_file": FLAGS.plan_file,
-        "granularity": FLAGS.granularity if FLAGS.method == "random" else None,
-        "densities": FLAGS.densities,
-        "recipe": recipe.name,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "steps_per_epoch": steps,
-        "backend": keras.backend.backend(),
-        "strategy": FLAGS.strategy,
-        "replicas": strategy.num_replicas_in_sync,
-        "seed": FLAGS.seed,
-        "normalize": pipeline["normalize"],
-        **costs,
-        **_transfer_record(model, eval_ds, recipe.base_lr),
-        "prune": None if FLAGS.init_model is None or FLAGS.method not in STRUCTURED
-        else "oneshot" if pruning is None else "gradual",
-        "gradual": None if pruning is None else {
-            "epochs": FLAGS.gradual_epochs, "end_step": pruning.end_step,
-            "frequency": pruning.frequency, "schedule": pruning.schedule,
-            "importance": pruning.importance, "regrow": pruning.regrow,
-            "shrink": pruning.shrink, "rebuild": FLAGS.gradual_rebuild},
-    }
+    record = {**_record(dataset, recipe, epochs, batch_size, steps, strategy, normalize, pruning),
+              **costs, **_transfer_record(model, eval_ds, recipe.base_lr)}
     if FLAGS.export_init:
         _export_init(model, record)
         return
     fit = functools.partial(train.fit, train_data=train_ds, eval_data=eval_ds, model_dir=FLAGS.model_dir,
                             steps_per_epoch=FLAGS.steps_per_epoch, eval_steps=FLAGS.eval_steps,
                             verbose=FLAGS.verbose)
-    if pruning is None:
-        result = fit(model, epochs=epochs)
-    elif FLAGS.gradual_rebuild:
-        result = _fit_rebuilt(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy)
-    else:
-        result = fit(model, epochs=epochs, callbacks=(pruning,))
-        result = dataclasses.replace(result, model=_finalized(pruning.finalize(), result, eval_ds))
-    if FLAGS.save_model and pruning is not None:  # the smaller model, rebuilt from the masks
-        result.model.save(os.path.join(result.model_dir, "final_model.keras"))
-    elif FLAGS.save_model and FLAGS.distill:  # the student alone, not the Distiller with its teacher
-        result.model.student.save(os.path.join(result.model_dir, "final_model.keras"))
-    elif FLAGS.save_model:
-        tf.io.gfile.copy(
-            os.path.join(result.model_dir, "last.keras"),
-            os.path.join(result.model_dir, "final_model.keras"),
-            overwrite=True,
-        )
-    results = {
-        **record,
-        "final_accuracy": result.final_accuracy,
-        "best_accuracy": result.best_accuracy,
-        "train_time_s": result.train_time,
-        "wall_time_s": time.time() - start,
-        "history": result.history,
-    }
-    path = os.path.join(result.model_dir, "results.json")
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(results, indent=1))
-    print(
-        f"Final accuracy {result.final_accuracy:.4f}, best {result.best_accuracy:.4f}, "
-        f"{result.train_time:.0f} s in epochs; wrote {path}"
-    )
+    result = _train(model, pruning, fit, compile_with, reference, eval_ds, epochs, strategy)
+    _save_model(result, pruning)
+    _write_results(record, result, start)

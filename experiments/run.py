@@ -377,7 +377,8 @@ def _in_match_order(todo, patterns):
     return list(ordered.items())
 
 
-def main(argv=None):
+def _parser():
+    """The driver's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", action="append", required=True, help="grid JSON file (repeatable)")
     parser.add_argument("--data_dir", default=str(REPO.parent / "shared" / "tfds"), help="TFDS data_dir")
@@ -394,33 +395,69 @@ def main(argv=None):
                         help="train only runs whose id matches this regex; repeated, the runs of "
                         "the first pattern train first, then the second's (a queue in order of need)")
     parser.add_argument("--max_runs", type=int, default=None, help="stop after training this many runs")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _queue(grids, match):
+    """``[(run id, flags)]`` of ``grids``, each run once, in the order they train.
+
+    Every grid's first seed comes first; with ``match``, only the runs it
+    matches, in the order of its patterns.
+    """
     todo, seen = [], set()
-    for path in args.grid:
+    for path in grids:
         for flags in load_grid(path):
             name = run_id(flags)
             if name not in seen:
                 seen.add(name)
                 todo.append((name, flags))
     todo.sort(key=lambda item: item[1]["seed"])  # stable: every grid's first seed first
+    return _in_match_order(todo, match) if match else todo
+
+
+def _print_states(todo, done):
+    """``--dry_run``: one line per run: done, started, waiting (for its --init_model) or todo."""
+    for name, flags in todo:
+        state = "done" if name in done else ("started" if (RUNS / name).exists() else "todo")
+        state = "waiting" if state != "done" and _missing_input(flags) else state
+        print(f"{state:8s} {flags['grid']:12s} {name}")
+
+
+def _train_one(name, flags, args):
+    """Trains run ``name`` in a subprocess, logging to its ``train.log``; returns the exit code."""
+    run_dir = RUNS / name
+    run_dir.mkdir(exist_ok=True)
+    code_dir = code_dir_of(flags["code"], args.code_dir)
+    command = train_command(flags, run_dir, args.data_dir, code_dir)
+    print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
+    with open(run_dir / "train.log", "a") as log:
+        log.write(f"$ {shown(command, code_dir)}\n")
+        log.flush()
+        env = {**os.environ, "PYTHONPATH": str(code_dir)}  # the code of code_dir, the paths of REPO
+        code = subprocess.call(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+        print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
+    else:
+        relativize(run_dir, code_dir)
+        drop_backups(run_dir)
+    return code
+
+
+def main(argv=None):
+    """Trains the runs of ``--grid`` not done yet, in queue order; a finished run keeps its results."""
+    args = _parser().parse_args(argv)
+    todo = _queue(args.grid, args.match)
     kept = kept_runs(args.grid)
-    if args.match:
-        todo = _in_match_order(todo, args.match)
     RUNS.mkdir(parents=True, exist_ok=True)
     done = [name for name, _ in todo if (RUNS / name / "results.json").exists()]
     print(f"[run.py] {len(todo)} runs, {len(done)} done, {len(todo) - len(done)} to train", flush=True)
     if args.dry_run:
-        for name, flags in todo:
-            state = "done" if name in done else ("started" if (RUNS / name).exists() else "todo")
-            state = "waiting" if state != "done" and _missing_input(flags) else state
-            print(f"{state:8s} {flags['grid']:12s} {name}")
+        _print_states(todo, done)
         return 0
     (RUNS / "driver.pid").write_text(f"{os.getpgrp()}\n")
     trained = 0
     for name, flags in todo:
-        run_dir = RUNS / name
-        if (run_dir / "results.json").exists():
+        if (RUNS / name / "results.json").exists():
             continue
         if args.max_runs is not None and trained >= args.max_runs:
             break
@@ -429,23 +466,10 @@ def main(argv=None):
             print(f"[run.py] {name} waits for --init_model {missing}; train the run that saves it first",
                   flush=True)
             continue
-        run_dir.mkdir(exist_ok=True)
-        code_dir = code_dir_of(flags["code"], args.code_dir)
-        command = train_command(flags, run_dir, args.data_dir, code_dir)
-        print(f"[run.py] {time.strftime('%H:%M:%S')} training {name}", flush=True)
-        with open(run_dir / "train.log", "a") as log:
-            log.write(f"$ {shown(command, code_dir)}\n")
-            log.flush()
-            env = {**os.environ, "PYTHONPATH": str(code_dir)}  # the code of code_dir, the paths of REPO
-            code = subprocess.call(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        code = _train_one(name, flags, args)
         trained += 1
-        if code != 0:
-            print(f"[run.py] {name} failed with exit code {code}; see {run_dir / 'train.log'}", flush=True)
-            continue
-        relativize(run_dir, code_dir)
-        drop_backups(run_dir)
-        if args.commit:
-            _commit(run_dir, keep_model=name in kept)
+        if code == 0 and args.commit:
+            _commit(RUNS / name, keep_model=name in kept)
     return 0
 
 
