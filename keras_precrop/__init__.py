@@ -97,6 +97,7 @@ class _AfterKeras:
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
+        """Keras' own spec, its loader wrapped to register the package's layers once Keras is loaded."""
         if name != "keras":
             return None
         sys.meta_path.remove(cls)

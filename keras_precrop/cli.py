@@ -194,6 +194,7 @@ def _is_file(model):
 
 
 def _load_model(args):
+    """The model to work on: a saved ``.keras`` file, or a zoo model built at ``--input_shape``."""
     if _is_file(args.model):
         import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
 
@@ -331,6 +332,7 @@ def _read(kind, keyword, args):
 
 
 def _run(args):
+    """Runs the parsed subcommand: loads its model and hands it to the subcommand's runner."""
     if args.command == "list":
         print("\n".join(kp.models.list()))
         return

@@ -132,6 +132,14 @@ def input_specs(model):
 
 
 def _trace(model, ignore) -> Traced:
+    """``model`` as one functional graph of its leaf layers, with each layer's name by place.
+
+    A functional model without composite layers is its own graph; a subclassed
+    model, or composites (nested layers that call others), are retraced with the
+    composites dissolved into their sublayers, which keep the names their place
+    gives them. A model whose ``call`` records another graph when training
+    is refused (``_check_training_branches``).
+    """
     fn = _graph_of(model)
     found = {}  # id -> (layer, name by place); dissolved composites in ``composites``
     composites = {}

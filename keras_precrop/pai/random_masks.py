@@ -99,6 +99,7 @@ def _grouped_channels(a, n_out, groups, density, priorities, path):
 
 
 def _channel_level(shape, spec, density, priorities, path):
+    """A mask of whole channels of one weight: the top input and output channels by ``priorities``."""
     p_in, p_out = priorities
     if spec.kind in ("bias", "scale"):
         return common.top_k(p_out, common.num_kept(density, shape[0], repr(path)))

@@ -151,6 +151,7 @@ class _LinearizedModel:
         return ops.convert_to_tensor(np.abs(np.asarray(variable.numpy(), np.float64)).astype(dtype))
 
     def _flow(self, flat_mask):
+        """``R`` of the linearized model under ``flat_mask`` and the flat scores ``|w * dR/dw|``."""
         masked = [
             self._trainable[i] * ops.reshape(flat_mask[start:stop], shape)
             for i, start, stop, shape in zip(
@@ -182,6 +183,7 @@ class _LinearizedModel:
 
 
 def _input_shape(tensor, input_shape):
+    """The shape (no batch axis) of ``tensor``'s all-ones input: its own, or ``input_shape``."""
     shape = tuple(tensor.shape[1:])
     if None not in shape:
         return shape
@@ -214,6 +216,7 @@ class _Scorer:
         self.linearized = _LinearizedModel(*self._args, "float32" if self._auto else dtype)
 
     def scores(self, flat_mask):
+        """The flat SynFlow scores under ``flat_mask``, retried in float64 where float32 overflows."""
         flow, scores = self.linearized.flow_and_scores(flat_mask)
         if self._auto and self.linearized.dtype == "float32":
             low, high = _FLOAT32_FLOW_RANGE
