@@ -109,9 +109,13 @@ class GradualPruning(keras.callbacks.Callback):
     Args:
         plan: a :class:`~keras_precrop.Plan` made for the model being
             trained (``kp.plan(model, latency=0.5)``).
-        end_step: the optimizer step (``optimizer.iterations``) at which the
-            model reaches the plan's widths; the masks stay fixed afterwards.
-        start_step: the step at which pruning starts (0: at once).
+        end_step: the optimizer step (``optimizer.iterations`` of the model
+            ``fit`` trains) at which the model reaches the plan's widths; the
+            masks stay fixed afterwards. The count is the optimizer's, so a
+            resumed fit goes on where it was; an optimizer that has counted
+            past ``start_step`` on a model with nothing masked yet (loaded
+            compiled, or fitted before) is refused, naming the steps to give.
+        start_step: the step at which pruning (and ``shrink``) starts (0: at once).
         frequency: optimizer steps between two updates of the masks.
         schedule: ``"cubic"`` (default), ``"linear"`` or ``"final"``; see
             :func:`schedule_fraction`.
@@ -134,7 +138,9 @@ class GradualPruning(keras.callbacks.Callback):
             are multiplied by ``1 - shrink`` after every optimizer step,
             so they fade before they are masked (0, the default: off;
             0.01 leaves 2% of a weight after 390 steps).
-        model: the model to prune; default: the model being fitted (the
+        model: the model to prune, which the fit must train (the fitted
+            model, a part of it, or a ``Distiller`` whose student it is;
+            refused otherwise); default: the model being fitted (the
             student of a ``keras.distillation.Distiller``).
         verbose: 1 prints a line at each update (widths reached, masked
             channels), 0 is silent.
@@ -155,7 +161,7 @@ class GradualPruning(keras.callbacks.Callback):
 
     @property
     def _fitted(self):
-        """The model ``fit`` trains: the one given, else the callback's model.
+        """The model to prune or its ``Distiller``: the ``model=`` given, else the model ``fit`` trains.
 
         ``self.model`` is read either way: under JAX, reading it puts the
         training state back into the variables (else they are empty mid-fit).
@@ -170,6 +176,7 @@ class GradualPruning(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._graph is None:
+            _refuse_untrained_target(self._target, self.model)
             model = self.pruned
             self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
@@ -184,7 +191,10 @@ class GradualPruning(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if not self._ranked:  # after every on_train_begin: BackupAndRestore's may restore the step
             self._ranked = True
-            self._update(self._last_update(self._step()), force=True)
+            step = self._last_update(self._step())
+            if self._updated_at is None:
+                self._refuse_a_schedule_already_past(step)
+            self._update(step, force=True)
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()  # with steps_per_execution > 1 it moves by more than 1 between calls
@@ -207,13 +217,41 @@ class GradualPruning(keras.callbacks.Callback):
         return step
 
     def _step(self):
-        """The optimizer's step count: it survives ``BackupAndRestore`` and resumes the schedule."""
-        return int(keras.ops.convert_to_numpy(self._fitted.optimizer.iterations))
+        """The step count of the optimizer ``fit`` trains with: it survives ``BackupAndRestore``
+        and resumes the schedule."""
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _refuse_a_schedule_already_past(self, step):
+        """Refuse to start at an optimizer step that the schedule has passed, on an unmasked model.
+
+        The schedule counts ``optimizer.iterations``. A model loaded compiled,
+        or fitted before, brings its optimizer's count: its first update would
+        mask at once what the schedule spreads over many steps. A fit resumed
+        by ``BackupAndRestore`` brings a count too, but its model is masked as
+        far as that step (its cut channels are zero), so it goes on. With
+        ``regrow`` before ``end_step`` masked channels train back in between,
+        so a resumed model cannot be told from a fresh one: not checked.
+        """
+        fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
+        if step <= self.start_step or fraction == 0 or (self.regrow and step <= self.end_step):
+            return
+        widths = widths_at(self._graph.variables, self._targets, fraction)
+        if widths == [v.width for v in self._graph.variables] or _has_zero_channels(self._graph):
+            return
+        span = self.end_step - self.start_step
+        raise ArgumentError(
+            f"GradualPruning: the optimizer's step count (optimizer.iterations) is already {step} "
+            f"at the first batch, so the schedule from {{start_step}} to end_step={self.end_step} "
+            f"would mask {fraction:.0%} of the way to the plan at once, while no channel of the "
+            "model is masked yet: its optimizer has trained before (a model loaded compiled, or "
+            f"fitted earlier). Compile the model again to count from 0, or give "
+            f"start_step={step}, end_step={step + span}.", start_step=self.start_step)
 
     def _update(self, step, force=False):
         """Re-rank the channels and mask as many as the schedule says at ``step``."""
         fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
-        fading, self._updated_at = self.shrink > 0 and fraction < 1, step
+        fading = self.shrink > 0 and fraction < 1 and step >= self.start_step
+        self._updated_at = step
         if not force and fraction == self._fraction and not (self.regrow or fading):
             self._apply()
             return
@@ -351,7 +389,7 @@ class GradualPruning(keras.callbacks.Callback):
                                 "(that model, or a Distiller whose student it is).", model=model)
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        carry_optimizer_state(self._fitted.optimizer, optimizer, self._graph, self._final,
+        carry_optimizer_state(self.model.optimizer, optimizer, self._graph, self._final,
                               self._targets, self._selection)
 
 
@@ -414,6 +452,12 @@ def _nonzero(graph):
             for i, score in channel_scores(graph, weight_values(graph.model), "l1").items()}
 
 
+def _has_zero_channels(graph):
+    """Whether some channel of ``graph.model`` is zero in every weight that writes or reads it."""
+    return any(np.any(score == 0)
+               for score in channel_scores(graph, weight_values(graph.model), "l1").values())
+
+
 def _first(scores, kept):
     """``scores`` raised so that the channels in ``kept`` rank above all others.
 
@@ -435,6 +479,19 @@ def _rebuilt_walk(graph, widths):
     each weight's index (the same layers ignored, the same residual rule)."""
     new = rebuild(graph, widths, timing=True)
     return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
+
+
+def _refuse_untrained_target(target, fitted):
+    """Refuse a ``model=`` whose weights the fit does not train: its masks would change nothing."""
+    if target is None:
+        return
+    pruned = getattr(target, "student", target)
+    trained = {id(v) for v in fitted.trainable_variables}
+    if not isinstance(pruned, keras.Model) or not all(id(w) in trained for w in pruned.trainable_weights):
+        raise ArgumentError(
+            "GradualPruning({model}): the model fitted does not train it; give the model that "
+            f"{fitted.name!r} trains (itself, a part of it, or the Distiller whose student it is), "
+            "or leave model= out to prune the fitted model.", model=target)
 
 
 def _refuse_normalized_cuts(graph, widths):

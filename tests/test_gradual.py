@@ -262,14 +262,20 @@ def test_regrow_masks_only_at_updates():
         pruning.finalize()
 
 
-def test_shrink_fades_the_channels_the_plan_leaves_out_then_masks_them():
+def _unlearning_model_and_its_doomed_channels():
+    """A model compiled not to learn (only a callback moves its weights), its data, a plan, the
+    plan's final masks and the weights they cut, as they were before training."""
     model, x, y = _fit_setup(4)
-    model.compile(keras.optimizers.SGD(0.0),  # no learning: only the callback moves weights
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     the_plan = kp.plan(model, params=0.5)
     graph = walk(model)
     final, _ = gradual.channel_masks(graph, kp.planning.planned_widths(graph, the_plan, model))
     before = {w.path: keras.ops.convert_to_numpy(w) for w, _ in final}
+    return model, (x, y), the_plan, final, before
+
+
+def test_shrink_fades_the_channels_the_plan_leaves_out_then_masks_them():
+    model, (x, y), the_plan, final, before = _unlearning_model_and_its_doomed_channels()
     pruning = kp.GradualPruning(the_plan, end_step=6, frequency=3, schedule="final", shrink=0.1,
                                 verbose=0)
     model.fit(x, y, batch_size=8, epochs=1, callbacks=[pruning], verbose=0)  # steps 1-4
@@ -284,6 +290,61 @@ def test_shrink_fades_the_channels_the_plan_leaves_out_then_masks_them():
         assert not np.any(keras.ops.convert_to_numpy(w)[mask == 0])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
                                keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+
+
+def test_shrink_waits_for_start_step():
+    """``shrink`` fades between ``start_step`` and ``end_step``, not before."""
+    model, (x, y), the_plan, final, before = _unlearning_model_and_its_doomed_channels()
+    pruning = kp.GradualPruning(the_plan, start_step=4, end_step=8, frequency=2, schedule="final",
+                                shrink=0.1, verbose=0)
+    model.fit(x[:24], y[:24], batch_size=8, epochs=1, callbacks=[pruning], verbose=0)  # steps 1-3
+    for w, _ in final:
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(w), before[w.path])
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, callbacks=[pruning], verbose=0)  # steps 4-5
+    for w, mask in final:  # faded after steps 4 and 5 (and at the fit's start, still step 3: not)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(w)[mask == 0],
+                                   before[w.path][mask == 0] * 0.9 ** 2, rtol=1e-5)
+
+
+def test_a_model_argument_the_fit_does_not_train_is_refused_and_a_student_is_pruned():
+    """``model=`` names the model to prune within the one fitted (here a Distiller's student); the
+    schedule counts the fitted model's optimizer steps. A model the fit does not train is refused."""
+    model, x, y = _fit_setup(2)
+    distiller = keras.distillation.Distiller(
+        teacher=_resnet_block_model(3), student=model,
+        distillation_losses=keras.distillation.LogitsDistillation(temperature=4.0))
+    distiller.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+    the_plan = kp.plan(model, params=0.5)
+    pruning = kp.GradualPruning(the_plan, end_step=4, frequency=2, model=model, verbose=0)
+    distiller.fit(x, y, batch_size=8, epochs=2, callbacks=[pruning], verbose=0)
+    small = pruning.finalize()
+    assert small.count_params() == the_plan.predicted["params"]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+    other, _, _ = _fit_setup(5)
+    other.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    elsewhere = kp.GradualPruning(kp.plan(model, params=0.5), end_step=4, model=model, verbose=0)
+    with pytest.raises(kp.ArgumentError, match="model=.*does not train it"):
+        other.fit(x, y, batch_size=8, epochs=1, callbacks=[elsewhere], verbose=0)
+
+
+def test_an_optimizer_that_counted_past_the_schedule_is_refused(tmp_path):
+    """The schedule counts ``optimizer.iterations``: a model saved compiled and loaded brings its
+    count, and its first update would cut at once; refused, naming the steps to give instead."""
+    model, x, y = _fit_setup(6)
+    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # 8 steps
+    model.save(tmp_path / "trained.keras")
+    loaded = keras.models.load_model(tmp_path / "trained.keras")
+    pruning = kp.GradualPruning(kp.plan(loaded, params=0.5), end_step=6, frequency=2, verbose=0)
+    with pytest.raises(kp.ArgumentError, match=r"already 8 .*start_step=8, end_step=14"):
+        loaded.fit(x, y, batch_size=4, epochs=1, callbacks=[pruning], verbose=0)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(x[:4])),
+                                  keras.ops.convert_to_numpy(model(x[:4])))  # nothing masked
+    shifted = kp.GradualPruning(kp.plan(loaded, params=0.5), start_step=8, end_step=14, frequency=2,
+                                verbose=0)
+    loaded.fit(x, y, batch_size=4, epochs=1, callbacks=[shifted], verbose=0)  # steps 9-16
+    assert shifted.finalize().count_params() == shifted.plan.predicted["params"]
 
 
 def test_fading_rebuilds_the_model_once_and_ranks_the_current_weights_at_every_update(monkeypatch):
