@@ -341,7 +341,7 @@ class GradualPruning(keras.callbacks.Callback):
         """Mask a model restored past ``end_step`` by a fit that trained no batch: ranked at the
         restored step, its zero channels last. The masks must zero nothing it trained: a ranking
         that moved a residual stream's prefix would cut kept channels, so that is refused."""
-        before = {id(w): keras.ops.convert_to_numpy(w) for w in self.pruned.trainable_weights}
+        before = {id(w): keras.ops.convert_to_numpy(w) for w in self.pruned.weights}
         self._update(self._step(), force=True)
         cut = [w.path for w, mask in self._masks if np.any(before[id(w)][mask == 0] != 0)]
         if cut:
@@ -418,8 +418,12 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
             lost).
 
     Returns:
-        ``([(variable, mask)], selection)``: the trainable weights with at
-        least one masked element, and the kept channels of every variable.
+        ``([(variable, mask)], selection)``: the weights with at least one
+        masked element, and the kept channels of every variable. The weights
+        are the trainable ones and those of frozen layers (a frozen
+        BatchNormalization's offset would feed a cut channel to a frozen
+        reader); a trainable layer's non-trainable statistics are left
+        alone: the masked scale and offset beside them zero the channel.
 
     Raises:
         ArgumentError: ``widths`` cut channels that a layer normalizes over
@@ -433,9 +437,11 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in model.weights}
     new_graph = _rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
+    frozen = {id(w) for rec in graph.layers if not getattr(rec.layer, "trainable", True)
+              for w in rec.layer.weights}
     masks = []
     for w, _, kept in carried(graph, new_graph, widths, selection, index):
-        if not w.trainable:
+        if not (w.trainable or id(w) in frozen):  # statistics: their layer's masked scale zeroes them
             continue
         mask = np.zeros(math.prod(w.shape), np.float32)
         kept = kept.ravel().astype(np.int64)

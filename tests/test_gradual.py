@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import keras_precrop as kp
 from keras_precrop import gradual
@@ -146,6 +147,21 @@ def _masks_match_rebuild_on(model):
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(model=random_cnns())
 def test_masks_match_rebuild_on_random_models(model):
+    _masks_match_rebuild_on(model)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(model=random_cnns(), seed=st.integers(0, 2**16))
+def test_masks_match_rebuild_on_random_models_with_frozen_trained_layers(model, seed):
+    """Half the layers, drawn at random, frozen with trained-like weights (offsets and statistics
+    that map a zero channel to a nonzero one): their weights are masked too, and the masks still
+    match the rebuild."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if layer.weights and rng.random() < 0.5:
+            layer.set_weights([rng.uniform(0.5, 1.5, w.shape) if "variance" in w.path
+                               else rng.normal(0.0, 0.5, w.shape) for w in layer.weights])
+            layer.trainable = False
     _masks_match_rebuild_on(model)
 
 
@@ -427,6 +443,34 @@ def test_a_new_callback_on_a_masked_model_keeps_its_masked_channels_out():
     for path, mask in masks.items():  # what the first callback masked stays masked
         assert not np.any(again[path][mask == 0]), path
     assert not keras.ops.convert_to_numpy(model.get_layer("c2").kernel)[..., lost[0]].any()
+
+
+def test_frozen_layers_are_masked_too():
+    """A trained BatchNormalization frozen (as transfer learning freezes them) writes its offset into
+    a cut channel whatever its input; a frozen conv reads it. Their weights are masked like the
+    trainable ones, so the masked model still computes the finalized one, and they stay frozen."""
+    model, x, y = _fit_setup(7)
+    rng = np.random.default_rng(7)
+    for name in ("b0_bn1", "b0_c2"):
+        layer = model.get_layer(name)
+        if name == "b0_bn1":  # trained statistics and offset: a cut channel is not zero after it
+            layer.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") for w in layer.weights])
+        layer.trainable = False
+    frozen = model.get_layer("b0_c2").kernel
+    before = keras.ops.convert_to_numpy(frozen)
+    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    the_plan = kp.plan(model, params=0.4)
+    pruning = kp.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[pruning], verbose=0)
+    small = pruning.finalize()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x[:4])),
+                               keras.ops.convert_to_numpy(small(x[:4])), rtol=1e-4, atol=1e-4)
+    masks = {w.path: m for w, m in pruning._masks}
+    assert "b0_bn1/beta" in masks and "b0_c2/kernel" in masks
+    now = keras.ops.convert_to_numpy(frozen)
+    kept = masks["b0_c2/kernel"] == 1
+    np.testing.assert_array_equal(now[kept], before[kept])  # frozen: masked, never trained
+    assert not now[~kept].any() and not model.get_layer("b0_c2").trainable
 
 
 def test_distiller_student_is_pruned():
