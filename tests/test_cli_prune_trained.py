@@ -107,6 +107,26 @@ def test_a_plan_file_without_distillation_or_test_split(files, tmp_path, capsys)
     assert "GradualPruning: step 0, 100% of the way to the plan" in printed  # one shot at once
 
 
+def test_a_latency_budget_prunes_to_the_plan_of_that_latency_model(files, tmp_path, capsys):
+    """``--latency 0.5 --latency_model`` (README's command, with a latency model fitted beforehand on
+    a synthetic clock, time = MACs): the saved model has the widths ``kp.plan`` gives for that
+    budget and model, and that latency model predicts it at most half the original's time."""
+    original = keras.models.load_model(files["trained.keras"])
+    fitted = kp.latency_model(original, batch_size=4, variants=12, refine_rounds=0, verbose=0,
+                              timer=lambda models: {k: 1e-9 * kp.profile(m).total_macs + 1e-6
+                                                    for k, m in models.items()})
+    lm_file, out = str(tmp_path / "latency.json"), str(tmp_path / "small.keras")
+    fitted.to_json(lm_file)
+    assert main(["prune-trained", files["trained.keras"], "--latency", "0.5", "--latency_model",
+                 lm_file, "--data", files["data.npz"], "--epochs", "2", "--batch_size", "64",
+                 "--out", out]) == 0
+    small = keras.models.load_model(out)
+    expected = kp.apply_plan(original, kp.plan(original, latency=0.5, latency_model=fitted))
+    assert [w.shape for w in small.weights] == [w.shape for w in expected.weights]
+    assert fitted.predict(small) <= 0.5 * fitted.predict(original) * (1 + 1e-6)
+    assert small.count_params() < original.count_params()
+
+
 def test_shrink_fades_the_doomed_channels_then_cuts_them_at_once(files, tmp_path, capsys):
     """--shrink: the channels the plan leaves out fade (printed as fading) until --gradual_epochs
     ends, then all go at once (schedule 'final'); the saved model has the plan's widths."""
