@@ -108,7 +108,10 @@ class GradualPruning(keras.callbacks.Callback):
 
     Args:
         plan: a :class:`~keras_precrop.Plan` made for the model being
-            trained (``kp.plan(model, latency=0.5)``).
+            trained (``kp.plan(model, latency=0.5)``). A plan, not budgets:
+            it is made once, before ``fit``, so that a fit resumed in another
+            process (a new callback) prunes to the same widths; a latency
+            budget planned anew would be timed anew, and could differ.
         end_step: the optimizer step (``optimizer.iterations`` of the model
             ``fit`` trains) at which the model reaches the plan's widths; the
             masks stay fixed afterwards. The count is the optimizer's, so a
