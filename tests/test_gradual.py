@@ -494,10 +494,11 @@ def test_distiller_student_is_pruned():
 
 
 def _optimizer(kind):
-    if kind == "adam":
-        return keras.optimizers.Adam(0.01)
-    return SGDWithL2(1e-3, learning_rate=keras.optimizers.schedules.PolynomialDecay(0.05, 24, 0.0),
-                        momentum=0.9)
+    return {"adam": lambda: keras.optimizers.Adam(0.01),
+            "nadam": lambda: keras.optimizers.Nadam(0.01),  # a global variable Keras names itself
+            "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+            "sgd": lambda: SGDWithL2(1e-3, momentum=0.9, learning_rate=keras.optimizers.schedules.
+                                     PolynomialDecay(0.05, 24, 0.0))}[kind]()
 
 
 def _fit_then_finalize(seed, kind, epochs, distill):
@@ -524,7 +525,8 @@ def _on_smaller(pruning, small, x, y, seed, kind, distill, carry=True):
     return before
 
 
-@pytest.mark.parametrize("kind, distill", [("sgd", False), ("adam", False), ("sgd", True)])
+@pytest.mark.parametrize("kind, distill", [("sgd", False), ("adam", False), ("sgd", True),
+                                           ("nadam", False), ("rmsprop", False)])
 def test_training_on_smaller_with_the_carried_optimizer_is_training_on_masked(kind, distill):
     """Masks final at step 4, then 8 more steps: of the masked model (reference), or of the
     finalized smaller model with the optimizer's state carried over (step count, momentum or
@@ -586,6 +588,38 @@ def test_carry_optimizer_refuses_what_it_cannot_carry():
         pruning.carry_optimizer(other)
     small.compile(keras.optimizers.Adam(), "mse")
     with pytest.raises(kp.ArgumentError, match="optimizer='Adam'.*SGDWithL2"):
+        pruning.carry_optimizer(small)
+    small.compile(SGDWithL2(1e-3, momentum=0.9, use_ema=True), "mse")  # averages it never kept
+    with pytest.raises(kp.ArgumentError, match=r"kinds \['average', 'momentum'\].*use_ema"):
+        pruning.carry_optimizer(small)
+    model, x, y = _fit_setup(8)
+    model.compile(keras.optimizers.Lamb(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    by_lamb = kp.GradualPruning(kp.plan(model, params=0.5), end_step=2, frequency=1, verbose=0)
+    model.fit(x[:8], y[:8], batch_size=4, epochs=1, callbacks=[by_lamb], verbose=0)
+    smaller = by_lamb.finalize()
+    smaller.compile(keras.optimizers.Lamb(0.01), "mse")
+    with pytest.raises(kp.ArgumentError, match="optimizer='Lamb'.*whole tensors"):
+        by_lamb.carry_optimizer(smaller)
+
+
+def test_carry_optimizer_refuses_weights_that_share_a_path():
+    """A layer named as one inside a nested model: Keras gives both kernels the path ``c/kernel``,
+    so their slots share a name; refused rather than carried into the wrong weight."""
+    keras.utils.set_random_seed(0)
+    inner_in = keras.Input((6, 6, 8))
+    inner = keras.Model(inner_in, L.Conv2D(8, 3, padding="same", name="c")(inner_in), name="blk")
+    inputs = keras.Input((6, 6, 3))
+    x = L.Conv2D(8, 3, padding="same", name="stem")(inputs)
+    x = L.Conv2D(8, 3, padding="same", name="c")(inner(x))
+    model = keras.Model(inputs, L.Dense(4, name="fc")(L.GlobalAveragePooling2D()(x)))
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = _fit_setup(0)[1][:, :6, :6], _fit_setup(0)[2]
+    pruning = kp.GradualPruning(kp.plan(model, params=0.5), end_step=2, frequency=1, verbose=0)
+    model.fit(x[:8], y[:8], batch_size=4, epochs=1, callbacks=[pruning], verbose=0)
+    small = pruning.finalize()
+    small.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+    with pytest.raises(kp.ArgumentError, match=r"\['c/bias', 'c/kernel'\] share their paths"):
         pruning.carry_optimizer(small)
 
 
