@@ -471,8 +471,9 @@ def _probe_specs(model, macs_arguments):
 
 
 def _with_inputs(model, specs):
-    """A fresh copy of functional ``model`` on inputs of other spatial sizes."""
-    inputs = [keras.Input(shape[1:], name=name) for name, shape in specs]
+    """A fresh copy of functional ``model`` on inputs of other spatial sizes (and its inputs' dtypes)."""
+    inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
+              for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
     return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
                                     clone_function=lambda op: layer_from_config(op, op.get_config()))
 

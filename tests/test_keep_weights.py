@@ -409,6 +409,49 @@ def test_an_open_input_size_keeps_the_weights_through_its_copies():
         assert_sliced(model, small)
 
 
+def test_an_open_input_size_keeps_its_input_dtype():
+    """uint8 images in, rescaled by the model: the copies at a defined size and back keep the dtype."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((None, None, 3), dtype="uint8", name="image")
+    h = L.Conv2D(8, 3, padding="same", name="c1")(L.Rescaling(1 / 255.0)(x))
+    model = keras.Model(x, L.Dense(3, name="fc")(L.GlobalAveragePooling2D()(h)))
+    images = np.random.default_rng(0).integers(0, 255, (2, 5, 5, 3)).astype("uint8")
+    for plan in (_identity_plan(model), kp.plan(model, params=0.5)):
+        small = kp.apply_plan(model, plan, weights="keep")
+        assert small.inputs[0].dtype == "uint8"
+    assert_same_function(model, kp.apply_plan(model, _identity_plan(model), weights="keep"), images)
+
+
+def test_a_weight_frozen_alone_stays_frozen():
+    """``weight.trainable = False`` on one weight of a trainable layer: the layer's config, which the
+    rebuild reads, does not say so; the kept weight carries its flag."""
+    model = _block_model()
+    model.get_layer("fc").bias.trainable = False
+    model.get_layer("c1").kernel.trainable = False
+    small = kp.precrop(model, params=0.5, weights="keep")
+    assert [w.path for w in small.trainable_weights] == [w.path for w in model.trainable_weights]
+    assert [w.path for w in model.trainable_weights if w.path in ("fc/bias", "c1/kernel")] == []
+
+
+def test_layers_the_rebuild_inserts_take_the_model_s_dtype_policy():
+    """A ``PrefixAdd`` or ``ChannelSlice`` the rebuild adds computes in the policy of the layer it
+    stands for, not in the global policy of the moment the model is pruned."""
+    def pruned(build_policy, prune_policy):
+        try:
+            keras.config.set_dtype_policy(build_policy)
+            model = kp.models.get("resnet20")
+            plan = kp.plan(model, params=0.3)
+            keras.config.set_dtype_policy(prune_policy)
+            return kp.apply_plan(model, plan)
+        finally:
+            keras.config.set_dtype_policy("float32")
+
+    for build, prune in (("float32", "mixed_float16"), ("mixed_float16", "float32")):
+        inserted = [layer for layer in pruned(build, prune).layers
+                    if type(layer).__name__ in ("PrefixAdd", "ChannelSlice")]
+        assert inserted and {layer.dtype_policy.name for layer in inserted} == {build}
+
+
 def test_a_model_with_kept_weights_saves_and_loads(tmp_path):
     model = randomize(kp.models.get("resnet20"))
     small = kp.precrop(model, params=0.5, weights="keep")

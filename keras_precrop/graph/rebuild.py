@@ -140,7 +140,8 @@ class _Rebuilder:
         if width >= x.shape[-1]:
             return args
         name = self._unique(f"{self.graph.traced.name(rec.layer)}_slice")
-        return (_layers.ChannelSlice(width, name=name)(x),) + tuple(args[1:])
+        sliced = _layers.ChannelSlice(width, name=name, dtype=rec.layer.dtype_policy.name)(x)
+        return (sliced,) + tuple(args[1:])
 
     def _merge(self, op, rec):
         """An Add whose inputs differ in width (in any of its calls) becomes a PrefixAdd.
@@ -152,8 +153,9 @@ class _Rebuilder:
         if key not in self.new_ops:
             differ = any(len({channels_width(ch, self.width) for ch in ins}) > 1
                          for ins in rec.inputs)
-            self.new_ops[key] = (_layers.PrefixAdd(name=self.graph.traced.name(op)) if differ
-                                 else self.new_ops[id(op)])
+            policy = op.dtype_policy.name  # the replaced Add's, not the global policy of now
+            self.new_ops[key] = (_layers.PrefixAdd(name=self.graph.traced.name(op), dtype=policy)
+                                 if differ else self.new_ops[id(op)])
         return self.new_ops[key]
 
     def _unique(self, name):

@@ -61,6 +61,9 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
                   selection=None):
     """Copy the trained weights of the channels that survive from ``graph.model`` into ``new_model``.
 
+    Each weight's ``trainable`` flag comes along: a weight frozen on its own
+    stays frozen (its layer's config, which the rebuild reads, does not say).
+
     Args:
         graph: the walked original model.
         new_model: the model ``graph.rebuild(graph, widths)`` built; its
@@ -81,8 +84,9 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
     if selection is None:
         scores = channel_scores(graph, values, importance, gradients, seed, widths)
         selection = select(graph, widths, scores)
-    for _, new_w, value in carried(graph, new_graph, widths, selection, values):
+    for old_w, new_w, value in carried(graph, new_graph, widths, selection, values):
         new_w.assign(value)
+        new_w.trainable = old_w.trainable  # a weight frozen alone (its layer's config does not say)
     return selection
 
 
