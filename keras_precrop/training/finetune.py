@@ -52,7 +52,10 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
 
     Args:
         student: the model to train (logits or softmax out), e.g. a pruned
-            model with kept weights; it must have trainable weights.
+            model with kept weights; it must have trainable weights. It is
+            compiled here with this function's recipe (SGD with momentum
+            0.9, ``loss``), replacing any optimizer and loss it was compiled
+            with; to train with your own, call ``fit`` yourself.
         train_data: an ``(x, y)`` pair of arrays or anything ``fit`` takes
             as ``x`` (a ``tf.data.Dataset`` of ``(x, y)`` batches, a
             ``keras.utils.PyDataset``, a generator, ...). Its first batch is
