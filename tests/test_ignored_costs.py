@@ -10,13 +10,16 @@ budgets that count MACs are refused naming the layer, and parameter budgets
 still work.
 """
 
+import json
+import os
+
 import keras
 import pytest
 from keras import layers as L
 from keras import ops
 
 import keras_precrop as kp
-from tests.conftest import assert_matches_plan, tf_macs
+from tests.conftest import assert_matches_plan, run_python, tf_macs
 
 
 class CustomConv(L.Layer):
@@ -113,3 +116,45 @@ def test_a_parameter_budget_works_with_a_layer_whose_macs_are_unknown():
     new = kp.apply_plan(model, plan)
     assert new.count_params() == plan.params <= 0.9 * model.count_params()
     assert kp.profile(model, ignore=["bidirectional"]).total_params == model.count_params()
+
+
+# An ignored layer that only the backend can cost, on one backend (the argument): a strided
+# transposed convolution inside it (valid and same padding), and an attention.
+_OPAQUE_MACS = """
+import json, sys, keras
+import keras_precrop as kp
+
+class Upsampler(keras.layers.Layer):  # a weight of its own: not dissolved, so ignore= keeps it whole
+    def __init__(self, padding, **kwargs):
+        super().__init__(**kwargs)
+        self.up = keras.layers.Conv2DTranspose(6, 3, strides=2, padding=padding, use_bias=False)
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(), initializer="ones")
+    def call(self, x):
+        return self.up(x) * self.scale
+
+x = keras.Input((5, 5, 4))
+out = {p: kp.profile(keras.Model(x, Upsampler(p, name="up")(x)), ignore=["up"]).total_macs
+       for p in ("valid", "same")}
+s = keras.Input((6, 8))
+attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_bias=False, name="mha")
+profile = kp.profile(keras.Model(s, attention(s, s)), ignore=["mha"])
+out["mha"] = None if profile.unknown_macs else profile.total_macs
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_an_ignored_layer_costed_by_the_backend_is_exact_or_unknown(backend):
+    """Every input pixel of a strided transposed convolution times its 3x3x4x6 kernel, as the walker
+    counts a ``Conv2DTranspose`` (not the zeros the stride inserts, which JAX's and TensorFlow's
+    'valid' estimates counted); an attention's projections, scores and weighted sum exactly, or
+    unknown (PyTorch's counter has no formula for CPU attention and counted it 0)."""
+    proc = run_python(["-c", _OPAQUE_MACS], env={**os.environ, "KERAS_BACKEND": backend})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counted = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counted["valid"] == counted["same"] == 5 * 5 * (3 * 3 * 4 * 6)
+    heads, key_dim, length, features = 2, 4, 6, 8
+    attention = (3 * length * features * heads * key_dim + 2 * heads * length * length * key_dim
+                 + length * heads * key_dim * features)
+    assert counted["mha"] in (None, attention)

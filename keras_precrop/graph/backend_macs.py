@@ -8,10 +8,18 @@ backend's own accounting of multiply-accumulates:
 
 * TensorFlow: the ops of a ``tf.function`` graph, each costed by the flops
   statistic TensorFlow registers for its op type (``Conv2D``, ``MatMul``,
-  ``DepthwiseConv2dNative``, ...; two FLOPs per MAC).
+  ``DepthwiseConv2dNative``, ...; two FLOPs per MAC); a transposed
+  convolution (``Conv2DBackpropInput``), whose registered estimate is
+  inexact for ``"valid"`` padding, from its shapes.
 * JAX: the ``conv_general_dilated`` and ``dot_general`` equations of the
   layer's jaxpr, costed from their shapes (a ``scan`` times its length).
-* PyTorch: ``torch.utils.flop_counter.FlopCounterMode``.
+* PyTorch: ``torch.utils.flop_counter.FlopCounterMode``; an op that
+  multiplies (a matmul, a convolution, an attention) without a formula
+  there, as CPU attention has none, makes the cost unknown.
+
+A transposed convolution counts every input pixel times the whole kernel,
+as the walker's own count of ``Conv2DTranspose`` does (not the zeros a
+strided one inserts).
 
 Anything these cannot account for exactly (a convolution or matmul op type
 without a registered cost, a loop whose trip count the graph does not
@@ -29,6 +37,9 @@ import keras
 
 _COSTLY = re.compile("Conv|MatMul|Einsum")  # TF op types that multiply-accumulate
 _TF_CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase")
+_TF_TRANSPOSED = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
+# aten ops that multiply-accumulate (matmuls, convolutions, attention), by name.
+_TORCH_COSTLY = re.compile(r"mm|matmul|conv(?!ert)|attention|einsum|linear|dot")
 
 
 def measured_macs(op, node):
@@ -81,12 +92,21 @@ def _tf_graph_macs(graph, tf_ops):
             total += inner
         elif op.type in _TF_CONTROL_FLOW:
             return None  # a loop's trip count or a branch taken is not in the graph
+        elif op.type in _TF_TRANSPOSED:
+            total += _tf_transposed_macs(op)
         elif _COSTLY.search(op.type):
             flops = tf_ops.get_stats_for_node_def(graph, op.node_def, "flops").value
             if flops is None:
                 return None
             total += flops // 2
     return total
+
+
+def _tf_transposed_macs(op):
+    """MACs of a transposed convolution op: its input's pixels (``out_backprop``) times its kernel."""
+    kernel, pixels = op.inputs[1].shape, op.inputs[2].shape
+    channels = 1 if op.get_attr("data_format").decode().startswith("NC") else -1
+    return math.prod(pixels) // pixels[channels] * math.prod(kernel)
 
 
 def _jax_macs(call, specs):
@@ -103,9 +123,12 @@ def _jaxpr_macs(jaxpr):
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape
-            out_axis = eqn.params["dimension_numbers"].rhs_spec[0]
-            total += math.prod(eqn.outvars[0].aval.shape) * math.prod(rhs) // rhs[out_axis]
+            lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+            numbers = eqn.params["dimension_numbers"]
+            if any(d > 1 for d in eqn.params["lhs_dilation"] or ()):  # transposed: input x kernel
+                total += math.prod(lhs) // lhs[numbers.lhs_spec[1]] * math.prod(rhs)
+            else:
+                total += math.prod(eqn.outvars[0].aval.shape) * math.prod(rhs) // rhs[numbers.rhs_spec[0]]
         elif name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
@@ -128,11 +151,26 @@ def _subjaxprs(params):
 
 
 def _torch_macs(call, specs):
-    """MACs of ``call`` as ``torch.utils.flop_counter`` counts them (two FLOPs per MAC)."""
+    """MACs of ``call`` as ``torch.utils.flop_counter`` counts them (two FLOPs per MAC), or
+    ``None`` where it ran an op that multiplies and that the counter has no formula for."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    class _Ops(TorchDispatchMode):
+        """Records the aten ops a call runs."""
+
+        def __init__(self):
+            super().__init__()
+            self.ran = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ran.add(func._overloadpacket)
+            return func(*args, **(kwargs or {}))
 
     xs = [keras.ops.zeros(shape, dtype) for shape, dtype in specs]
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter, _Ops() as ops:
         call(*xs)
+    if any(_TORCH_COSTLY.search(str(op)) and op not in flop_registry for op in ops.ran):
+        return None
     return counter.get_total_flops() // 2
