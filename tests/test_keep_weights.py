@@ -365,8 +365,18 @@ def test_a_grouped_conv_keeps_each_group_its_own_channels():
     assert list(rows) == list(ins) + [8 + c for c in outs]  # the concatenation, part by part
 
 
-@pytest.mark.parametrize("build", [lambda: kp.models.get("resnet20"), mixed_cnn, _grouped_model],
-                         ids=["resnet20", "mixed_cnn", "grouped"])
+def _self_applied_conv():
+    """A 1x1 convolution applied twice, the second time to its own output: in and out one group."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 3))
+    shared = L.Conv2D(8, 1, name="shared")
+    h = shared(shared(L.Conv2D(8, 3, padding="same", name="stem")(x)))
+    return keras.Model(x, L.Dense(10, name="head")(L.GlobalAveragePooling2D()(h)))
+
+
+@pytest.mark.parametrize("build", [lambda: kp.models.get("resnet20"), mixed_cnn, _grouped_model,
+                                   _self_applied_conv],
+                         ids=["resnet20", "mixed_cnn", "grouped", "self_applied"])
 def test_widened_layers_start_silent(build):
     """PreConfig with kept weights: new channels start from the initializer and the weights that
     read them at zero, so the widened model computes the original's outputs."""

@@ -183,10 +183,14 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
     """Refuse new channels into a layer that mixes channels without weights of its own per pair.
 
     A normalization over the channel axis (LayerNormalization, GroupNormalization, a
-    softmax) would see the new channels and change the trained channels' outputs.
+    softmax) would see the new channels and change the trained channels' outputs. A
+    layer with a kernel that reads its input channels (a convolution applied to its own
+    output) does not: the kernel's new input rows start at zero.
     """
     rec = old.record
-    if (maps is None and (ins[0] < 0).any()
+    reads = any(role in ("in", "group_in") for axes in rec.handler.channel_axes(rec, old.node)
+                for role in axes.values())
+    if (maps is None and not reads and (ins[0] < 0).any()
             and graph.tensor_channels[old.outputs[0]] == graph.tensor_channels[old.inputs[0]]):
         raise ArgumentError(
             f"{{weights}} cannot widen the channels of {rec.path!r} ({rec.class_name}): it "
