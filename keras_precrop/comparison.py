@@ -270,12 +270,17 @@ def _by_auto(rows, pick, why):
     """The recommendation unmeasured: auto's pick (``pick``, for reason ``why``), and where
     another row scores a higher objective or predicts less latency, why auto keeps its pick."""
     notes = [f'mode="auto" picks it for these budgets: {why}.']
-    best = max(rows, key=lambda r: r["objective"])
+    within = [r for r in rows if r["within_budgets"]]  # auto's plan always is
+    best = max(within, key=lambda r: r["objective"])
     if best["objective"] > pick["objective"] + 0.005:  # higher as printed
         notes.append(f"{best['mode']} scores a higher objective ({best['objective']:.2f} vs "
                      f"{pick['objective']:.2f}), but auto's rule follows that evidence, not the "
                      "objective, a proxy.")
-    predicted = [r for r in rows if r["latency"] is not None]
+    over = [r["mode"] for r in rows if not r["within_budgets"]]
+    if over:
+        notes.append(f"{', '.join(over)} exceed{'s' * (len(over) == 1)} the budgets and "
+                     f"{'is' if len(over) == 1 else 'are'} not compared.")
+    predicted = [r for r in within if r["latency"] is not None]
     fastest = min(predicted, key=lambda r: r["latency"], default=None)
     if fastest is not None and fastest["latency"] < pick["latency"] * 0.99:  # not a rounding's worth
         notes.append(f"{fastest['mode']} predicts {1 - fastest['latency'] / pick['latency']:.0%} less "

@@ -67,6 +67,21 @@ def test_unmeasured_the_recommendation_is_autos_pick_with_its_evidence():
         assert re.search(rf"^\| {re.escape(row['mode'])}\b.*\| +{row['objective']:.2f} \|", printed, re.M)
 
 
+def test_unmeasured_a_row_over_the_budgets_is_named_not_offered():
+    """ResNet-20 at params=0.3: paper mode's widths exceed the budget (it may) and score a higher
+    objective than auto's pick; the recommendation says paper exceeds the budgets instead of
+    citing its objective against auto's."""
+    model = kp.models.get("resnet20")
+    comparison = kp.compare(model, params=0.3, modes=("exact", "paper"), verbose=0)
+    rows = {r["mode"]: r for r in comparison.rows}
+    paper = kp.precrop(model, params=0.3, mode="paper")
+    assert paper.count_params() > 0.3 * model.count_params() and not rows["paper"]["within_budgets"]
+    assert rows["paper"]["objective"] > rows["exact"]["objective"]
+    reason = comparison.recommendation["reason"]
+    assert "paper exceeds the budgets and is not compared." in reason
+    assert "paper scores a higher objective" not in reason
+
+
 # The latency model of ResNet-20 fitted on the experiments' CPU (TensorFlow, batch 64).
 _RESNET20_LATENCY = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "plans" / (
     "resnet20_tf_b64_latency_model.json")
