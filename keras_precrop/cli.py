@@ -27,6 +27,7 @@ are parsed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
@@ -193,12 +194,23 @@ def _is_file(model):
     return model.endswith(".keras") or os.path.exists(model)
 
 
+def _load_saved(path):
+    """The model saved at ``path`` (uncompiled); a file Keras cannot read is named as such."""
+    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except (ValueError, OSError) as err:
+        if not os.path.isfile(path):
+            raise
+        raise ValueError(f"MODEL {path} is no model Keras can load (a .keras archive that "
+                         f"model.save() wrote): {err}") from None
+
+
 def _load_model(args):
     """The model to work on: a saved ``.keras`` file, or a zoo model built at ``--input_shape``."""
     if _is_file(args.model):
-        import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
-
-        return keras.models.load_model(args.model, compile=False)
+        return _load_saved(args.model)
     shape = None
     if args.input_shape:
         try:
@@ -267,12 +279,19 @@ def _weight_options(args):
 
 
 def _check_out(args):
-    """Refuse an ``--out`` that would save a model Keras cannot load back."""
+    """Refuse, before any work, an output file that could not be written, and an ``--out`` that
+    would save a model Keras cannot load back."""
     out = getattr(args, "out", None)
     if out and not out.endswith(".keras"):
         raise ValueError(f"--out {out}: a rebuilt model is saved as a .keras file (Keras' legacy "
                          ".h5 format cannot load its ChannelSlice and PrefixAdd layers); use e.g. "
                          f"--out {os.path.splitext(out)[0]}.keras.")
+    for flag in ("out", "plan", "json"):
+        path = getattr(args, flag, None)
+        folder = os.path.dirname(os.path.abspath(path)) if isinstance(path, str) else None
+        if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            raise ValueError(f"--{flag} {path}: cannot write into {folder} (no such folder, or not "
+                             "writable); create it or pick another path.")
 
 
 def _refuse_unused(args):
@@ -565,14 +584,13 @@ def _npz_arrays(path):
 def _run_prune_trained(args):
     """Load, plan, train while pruning (distilled by default), rebuild smaller, evaluate, save."""
     _check_prune_trained(args)
-    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
-
-    original = keras.models.load_model(args.model, compile=False)
+    original = _load_saved(args.model)
     train, test, steps = _prune_data(args, original)
+    _check_prune_data(args, original, train, test)
     the_plan = _prune_plan(args, original)
     the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
     # The model that trains and loses channels; the original stays whole and teaches.
-    student = keras.models.load_model(args.model, compile=False)
+    student = _load_saved(args.model)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
     taylor = _taylor_batches(train, args.batch_size) if args.importance == "taylor" else None
     pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps), frequency=_RECIPE["frequency"],
@@ -626,21 +644,40 @@ def _train_pruned(args, student, teacher, train, test, pruning, steps):
     """
     import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
 
-    from keras_precrop.errors import DataError  # noqa: PLC0415  (NumPy: not for --help)
-
     arrays = isinstance(train, tuple)
     cut = min(args.epochs, max(1, math.ceil(pruning.end_step / steps)))
     recipe = {"teacher": teacher, "batch_size": args.batch_size if arrays else None,
               "learning_rate": keras.optimizers.schedules.PolynomialDecay(
                   args.learning_rate, args.epochs * steps, 0.0),
               "validation_data": test, "weight_decay": _RECIPE["weight_decay"]}
-    try:
+    with _data_errors(args, arrays):
         kp.fine_tune(student, train, epochs=cut, callbacks=[pruning], **recipe)
         small = pruning.finalize()
         if cut < args.epochs:
             kp.fine_tune(small, train, epochs=args.epochs, initial_epoch=cut, optimizer_from=pruning,
                          **recipe)
-        return small
+    return small
+
+
+def _check_prune_data(args, model, train, test):
+    """``--data``'s splits checked against the model (as ``kp.fine_tune`` checks them), before a
+    plan is solved: a latency budget would be timed first, for minutes."""
+    from keras_precrop.training._user_data import check_data  # noqa: PLC0415  (NumPy: not for --help)
+
+    arrays = isinstance(train, tuple)
+    with _data_errors(args, arrays):
+        check_data(model, train, "train_data", batch_size=args.batch_size if arrays else None)
+        if test is not None:
+            check_data(model, test, "validation_data", batch_size=args.batch_size if arrays else None)
+
+
+@contextlib.contextmanager
+def _data_errors(args, arrays):
+    """Data that does not fit the model, named as ``--data`` and its arrays or splits."""
+    from keras_precrop.errors import DataError  # noqa: PLC0415  (NumPy: not for --help)
+
+    try:
+        yield
     except DataError as err:
         splits = {"train_data": "x_train, y_train" if arrays else "its train split",
                   "validation_data": "x_test, y_test" if arrays else "its test split"}

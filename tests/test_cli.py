@@ -317,9 +317,11 @@ def test_json_files_of_the_wrong_kind_are_named_by_their_flag(saved, tmp_path, c
     assert "kp." not in err
     assert err.endswith("fit one for this model with `keras-precrop latency MODEL --json FILE`.")
     unwritable = str(tmp_path / "no_such_folder" / "p.json")
-    assert main(["profile", "resnet20", "--json", unwritable]) == 1  # after the table
-    assert capsys.readouterr().err.splitlines() == [
-        f"keras-precrop: error: --json {unwritable}: No such file or directory"]
+    assert main(["profile", "resnet20", "--json", unwritable]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [  # before the work, not after it
+        f"keras-precrop: error: --json {unwritable}: cannot write into {tmp_path / 'no_such_folder'} "
+        "(no such folder, or not writable); create it or pick another path."]
 
 
 def test_profile_table_counts_the_layers_it_hides(capsys):
@@ -469,12 +471,26 @@ def test_the_parser_offers_the_library_s_own_choices():
     (["precrop", "nosuch", "--params", "0.5"], "Unknown model"),
     (["precrop", "missing.keras", "--params", "0.5"], "no such model file"),
     (["profile", "resnet20", "--input_shape", "a,b"], "input_shape"),
+    (["profile", "resnet20", "--input_shape", "32,32"],
+     "--input_shape 32,32 must be (height, width, channels) of positive ints."),
+    (["profile", "resnet20", "--num_classes", "0"], "--num_classes 0 must be a positive int."),
+    (["precrop", "resnet20", "--params", "0.5", "--plan", "/nonexistent_dir/plan.json"],
+     "--plan /nonexistent_dir/plan.json: cannot write into /nonexistent_dir"),
     (["profile"], "give the model once"),
 ])
 def test_bad_arguments_give_one_error_line(argv, match, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("keras-precrop: error:") and match in err[0]
+
+
+def test_a_file_keras_cannot_load_is_named_as_the_model(tmp_path, capsys):
+    """An existing file that is no .keras archive: not Keras' 'File not found'."""
+    path = tmp_path / "corrupt.keras"
+    path.write_text("not a zip")
+    assert main(["profile", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"keras-precrop: error: MODEL {path} is no model Keras can load"), err
 
 
 @pytest.mark.skipif(shutil.which("keras-precrop") is None, reason="console script not installed")

@@ -187,6 +187,8 @@ def _refusal(argv, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["{model}.h5"], "MODEL {model}.h5: prune-trained prunes a trained model saved as a .keras file"),
     (["{model}", "--out", "small.h5"], "--out small.h5: a rebuilt model is saved as a .keras file"),
+    (["{model}", "--out", "/nonexistent_dir/small.keras"], "--out /nonexistent_dir/small.keras: "
+     "cannot write into /nonexistent_dir"),  # before training, not after
     (["{model}", "--apply", "plan.json"], "--params 0.5 has no effect with --apply plan.json: the plan "
      "fixes the widths."),
     (["{model}", "--gradual_epochs", "2"], "--gradual_epochs 2 must be between 0 and --epochs 1"),
@@ -215,6 +217,15 @@ def test_bad_flags_are_refused_naming_the_flag(argv, message, files, capsys):
     given = [flag for flag in argv if flag.startswith("--")]
     argv += [part for flag, value in defaults.items() if flag not in given for part in (flag, value)]
     assert _refusal(argv, capsys).startswith(message.format(**names))
+
+
+def test_data_that_does_not_fit_is_refused_before_a_plan_is_solved(files, capsys, monkeypatch):
+    """Data checked first: a latency budget's plan would be timed (minutes) before the refusal."""
+    monkeypatch.setattr(kp, "plan", lambda *a, **k: pytest.fail("planned before the data check"))
+    assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--data",
+                 files["small_images.npz"], "--epochs", "1", "--out", "small.keras"]) == 1
+    out, err = capsys.readouterr()
+    assert f"--data {files['small_images.npz']}: x_train, y_train has inputs of shape" in err
 
 
 def test_a_plan_of_another_model_is_refused_naming_plan(files, tmp_path, capsys):

@@ -9,6 +9,8 @@ import math
 
 import keras
 
+from keras_precrop.errors import ArgumentError
+
 # PyTorch's BatchNorm2d defaults (eps=1e-5, running-stat momentum 0.1, i.e.
 # Keras momentum 0.9), because every reference architecture here is PyTorch.
 _BN_EPSILON = 1e-5
@@ -41,7 +43,8 @@ def check_build_args(input_shape, num_classes, min_size=1):
             running out of pixels.
 
     Raises:
-        ValueError: naming the offending value.
+        ArgumentError: naming the offending argument (a flag on the command line).
+        ValueError: the image data format is not channels_last.
     """
     if keras.config.image_data_format() != "channels_last":
         raise ValueError(
@@ -52,17 +55,13 @@ def check_build_args(input_shape, num_classes, min_size=1):
         )
     shape = tuple(input_shape)
     if len(shape) != 3 or not all(_is_positive_int(d) for d in shape):
-        raise ValueError(
-            f"input_shape must be (height, width, channels) of positive ints, "
-            f"got {input_shape!r}."
-        )
+        raise ArgumentError("{input_shape:subject} must be (height, width, channels) of positive "
+                            "ints{got}.", input_shape=input_shape)
     if shape[0] < min_size or shape[1] < min_size:
-        raise ValueError(
-            f"input_shape {shape!r} is too small for this architecture: height "
-            f"and width must be at least {min_size}."
-        )
+        raise ArgumentError("{input_shape} is too small for this architecture: height and width "
+                            f"must be at least {min_size}.", input_shape=shape)
     if not _is_positive_int(num_classes):
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
+        raise ArgumentError("{num_classes:subject} must be a positive int{got}.", num_classes=num_classes)
     return shape
 
 
