@@ -179,7 +179,8 @@ class GradualPruning(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._graph is None:
-            _refuse_untrained_target(self._target, self.model)
+            if self._target is not None:
+                _refuse_untrained_target(self._target, self.pruned, self.model)
             model = self.pruned
             self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
@@ -463,8 +464,7 @@ def _nonzero(graph):
 
 def _has_zero_channels(graph):
     """Whether some channel of ``graph.model`` is zero in every weight that writes or reads it."""
-    return any(np.any(score == 0)
-               for score in channel_scores(graph, weight_values(graph.model), "l1").values())
+    return any(len(kept) < graph.variables[i].width for i, kept in _nonzero(graph).items())
 
 
 def _first(scores, kept):
@@ -490,11 +490,9 @@ def _rebuilt_walk(graph, widths):
     return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
 
 
-def _refuse_untrained_target(target, fitted):
-    """Refuse a ``model=`` whose weights the fit does not train: its masks would change nothing."""
-    if target is None:
-        return
-    pruned = getattr(target, "student", target)
+def _refuse_untrained_target(target, pruned, fitted):
+    """Refuse a ``model=`` (``target``, whose model to prune is ``pruned``) whose weights the fit
+    does not train: its masks would change nothing."""
     trained = {id(v) for v in fitted.trainable_variables}
     if not isinstance(pruned, keras.Model) or not all(id(w) in trained for w in pruned.trainable_weights):
         raise ArgumentError(

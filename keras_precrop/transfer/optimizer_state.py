@@ -63,10 +63,10 @@ def carry_optimizer_state(old, new, graph, new_graph, widths, selection):
             optimizer=type(old).__name__)
     old_slots, old_global = _slots(old, graph.model.trainable_weights)
     new_slots, new_global = _slots(new, new_graph.model.trainable_weights)
-    kinds = {kind for kind, _ in old_slots}
-    if kinds != {kind for kind, _ in new_slots}:
+    kinds, new_kinds = ({kind for kind, _ in slots} for slots in (old_slots, new_slots))
+    if kinds != new_kinds:
         raise ArgumentError(
-            f"{{optimizer}} keeps state of kinds {sorted({k for k, _ in new_slots})}, the fitted one "
+            f"{{optimizer}} keeps state of kinds {sorted(new_kinds)}, the fitted one "
             f"{sorted(kinds)}: compile it with the fitted optimizer's options (use_ema, "
             "gradient_accumulation_steps, amsgrad, ...).", optimizer=type(new).__name__)
     _copy_globals(old_global, new_global, type(old).__name__)
