@@ -189,12 +189,12 @@ def test_keep_weights_section_tables_fine_tuning_epochs_and_judges_the_goal(tmp_
     assert rows[2] == (f"| {_AUTO} | fine-tuned (l1 channels) | 0.2000 | 30.00 ± 0.00 | 71.00 ± 1.41 "
                        "| 78.50 ± 0.71 | 80.00 ± 0.71 |  | 2 |")
     assert rows[3] == (f"| {_AUTO} | distilled (l1 channels) | 0.2000 | 30.00 | 60.00 "
-                       "| 70.00 | 75.00 |  | 1 (seeds 4 pending) |")  # one seed: no spread
+                       "| 70.00 | 75.00 |  | 1 (seed 4 pending) |")  # one seed: no spread
     assert rows[4] == (f"| {_AUTO} | random channels, fine-tuned (control) | | not yet trained | | | | "
                        "| 0 (seeds 3, 4 pending) |")
     assert rows[5] == (f"| {_AUTO} | fine-tuned, lr 0.01 | 0.2000 | 30.00 | 50.00 "
                        "| 60.00 | 65.00 |  | 1 |")
-    assert rows[6] == f"| {_AUTO} | distilled, lr 0.01 | | not yet trained | | | | | 0 (seeds 3 pending) |"
+    assert rows[6] == f"| {_AUTO} | distilled, lr 0.01 | | not yet trained | | | | | 0 (seed 3 pending) |"
     assert rows[7] == (f"| {_AUTO} | from scratch (grid uniform_latency) | 0.2000 |  |  |  |  "
                        "| 76.00 ± 1.41 | 2 |")
     assert rows[8].startswith(f"| {_UNIFORM} | fine-tuned (l1 channels) | | not yet trained |")
@@ -316,7 +316,7 @@ def test_gradual_section_judges_each_goal_on_runs_of_its_length(tmp_path, monkey
     assert f"| latency 0.5, stream floor widths | {_FADE} with labels' weight 0.1 | 0.1700 | 81.00 " \
            "| 50.00 | 75.00 | 79.00 |  | 1 |" in rows  # the grid runs seed 3 alone
     assert f"| latency 0.5, stream floor widths | {_FADE}, 10 epochs | 0.1700 | 81.00 | 50.00 | 70.00 " \
-           "| 79.50 | 81.00 | 1 (seeds 4 pending) |" in rows
+           "| 79.50 | 81.00 | 1 (seed 4 pending) |" in rows
     assert "| latency 0.5, stream floor widths | same widths from scratch, 3 epochs | 0.1700 |  " \
            "| 60.00 ± 0.00 | 70.00 ± 0.00 | 79.00 ± 0.00 |  | 2 |" in rows
     assert goals == [f"- 3 epochs: **not met**: best with 2+ seeds, {_FADE}: 77.75 ± 0.35 %.",
@@ -379,8 +379,8 @@ def test_mobilenet_goal_is_the_teachers_mean_less_one_and_a_half_points(tmp_path
     assert f"| {point} | fading (shrink 0.01/step, cut after epoch 1), distilled | 0.5200 | 85.00 ± 0.00 " \
            "| 60.00 ± 0.00 | 60.00 ± 0.00 | 60.00 ± 0.00 | 84.60 ± 0.28 | 2 |" in rows
     assert f"| {point} | one-shot, distilled | 0.5200 | 85.00 | 60.00 | 60.00 | 60.00 | 83.00 " \
-           "| 1 (seeds 1 pending) |" in rows
-    assert f"| {point} | from scratch (grid uniform_mobilenet, mode auto) | 0.5200 |  |  |  |  " \
+           "| 1 (seed 1 pending) |" in rows
+    assert f"| {point} | exact mode's plan from scratch (grid uniform_mobilenet) | 0.5200 |  |  |  |  " \
            "| 83.00 ± 1.41 | 2 |" in rows
     assert (tmp_path / "figures" / "gradual_mobilenet.png").stat().st_size > 0
     assert after == ["![gradual_mobilenet](figures/gradual_mobilenet.png)",
