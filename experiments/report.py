@@ -1731,6 +1731,8 @@ _GRADUAL_WAYS = (  # (row label, grid, flags, epochs the run trains: its goal; N
      "gradual_rank", {"importance": "taylor"}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled, rate 0.2, ranked by BN scales",
      "gradual_rank", {"importance": "bn_scale"}, 3),
+    ("fading (shrink 0.02/step, cut after epoch 1), distilled, rate 0.2", "gradual_fade_strong",
+     {"gradual_shrink": 0.02}, 3),
     ("fading (shrink 0.01/step, cut after epoch 1), distilled, 10 epochs", "gradual_long",
      {"gradual_shrink": 0.01, "distill": True, "epochs": 10}, 10),
     ("one-shot, distilled, 10 epochs", "oneshot_long", {"distill": True, "epochs": 10}, None),
@@ -1753,8 +1755,8 @@ _GRADUAL_POINTS = (
     ("flops 0.2734", _GRADUAL_FLOPS_WAYS, "core", {**_GRADUAL_FLOPS, "mode": "layerwise"}),
 )
 _GRADUAL_GRIDS = ("gradual", "gradual_shrink", "gradual_fade_half", "gradual_fade_long", "gradual_lr",
-                  "gradual_alpha", "gradual_push", "gradual_rank", "gradual_long", "oneshot_long",
-                  "scratch_short", "gradual_flops")
+                  "gradual_alpha", "gradual_push", "gradual_rank", "gradual_fade_strong", "gradual_long",
+                  "oneshot_long", "scratch_short", "gradual_flops")
 _GRADUAL_GOALS = {3: 78.0, 10: 80.2}  # % after 3 and after 10 epochs, mean of 2 seeds (issue 43)
 _GRADUAL_PEERS = (
     "For scale (issue 43's measurements on the same teachers, weight for weight in PyTorch): "
