@@ -32,37 +32,22 @@ Usage (from the repository root; CIFAR-10 prepared in ``../shared/tfds``)::
 import argparse
 import json
 import os
-import pathlib
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+from _teachers import PLAN, ROOT, TEACHERS, accuracy, cut_at_once, teacher_path  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent
 OUT = ROOT / "results" / "cut_cost"
-TEACHERS = ("resnet20-baseline-ep10-s3", "resnet20-baseline-ep10-s4")
-PLAN = ROOT / "plans" / "resnet20_tf_b64_latency0.5_streamfloor.json"
 BATCH_SIZE, RATE, EPOCHS, SHRINKS, FREQUENCY = 128, 0.2, 3, (0.01, 0.02), 20
-
-
-def _accuracy(model, test):
-    """Test accuracy (%) of a logits model."""
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return 100 * model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
 
 
 def _kernel_mass(model):
     """The L1 norm of all of ``model``'s conv and dense kernels."""
     return sum(float(keras.ops.sum(keras.ops.abs(w))) for w in model.weights if "kernel" in w.path)
-
-
-def _cut(model, plan):
-    """``model`` cut at once to ``plan``, keeping its L1-most-important channels' weights."""
-    return kp.apply_plan(model, plan, weights="keep", importance="l1")
 
 
 def _faded(path, teacher, plan, train, shrink):
@@ -80,18 +65,18 @@ def _faded(path, teacher, plan, train, shrink):
 def _run_teacher(name, plan, train, test):
     """One teacher's rows, one per shrink: its accuracy, cut at once, after fading, the faded
     model cut, and the kernel mass each cut drops."""
-    path = ROOT / "runs" / name / "final_model.keras"
+    path = teacher_path(name)
     teacher = keras.models.load_model(path)
-    cut = _cut(teacher, plan)
-    dense, at_once = _accuracy(teacher, test), _accuracy(cut, test)
+    cut = cut_at_once(teacher, plan)
+    dense, at_once = accuracy(teacher, test), accuracy(cut, test)
     dropped = _kernel_mass(teacher) - _kernel_mass(cut)
     rows = []
     for shrink in SHRINKS:
         start = time.time()
         faded = _faded(path, teacher, plan, train, shrink)
-        faded_cut = _cut(faded, plan)
+        faded_cut = cut_at_once(faded, plan)
         rows.append({"teacher": name, "shrink": shrink, "dense": dense, "cut_at_once": at_once,
-                     "faded": _accuracy(faded, test), "faded_then_cut": _accuracy(faded_cut, test),
+                     "faded": accuracy(faded, test), "faded_then_cut": accuracy(faded_cut, test),
                      "dropped_mass": (_kernel_mass(faded) - _kernel_mass(faded_cut)) / dropped,
                      "seconds": round(time.time() - start, 1)})
         print(json.dumps(rows[-1]), flush=True)

@@ -25,19 +25,16 @@ Usage (from the repository root; CIFAR-10 prepared in ``../shared/tfds``)::
 import argparse
 import json
 import os
-import pathlib
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+from _teachers import PLAN, ROOT, TEACHERS, accuracy, cut_at_once, teacher_path  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent
 OUT = ROOT / "results" / "recalibrate_bn"
-TEACHERS = ("resnet20-baseline-ep10-s3", "resnet20-baseline-ep10-s4")
-PLAN = ROOT / "plans" / "resnet20_tf_b64_latency0.5_streamfloor.json"
 POINTS = ("latency0.5_streamfloor", "flops0.2734")
 BATCHES = (10, 30, 100)
 BATCH_SIZE = 128
@@ -47,36 +44,29 @@ def _prune(teacher, point):
     """``teacher`` pruned at ``point`` with its L1-most-important channels' weights."""
     if point == "flops0.2734":
         return kp.precrop(teacher, flops=0.2734, weights="keep", importance="l1")
-    return kp.apply_plan(teacher, kp.Plan.from_json(PLAN), weights="keep", importance="l1")
-
-
-def _accuracy(model, test):
-    """Test accuracy (%) of a logits model."""
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return 100 * model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
+    return cut_at_once(teacher, kp.Plan.from_json(PLAN))
 
 
 def _run_teacher(name, train, test):
     """The rows of one teacher: itself, then each pruning point before and after recalibration."""
-    path = ROOT / "runs" / name / "final_model.keras"
+    path = teacher_path(name)
     recorded = json.loads((path.parent / "results.json").read_text())["final_accuracy"]
     teacher = keras.models.load_model(path)
     rows = [{"teacher": name, "point": "dense (unpruned)", "recorded": 100 * recorded,
-             "before": _accuracy(teacher, test)}]
+             "before": accuracy(teacher, test)}]
     for point in POINTS:
         start = time.time()
         pruned = _prune(teacher, point)
         row = {"teacher": name, "point": point, "params": pruned.count_params(),
-               "before": _accuracy(pruned, test)}
+               "before": accuracy(pruned, test)}
         for batches in BATCHES:
             kp.recalibrate_bn(pruned, train, batches=batches)
-            row[f"after_{batches}"] = _accuracy(pruned, test)
+            row[f"after_{batches}"] = accuracy(pruned, test)
         row["seconds"] = round(time.time() - start, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
     dense = keras.models.load_model(path)  # the teacher itself, recalibrated
-    rows[0][f"after_{BATCHES[-1]}"] = _accuracy(kp.recalibrate_bn(dense, train, batches=BATCHES[-1]),
+    rows[0][f"after_{BATCHES[-1]}"] = accuracy(kp.recalibrate_bn(dense, train, batches=BATCHES[-1]),
                                                 test)
     print(json.dumps(rows[0]), flush=True)
     return rows
