@@ -5,6 +5,7 @@ epochs), the stream-floor ``latency=0.5`` plan they are pruned to, today's
 one-shot cut (kept weights, L1 channels) and their test accuracy.
 """
 
+import json
 import pathlib
 
 import keras
@@ -31,3 +32,12 @@ def accuracy(model, test):
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return 100 * model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
+
+
+def write_results(out, record, markdown):
+    """Write ``record`` (with the backend and Keras version) to ``out``.json, ``markdown`` to
+    ``out``.md, and print the table."""
+    record = {**record, "backend": keras.backend.backend(), "keras": keras.__version__}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)

@@ -30,7 +30,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-from _teachers import PLAN, ROOT, TEACHERS, accuracy, cut_at_once, teacher_path  # noqa: E402
+from _teachers import PLAN, ROOT, TEACHERS, accuracy, cut_at_once, teacher_path, write_results  # noqa: E402
 
 import keras_precrop as kp  # noqa: E402
 
@@ -96,11 +96,8 @@ def main():
                          cache=False)
     test = kp.data.load("cifar10", "test", 500, data_dir=args.data_dir)
     rows = [row for name in TEACHERS for row in _run_teacher(name, train, test)]
-    record = {"batch_size": BATCH_SIZE, "batches": list(BATCHES), "backend": keras.backend.backend(),
-              "keras": keras.__version__, "rows": rows}
-    OUT.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    OUT.with_suffix(".md").write_text(_markdown(rows))
-    print(_markdown(rows))
+    write_results(OUT, {"batch_size": BATCH_SIZE, "batches": list(BATCHES), "rows": rows},
+                  _markdown(rows))
 
 
 if __name__ == "__main__":
