@@ -25,6 +25,11 @@ import pytest
 from tests.conftest import REPO, git, git_init, saved_trained_model
 
 sys.path.insert(0, str(REPO / "experiments"))
+import _report_claims  # noqa: E402
+import _report_common  # noqa: E402
+import _report_modes  # noqa: E402
+import _report_sanity  # noqa: E402
+import _report_speed  # noqa: E402
 import report  # noqa: E402
 import run  # noqa: E402
 
@@ -554,7 +559,7 @@ def test_driver_refuses_code_that_is_no_commit(repo, tmp_path):
     ],
 )
 def test_verdict(rows, want, expected):
-    assert report._verdict(rows, want) == expected
+    assert _report_common._verdict(rows, want) == expected
 
 
 @pytest.mark.parametrize(
@@ -569,7 +574,7 @@ def test_verdict(rows, want, expected):
     ],
 )
 def test_a_point_within_tol_at_two_seeds_is_close(row, expected):
-    assert report._fmt_row(row) == expected
+    assert _report_common._fmt_row(row) == expected
 
 
 def _train_accuracy(accuracy, seed):
@@ -599,19 +604,19 @@ def _train(accuracies):
 
 def test_summary_and_compare_against_numpy():
     a, b = [0.8123, 0.8051, 0.8302], [0.79, 0.801]
-    sa = report._summary({"results": [_result("synflow", x, s) for s, x in enumerate(a)]})
-    sb = report._summary({"results": [_result("baseline", x, s) for s, x in enumerate(b)]})
+    sa = _report_common._summary({"results": [_result("synflow", x, s) for s, x in enumerate(a)]})
+    sb = _report_common._summary({"results": [_result("baseline", x, s) for s, x in enumerate(b)]})
     mean_a, std_a = _stats(a)
     mean_b, std_b = _stats(b)
     assert sa == pytest.approx({
         "acc": mean_a, "std": std_a, "n": 3, "train": _train(a), "params": 30010,
         "params_ratio": 30010 / 274042, "macs_ratio": 0.26, "epochs": 10, "minutes": 20.0,
     })
-    assert report._compare(sa, sb) == pytest.approx((mean_a - mean_b, std_a + std_b, 3, 2))
-    one = report._summary({"results": [_result("synflow", 0.7, 0)]})
+    assert _report_common._compare(sa, sb) == pytest.approx((mean_a - mean_b, std_a + std_b, 3, 2))
+    one = _report_common._summary({"results": [_result("synflow", 0.7, 0)]})
     assert (one["acc"], one["std"], one["n"]) == pytest.approx((70.0, 0.0, 1))
-    assert report._summary({"results": []}) is None
-    assert report._compare(None, sb) is None and report._compare(sa, None) is None
+    assert _report_common._summary({"results": []}) is None
+    assert _report_common._compare(None, sb) is None and _report_common._compare(sa, None) is None
 
 
 # ------------------------------------------------------------------ report: a whole page
@@ -917,7 +922,7 @@ def test_report_judges_auto_modes_pick_per_kind_of_budget():
         if flops_layerwise:  # a FLOPs budget (params too): the other kind
             entries += [entry([0.80, 0.801], 40, params=0.05, flops=0.1, mode="exact"),
                         entry(flops_layerwise, 40, params=0.05, flops=0.1, mode="layerwise")]
-        return "\n".join(report._modes(entries))
+        return "\n".join(_report_modes._modes(entries))
 
     params_head = 'Under a parameter budget, `mode="auto"` picks `exact`, which'
     flops_head = 'Under a FLOPs budget, `mode="auto"` picks `layerwise`'
@@ -938,7 +943,8 @@ def test_report_judges_auto_modes_pick_per_kind_of_budget():
     wrong = page([0.76], exact=(0.75, 0.755), flops_layerwise=[0.70, 0.701])
     assert (f"{flops_head}, which wins 0 and loses 1 of the 1 compared pair with it (to exact): "
             "the evidence is against") in wrong
-    mixed = report._auto_verdict("a FLOPs budget", "layerwise", ["layerwise", None, "exact", "layerwise"])
+    mixed = _report_modes._auto_verdict("a FLOPs budget", "layerwise",
+                                        ["layerwise", None, "exact", "layerwise"])
     assert mixed == (f"{flops_head}, which wins 2 and loses 1 of the 4 compared pairs with it (to exact): "
                      "mixed evidence, more wins than losses.")
     nothing = page([0.72], exact=[0.72])  # one seed: no pair compared, nothing concluded
@@ -952,12 +958,12 @@ def test_report_auto_picks_are_the_librarys():
     import keras_precrop as kp
     from keras_precrop.budget.modes import auto_mode
 
-    assert dict(report._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
-                                        "a FLOPs budget": auto_mode(flops_budget=True)[0]}
+    assert dict(_report_modes._AUTO_PICKS) == {"a parameter budget": auto_mode(flops_budget=False)[0],
+                                               "a FLOPs budget": auto_mode(flops_budget=True)[0]}
     # The equal-time table's "auto now" row is the kind of plan auto makes under a latency budget.
     mode, floor, floor_on, _ = auto_mode(latency_budget=True)
     record = {"mode": mode, "floor_ratio": floor * 0.5, "floor_on": floor_on}
-    assert report._plan_kind(record) == report._AUTO_LATENCY_KIND
+    assert _report_speed._plan_kind(record) == _report_speed._AUTO_LATENCY_KIND
     budgets = {(flags["model"], flags.get("params"), flags["flops"])
                for grid in sorted((REPO / "experiments" / "grids").glob("*.json"))
                for flags in run.load_grid(grid)
@@ -965,7 +971,7 @@ def test_report_auto_picks_are_the_librarys():
     assert len(budgets) >= 7  # core's three, pareto's four
     for model, params, flops in sorted(budgets, key=str):
         plan = kp.plan(kp.models.get(model), params=params, flops=flops)
-        assert plan.mode == dict(report._AUTO_PICKS)["a FLOPs budget"], (params, flops)
+        assert plan.mode == dict(_report_modes._AUTO_PICKS)["a FLOPs budget"], (params, flops)
 
 
 def test_modes_are_compared_only_between_the_same_model():
@@ -974,8 +980,9 @@ def test_modes_are_compared_only_between_the_same_model():
         flags = {"method": "precrop_params", "params": 0.1, "epochs": 10, "mode": mode, "entry": 0, **flags}
         return {"flags": flags, "results": [_result("precrop_params", 0.7, 0)]}
 
-    points = report._mode_points([entry("exact"), entry("layerwise", round_to=8), entry("exact", round_to=8),
-                                  entry("layerwise", seed=3, grid="other"), entry("exact", balance=3)])
+    points = _report_modes._mode_points([entry("exact"), entry("layerwise", round_to=8),
+                                         entry("exact", round_to=8), entry("layerwise", seed=3, grid="other"),
+                                         entry("exact", balance=3)])
     assert [(label, sorted(modes)) for label, modes in points] == [
         ((10, "params 0.1"), ["exact", "layerwise"]), ((10, "params 0.1"), ["exact", "layerwise"])]
 
@@ -992,7 +999,7 @@ def test_modes_are_compared_only_between_the_same_model():
     ],
 )
 def test_outcome_is_the_claims_rule_on_one_pair(row, expected):
-    assert report._outcome(row, "exact", "uniform") == expected
+    assert _report_modes._outcome(row, "exact", "uniform") == expected
 
 
 def test_report_against_uniform(page):
@@ -1030,7 +1037,7 @@ def test_against_uniform_ties_and_the_modes_verdict_counts_uniform_as_a_candidat
     uniform = [entry(accuracies["u"], "uniform"), entry(accuracies["u3"], "uniform", params=0.3)]
     core = [entry(accuracies["e"], "exact"), entry([0.72, 0.725], "layerwise"),
             entry(accuracies["e3"], "exact", params=0.3)]
-    lines = report._against_uniform(uniform, core)
+    lines = _report_modes._against_uniform(uniform, core)
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| params")}
     d, tol, *_ = _cmp("e", "u", accuracies)
     assert abs(d) <= tol
@@ -1041,12 +1048,12 @@ def test_against_uniform_ties_and_the_modes_verdict_counts_uniform_as_a_candidat
     assert lines[-1:] == [""] and lines[-2] == (
         "Verdict: exact vs uniform: exact leads at 1, uniform at 0, 1 tie of 2 compared budgets; layerwise "
         "vs uniform: layerwise leads at 0, uniform at 1, 0 tie of 1 compared budget (1 pending).")
-    assert report._against_uniform(uniform[:1], [])[-2] == (
+    assert _report_modes._against_uniform(uniform[:1], [])[-2] == (
         "Verdict: pending (grid core trains none of these budgets yet).")
-    modes = "\n".join(report._modes([*core, *uniform]))
+    modes = "\n".join(_report_modes._modes([*core, *uniform]))
     assert "at 10 epochs, params 0.1103: uniform beats layerwise by" in modes
     assert '`mode="auto"` picks `exact`, which loses none of the 3 compared pairs with it and wins 2' in modes
-    beaten = "\n".join(report._modes([entry([0.70, 0.705], "exact"), entry([0.76, 0.765], "uniform")]))
+    beaten = "\n".join(_report_modes._modes([entry([0.70, 0.705], "exact"), entry([0.76, 0.765], "uniform")]))
     assert ('Under a parameter budget, `mode="auto"` picks `exact`, which wins 0 and loses 1 of the 1 '
             "compared pair with it (to uniform): the evidence is against that pick.") in beaten
     assert "picks `uniform`" not in beaten
@@ -1101,8 +1108,8 @@ def test_report_on_mobilenet(page):
     assert (f"| 0.5 | auto before the floor (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | {_cell(auto)} (n 2) "
             "| pending: ") in section
     assert ("| 0.5 | uniform | 0.498 | 2.01x | 0.1000 | 0.1500 | 78.00 ± 0.00 (n 1) |  |") in section
-    s = report._summary({"results": [_result("precrop_flops", a, i)
-                                     for i, a in enumerate(_ACCURACIES[layerwise])]})
+    s = _report_common._summary({"results": [_result("precrop_flops", a, i)
+                                             for i, a in enumerate(_ACCURACIES[layerwise])]})
     assert (f"| 0.5 | this grid's precrop_flops (layerwise), flops 0.5 (the fastest such plan; none "
             f"measures 2.00x or more) | - | 1.50x (benchmark) | {s['params_ratio']:.4f} | "
             f"{s['macs_ratio']:.4f} | {_cell(layerwise)} (n 2) | - |") in section
@@ -1150,7 +1157,7 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
                       "resnet20-precrop_flops-flops0.1-modeexact-ep10-s0": {"speedup": 3.5},
                       "resnet20-baseline-ep10-s0": {"speedup": 2.1},  # not PreCrop-FLOPs: never picked
                       "resnet20-precrop_plan-planp_uni-ep10-s1": {"speedup": 2.04}}}  # a timed latency plan
-    lines = report._equal_time(plan_runs, core, speed, plans)
+    lines = _report_speed._equal_time(plan_runs, core, speed, plans)
     assert (f"| 0.5 | uniform | 0.500 | 2.04x (benchmark) | 0.1000 | 0.1500 | {_cell('u', accuracies)} (n 2) "
             "|  |") in lines
     d, tol, *_ = _cmp("a", "u", accuracies)
@@ -1158,7 +1165,7 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
     assert (f"| 0.5 | auto before the floor (exact) | 0.500 | 2.00x | 0.1000 | 0.1500 | "
             f"{_cell('a', accuracies)} (n 2) | "
             f"{_point('tie', 'a', 'u', accuracies)} |") in lines
-    s = report._summary(core[0])
+    s = _report_common._summary(core[0])
     assert (f"| 0.5 | grid core's {core[0]['label']}, flops 0.2 | - | 2.50x (benchmark) | "
             f"{s['params_ratio']:.4f} | {s['macs_ratio']:.4f} | {_cell('c', {'c': [0.71, 0.73]})} (n 2) | - |"
             ) in lines
@@ -1169,9 +1176,9 @@ def test_equal_time_ties_waits_and_takes_the_slowest_reference_at_least_as_fast(
     assert "No calibration record in `experiments/plans/` for: plans/unknown.json." in lines
     assert lines[-2] == ("Verdict: old auto vs uniform: old auto leads at 0, uniform at 0, 1 tie of 1 "
                          "compared budget (1 pending).")
-    untimed = report._equal_time(plan_runs[:2], core, {"runs": {}}, plans)
+    untimed = _report_speed._equal_time(plan_runs[:2], core, {"runs": {}}, plans)
     assert "| 0.5 | grid core's PreCrop-FLOPs: none timed yet | | | | | | - |" in untimed
-    assert report._equal_time(plan_runs, core, None, {})[-2] == (
+    assert _report_speed._equal_time(plan_runs, core, None, {})[-2] == (
         "Verdict: pending (no latency plan recorded yet).")
 
 
@@ -1189,7 +1196,7 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
     accuracies = {"a": [0.755, 0.756], "u": [0.75, 0.76], "f": [0.78, 0.781]}
     runs = [entry(accuracies["a"], "plans/p_auto.json"), entry(accuracies["u"], "plans/p_uni.json"),
             entry(accuracies["f"], "plans/p_floor.json")]
-    lines = report._equal_time(runs, [], None, plans)
+    lines = _report_speed._equal_time(runs, [], None, plans)
     assert (f"| 0.5 | floor (exact, no width below uniform's: factor 0.438) | 0.490 | 2.04x "
             f"| 0.1000 | 0.1500 | {_cell('f', accuracies)} (n 2) | "
             f"{_point('floor leads', 'f', 'u', accuracies)} |") in lines
@@ -1202,7 +1209,8 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
     # Grid latency_stream_floor's plan (a floor on the residual streams alone) joins the same target.
     plans["p_streams"] = {**plans["p_floor"], "floor_on": "streams", "calibration": {"measured": 0.495}}
     accuracies["s"] = [0.77]
-    lines = report._equal_time(runs + [entry(accuracies["s"], "plans/p_streams.json")], [], None, plans)
+    streams = entry(accuracies["s"], "plans/p_streams.json")
+    lines = _report_speed._equal_time(runs + [streams], [], None, plans)
     assert ("| 0.5 | stream floor = auto now (exact, no residual stream below uniform's: factor 0.438) "
             f"| 0.495 | 2.02x | 0.1000 | 0.1500 | {_cell('s', accuracies)} (n 1) | "
             f"{_point('pending', 's', 'u', accuracies)} |") in lines
@@ -1212,34 +1220,33 @@ def test_equal_time_judges_the_floored_plan_against_uniform_and_the_old_auto_pla
     assert lines[-2].endswith(f"; stream floor at 0.5: pending, {d:+.2f} pp (tol {tol:.2f}, n 1/2).")
 
 
-def test_speed_points_place_latency_plans_by_their_calibration(tmp_path, monkeypatch):
+def test_speed_points_place_latency_plans_by_their_calibration(tmp_path):
     """A latency plan takes the benchmark's speedup where it timed one, else 1 / its calibration's time
     ratio in a series that says so; without a record it is not timed."""
-    monkeypatch.setattr(report, "FIGURES", tmp_path)
     ids = {kind: f"{_PLAN.format(kind)}-s0" for kind in ("0.5_auto", "0.5_uniform", "0.33_auto")}
     runs = {name: _result("precrop_plan", 0.7 + 0.01 * i, 0) for i, name in enumerate(ids.values())}
     # A plan's widths pruned from a trained model for 10 epochs (grid gradual_long): not from
     # scratch, so in none of the series, timed or not.
-    pruned = next(report._run.run_id(f) for f in report._run.load_grid(report.GRIDS / "gradual_long.json"))
+    pruned = next(run.run_id(f) for f in run.load_grid(_report_common.GRIDS / "gradual_long.json"))
     runs[pruned] = _result("precrop_plan", 0.8, 0)
     plans = {"resnet20_tf_b64_latency0.5_auto": _plan_record(0.5, "exact", 0.4),
              "resnet20_tf_b64_latency0.5_uniform": _plan_record(0.5, "uniform", 0.5)}
     speed = {"settings": {"batch_size": 64, "rounds": 3}, "machine": {"cpu": "Test CPU", "usable_cpus": 2},
              "runs": {ids["0.5_uniform"]: {"speedup": 1.9}}, "skipped": {}}
-    points, untimed = report._speed_points(runs, speed, plans)
+    points, untimed = _report_speed._speed_points(runs, speed, plans)
     series = {label: [x for x, _ in found] for label, found in points["resnet20"].items()}
     assert series == {"PreCrop at a time budget (exact); speedup from calibration timing": [2.5],
                       "PreCrop at a time budget (uniform)": [1.9]}
     assert untimed == [(_PLAN.format("0.33_auto"), "not timed yet")]
-    assert "Series marked *speedup from calibration timing*" in report._speed(runs, speed, plans)[0]
+    assert "Series marked *speedup from calibration timing*" in _report_speed._speed(
+        runs, speed, plans, tmp_path)[0]
     timed = {**speed, "runs": {ids["0.5_auto"]: {"speedup": 2.2}, ids["0.5_uniform"]: {"speedup": 1.9}}}
-    assert "calibration" not in report._speed(runs, timed, plans)[0]
+    assert "calibration" not in _report_speed._speed(runs, timed, plans, tmp_path)[0]
 
 
-def test_speed_points_read_the_benchmarks_json(tmp_path, monkeypatch):
+def test_speed_points_read_the_benchmarks_json(tmp_path):
     """Structured models take the speedup of any timed seed; the dense baseline and SynFlow's masks
     sit at 1.0x; untimed models are named with the benchmark's reason; no JSON, no figure."""
-    monkeypatch.setattr(report, "FIGURES", tmp_path)
     ids = {"baseline": ["resnet20-baseline-ep10-s0", "resnet20-baseline-ep10-s1"],
            "synflow": ["resnet20-synflow-params0.1-ep10-s0"],
            "snip": ["resnet20-snip-params0.043758-ep10-s0"],  # another mask: not in the figure
@@ -1254,26 +1261,27 @@ def test_speed_points_read_the_benchmarks_json(tmp_path, monkeypatch):
              "runs": {ids["exact"][1]: {"speedup": 1.5}, ids["uniform"][0]: {"speedup": 3.0},
                       ids["uniform"][1]: {"speedup": 2.0}, ids["long"][0]: {"speedup": 9.0}},
              "skipped": {ids["layerwise"][0]: "plans other widths now"}}
-    points, untimed = report._speed_points(runs, speed)
+    points, untimed = _report_speed._speed_points(runs, speed)
     series = {label: sorted((x, s["n"]) for x, s in found) for label, found in points["resnet20"].items()}
     assert series == {"dense baseline": [(1.0, 2)], "SynFlow masks (dense kernels)": [(1.0, 1)],
                       "PreCrop (exact)": [(1.5, 2)], "PreCrop (uniform)": [(2.0, 1), (3.0, 1)]}
     assert untimed == [(_LAYERWISE, "plans other widths now"),
                        ("resnet20-precrop_flops-flops0.2734-modeexact-ep10", "not timed yet")]
-    lines = report._speed(runs, speed)
+    lines = _report_speed._speed(runs, speed, None, tmp_path)
     assert "![speed_resnet20](figures/speed_resnet20.png)" in lines
     assert lines[-2] == ("Not timed (run ids less the seed), by reason: plans other widths now (1 run: "
                          f"{_LAYERWISE}); not timed yet (1 run: resnet20-precrop_flops-flops0.2734-modeexact-"
                          "ep10).")
     figure = (tmp_path / "speed_resnet20.png").read_bytes()
-    report._speed(runs, speed)
+    _report_speed._speed(runs, speed, None, tmp_path)
     assert (tmp_path / "speed_resnet20.png").read_bytes() == figure  # the same bytes each time
     (tmp_path / "speed_resnet20.png").unlink()
-    lines = report._speed(runs, None)
+    lines = _report_speed._speed(runs, None, None, tmp_path)
     assert lines[-2].startswith("Not timed yet: run `python benchmarks/bench_trained_speed.py`")
     assert not (tmp_path / "speed_resnet20.png").exists()
     # Only full-cost models timed (a JSON without the structured ones): nothing to draw.
-    assert not any(line.startswith("![") for line in report._speed(runs, {**speed, "runs": {}}))
+    lines = _report_speed._speed(runs, {**speed, "runs": {}}, None, tmp_path)
+    assert not any(line.startswith("![") for line in lines)
 
 
 def test_report_longer_schedule(report_dir, page):
@@ -1335,13 +1343,14 @@ def test_granularity_claim_fails_once_every_way_has_two_seeds_and_the_spread_exc
         _stats(a) for a in ([0.80, 0.81], [0.78, 0.782], [0.781, 0.79]))
     spread, tol = mean_hi - mean_lo, 2 * max(std_hi, std_paper)
     assert spread > tol
-    assert report._granularity_claim([synflow]) == []  # no way of figure 4 trained: no claim line
-    line, = report._granularity_claim([*ways, synflow])
+    assert _report_claims._granularity_claim([synflow]) == []  # no way of figure 4 trained: no claim line
+    line, = _report_claims._granularity_claim([*ways, synflow])
     assert f": not reproduced; spread of means {spread:.2f} pp vs tol (2 x largest std) {tol:.2f} pp. " in (
         line)
     assert "synflow" not in line
+    channel = entry([0.8], method="random", granularity="channel")
     assert "pending (fewer than 2 seeds on some point); so far, over the 2 of 3 with 2+ seeds, " in (
-        report._granularity_claim([*ways[:2], entry([0.8], method="random", granularity="channel")])[0])
+        _report_claims._granularity_claim([*ways[:2], channel])[0])
 
 
 def _entry(accuracies, macs, **flags):
@@ -1356,7 +1365,7 @@ def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_abov
              _entry([0.66, 0.67], 0.04, method="precrop_params", mode="exact", flops=0.04)]
     synflow = _entry([0.65, 0.66], 0.12, method="synflow")  # judged by flops 0.1 (MACs 0.10 <= 0.12)
     snip = _entry([0.68, 0.685], 0.05, method="snip")  # judged by flops 0.04, which is 1.75 pp behind
-    line, = report._pareto_claim([*sweep, synflow, snip])
+    line, = _report_claims._pareto_claim([*sweep, synflow, snip])
     d_synflow, tol_synflow, *_ = _cmp("p", "s", {"p": [0.69, 0.70], "s": [0.65, 0.66]})
     d_snip, tol_snip, *_ = _cmp("p", "s", {"p": [0.66, 0.67], "s": [0.68, 0.685]})
     assert d_synflow > tol_synflow and d_snip < 0
@@ -1368,26 +1377,26 @@ def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_abov
         f"snip (MACs 0.0500) vs flops 0.04 (MACs 0.0400): {d_snip:+.2f} pp (tol {tol_snip:.2f}, n 2/2)")
     # A method cheaper than every point of the sweep cannot be dominated by it.
     cheap = _entry([0.5, 0.51], 0.03, method="random")
-    line, = report._pareto_claim([*sweep, synflow, cheap])
+    line, = _report_claims._pareto_claim([*sweep, synflow, cheap])
     assert ": not reproduced (1 of 2 methods cost less than every point). " in line
     assert "random (MACs 0.0300): no point of the sweep at or below its MACs" in line
     # Until every point of the sweep has a run, the pick is unknown: the rows wait.
     unfinished = _entry([], 0.0, method="precrop_params", mode="exact", flops=0.02)
-    line, = report._pareto_claim([*sweep, unfinished, synflow, snip])
+    line, = _report_claims._pareto_claim([*sweep, unfinished, synflow, snip])
     assert line.endswith("pending (fewer than 2 seeds on some point). synflow: pending; snip: pending")
     # Both modes get a line; none when the grid trains no PreCrop.
     layerwise = _entry([0.7, 0.72], 0.09, method="precrop_params", mode="layerwise")
-    lines = report._pareto_claim([*sweep, layerwise, synflow])
+    lines = _report_claims._pareto_claim([*sweep, layerwise, synflow])
     assert [line.split("**")[1] for line in lines] == [
         f"PreCrop ({mode}) at 1.5e4 parameters beats every other method at no more MACs"
         for mode in ("exact", "layerwise")]
     assert "reproduced. synflow (MACs 0.1200) vs no FLOPs budget (MACs 0.0900)" in lines[1]
-    assert report._pareto_claim([synflow]) == []
+    assert _report_claims._pareto_claim([synflow]) == []
     # The paper's own sweep (grid pareto_paper: random weights at SynExp's densities) is judged
     # against grid pareto's masked methods, the same way.
     paper = [_entry([0.64, 0.65], 0.11, method="random", densities="synexp"),
              _entry([0.60, 0.62], 0.05, method="random", densities="synexp", flops=0.05)]
-    line, = report._pareto_claim([synflow, snip], paper)
+    line, = _report_claims._pareto_claim([synflow, snip], paper)
     d, tol, *_ = _cmp("p", "s", {"p": [0.60, 0.62], "s": [0.68, 0.685]})
     assert line.startswith("- **Random weights at SynExp's densities (the paper's way) at 1.5e4 parameters")
     assert f"snip (MACs 0.0500) vs flops 0.05 (MACs 0.0500): {d:+.2f} pp (tol {tol:.2f}, n 2/2)" in line
@@ -1396,7 +1405,7 @@ def test_pareto_claim_judges_each_method_by_the_costliest_precrop_point_not_abov
 def test_skipped_runs_are_grouped_by_reason_most_common_first():
     skipped = [{"run": "a", "why": "not finished"}, {"run": "b", "why": "no model"},
                {"run": "c", "why": "no model"}]
-    assert report._skipped(skipped) == "no model (2 runs: b, c); not finished (1 run: a)"
+    assert _report_common._skipped(skipped) == "no model (2 runs: b, c); not finished (1 run: a)"
 
 
 def test_sanity_densities_rows_and_worst_difference_per_method():
@@ -1407,12 +1416,12 @@ def test_sanity_densities_rows_and_worst_difference_per_method():
 
     rows = [row("a", "random", 0.001), row("b", "random", -0.003), row("c", "precrop_params", -0.05),
             {"run": "d", "method": "synflow", "densities": None}, {"run": "e", "method": "baseline"}]
-    lines, conclusion = report._sanity_densities(rows)
+    lines, conclusion = _report_sanity._sanity_densities(rows)
     assert "| b | 22 | 0.0008 | conv: 0.5000 -> 0.4970 |" in lines
     assert not any(line.startswith(("| d ", "| e ")) for line in lines)
     assert conclusion == ("Layer densities: the largest difference from SynExp's in a layer is 0.0030 for "
                           "random; 0.0500 for precrop_params (3 models).")
-    assert report._sanity_densities(rows[3:]) == ([], None)
+    assert _report_sanity._sanity_densities(rows[3:]) == ([], None)
 
 
 def test_checked_line_gathers_each_checks_conclusion(tmp_path, monkeypatch):
@@ -1434,12 +1443,12 @@ def test_checked_line_gathers_each_checks_conclusion(tmp_path, monkeypatch):
                    "Re-evaluation: the largest accuracy difference is 0.020 pp over 1 saved models; params "
                    "and MACs agree for 1 of them."]
     data = report._load_sanity()
-    assert report._checked(data) == ['**Checked to rule out a bug** (section "What was checked to rule out a '
-                                 'bug" below): ' + " ".join(conclusions), ""]
-    section = report._sanity(data)
+    assert _report_sanity._checked(data) == ['**Checked to rule out a bug** (section "What was checked to '
+                                             'rule out a bug" below): ' + " ".join(conclusions), ""]
+    section = _report_sanity._sanity(data)
     assert all(section.count(c) == 1 for c in conclusions) and not any(s.startswith("Init:") for s in section)
     monkeypatch.setattr(report, "RESULTS", tmp_path / "absent")
-    assert report._load_sanity() is None and report._checked(None) == []
+    assert report._load_sanity() is None and _report_sanity._checked(None) == []
 
 
 def test_thm_score_table(tmp_path, monkeypatch):
