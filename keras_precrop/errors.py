@@ -10,6 +10,7 @@ parsing message text.
 
 from __future__ import annotations
 
+import numbers
 import string
 
 import numpy as np
@@ -25,6 +26,21 @@ class _NameOnly:
 
 
 NAME_ONLY = _NameOnly()
+
+
+def is_number(value):
+    """Whether ``value`` is a real number as Keras takes one: a Python ``int`` or ``float`` or a
+    NumPy scalar (``np.float32(0.1)``, ``np.int64(3)``, which are no ``float`` or ``int``).
+
+    A bool is not one, though Python and NumPy count ``True`` as 1: no caller
+    means ``learning_rate=True``. Finiteness and range are the caller's to check.
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_integer(value):
+    """Whether ``value`` is a whole number as Keras takes one (``3``, ``np.int64(3)``); not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def spelled(name, value):
@@ -193,3 +209,13 @@ class RebuildMismatchError(PlanMismatchError):
 
 class LatencyModelMismatchError(ArgumentError):
     """A latency model was fitted on another model (or other variables) than it is used for."""
+
+
+class LossNotFiniteError(DataError):
+    """Training whose loss became NaN or infinite (``fine_tune``): the message names the training
+    data, the epoch and the batch, rather than a fit that returns weights that are no numbers.
+
+    A subclass of :class:`DataError`: NaN or infinite values in the data past
+    what was checked before training (the first batch of a dataset) are the
+    usual cause; too high a learning rate is the other.
+    """

@@ -14,9 +14,13 @@ labels that are not numbers, not class indices within the model's classes,
 or one-hot rows of another width, no batch at all, and an infinite dataset
 where the caller has no batch count to bound it.
 
-Only what one batch shows is checked (and every label of arrays, which is
-cheap); models with several inputs or outputs have their inputs and labels
-passed on unchecked.
+Arrays are checked whole, which is cheap: every input finite, every label
+a class, as many labels as inputs (labels given as a Python list are made an
+array, as a model of one output reads them). A dataset, a generator or a
+``PyDataset`` is checked on its first batch only (reading it all would cost
+an epoch); ``fine_tune`` stops with a ``LossNotFiniteError`` where a later
+batch makes the loss NaN. Models with several inputs or outputs have their
+inputs and labels passed on unchecked, but for their counts.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import NAME_ONLY, DataError
+
+_CHUNK = 1024  # examples checked for finiteness at a time: no copy of a whole large array
 
 FORMS = ("(x, y) arrays, a tf.data.Dataset or keras.utils.PyDataset of (x, y) batches, "
          "or an iterable of (x, y) batches")
@@ -55,13 +61,17 @@ def check_data(model, data, argument, *, labels=True, classes=True, bound=None, 
     Raises:
         DataError: naming ``argument``, saying what was expected.
     """
-    first, data = _first_batch(data, argument, bound, batch_size or 32)
-    x, y = _split_batch(first, argument, labels)
-    _check_inputs(model, x, argument)
+    first, data = _first_batch(_labels_as_array(model, data), argument, bound, batch_size or 32)
+    inputs, y = _split_batch(first, argument, labels)
+    _check_inputs(model, inputs, argument)
+    whole = data if _is_pair(data) else (data, None) if _is_array(data) else None
+    x, y = whole or (inputs, y)  # arrays: every example; other forms: the first batch
+    where = "" if whole else " of its first batch"
+    _check_finite(x, argument, "inputs", where)
     if y is None:
-        return Checked(data, None, x)
-    _check_lengths(x, y, argument)
-    return Checked(data, _check_labels(model, x, y, argument, classes), x)
+        return Checked(data, None, inputs)
+    _check_lengths(x, y, argument, where)
+    return Checked(data, _check_labels(model, inputs, y, argument, classes, where), inputs)
 
 
 class Checked(typing.NamedTuple):
@@ -135,9 +145,27 @@ def _is_pair(data):
     return isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple)
 
 
+def _is_array(data):
+    """Whether ``data`` is one array (inputs alone): NumPy's, or a tensor of any backend."""
+    return hasattr(data, "shape") and hasattr(data, "dtype")
+
+
+def _labels_as_array(model, data):
+    """``data`` with the labels of an ``(x, y)`` pair made an array where they are a Python list of
+    numbers or rows (``y=[0, 2, 1, ...]``) and the model has one output; Keras would read a list
+    as one label array per output. A list of arrays (one an output) stays as it is."""
+    if not (_is_pair(data) and isinstance(data[1], list) and data[1]):
+        return data
+    outputs = getattr(model, "outputs", None)
+    first = data[1][0]
+    if (outputs is None or len(outputs) == 1) and (np.ndim(first) == 0 or isinstance(first, list)):
+        return data[0], np.asarray(data[1])
+    return data
+
+
 def _first_batch(data, argument, bound, batch_size):
     """``(first batch, data to use)``: the batch read first, and ``data`` with nothing lost."""
-    if _is_pair(data) or (hasattr(data, "shape") and hasattr(data, "dtype")):  # arrays
+    if _is_pair(data) or _is_array(data):
         inputs = data[0] if _is_pair(data) else data
         if not isinstance(inputs, (dict, list)) and len(inputs) == 0:
             raise _refuse(argument, "is empty: it holds no example.")
@@ -234,8 +262,30 @@ def _check_inputs(model, x, argument):
         expected = tuple(inputs[0].shape)
         if not _fits(x.shape, expected):
             raise _refuse(argument, _shape_problem(x.shape, expected, model))
-    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
-        raise _refuse(argument, "has NaN or infinite inputs in its first batch.")
+
+
+def _check_finite(values, argument, what, where):
+    """Refuses NaN or infinite ``values`` (``what``: inputs or labels, a row an example), naming
+    how many examples hold one and the first; read ``_CHUNK`` examples at a time.
+
+    Arrays of integers (and several inputs or outputs) cannot hold one and are not read.
+    """
+    if isinstance(values, (dict, list, tuple)) or not len(values):
+        return
+    if not np.issubdtype(_array(values[:1]).dtype, np.floating):
+        return
+    bad = np.concatenate([_bad_rows(_array(values[i:i + _CHUNK]))
+                          for i in range(0, len(values), _CHUNK)])
+    if bad.any():
+        rows = f"its {len(bad)} examples" if not where else f"the {len(bad)} examples{where}"
+        raise _refuse(argument, f"has NaN or infinite {what} in {int(bad.sum())} of {rows}, the "
+                                f"first at index {int(np.argmax(bad))}: training on them turns every "
+                                "weight to NaN. Drop or repair those examples.")
+
+
+def _bad_rows(chunk):
+    """Which rows (examples) of ``chunk`` hold a NaN or an infinity."""
+    return ~np.isfinite(chunk.reshape(len(chunk), -1)).all(axis=1)
 
 
 def _name(model):
@@ -265,14 +315,12 @@ def _shape_problem(given, expected, model):
             f"every example must be {_example(expected)}.")
 
 
-def _check_lengths(x, y, argument):
-    """Inputs and labels of one batch hold as many examples."""
-    if isinstance(x, (dict, list, tuple)):
-        return
-    n, m = len(_array(x)), len(_array(y))
+def _check_lengths(x, y, argument, where):
+    """Inputs and labels hold as many examples (the first input's and output's, of several)."""
+    n, m = (len(keras.tree.flatten(part)[0]) for part in (x, y))
     if n != m:
-        raise _refuse(argument, f"has {n} inputs but {m} labels in its first batch; each input "
-                                "needs its label.")
+        raise _refuse(argument, f"has {n} inputs but {m} labels{where}: x holds {n} examples and "
+                                f"y {m}, and each input needs its label, in the same order.")
 
 
 def _output_shape(model, x, argument):
@@ -290,9 +338,10 @@ def _output_shape(model, x, argument):
     return None if isinstance(out, (dict, list, tuple)) else (None, *np.shape(out)[1:])
 
 
-def _check_labels(model, x, y, argument, classes):
-    """The labels of one batch (every label of arrays): numbers, finite, and, for ``classes``,
-    class indices within the model's output width or one-hot rows of that width.
+def _check_labels(model, x, y, argument, classes, where):
+    """The labels ``y`` (of the first batch ``x``, or every label of arrays): numbers, finite,
+    and, for ``classes``, class indices within the model's output width or one-hot rows of that
+    width.
 
     Returns:
         ``"sparse"``, ``"one-hot"``, or None where the classes are not checked.
@@ -303,8 +352,7 @@ def _check_labels(model, x, y, argument, classes):
     if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
         raise _refuse(argument, f"has labels of dtype {y.dtype}; give numbers: "
                                 "class indices (integers) or one-hot rows.")
-    if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
-        raise _refuse(argument, "has NaN or infinite labels in its first batch.")
+    _check_finite(y, argument, "labels", where)
     shape = _output_shape(model, x, argument) if classes else None
     if shape is None or shape[-1] is None or shape[-1] < 2:
         return None

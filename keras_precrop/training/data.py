@@ -26,6 +26,8 @@ import dataclasses
 
 import keras
 
+from keras_precrop.errors import is_integer
+
 try:
     import tensorflow as tf
     import tensorflow_datasets as tfds
@@ -240,7 +242,8 @@ def make_pipeline(
         examples: ``tf.data.Dataset`` of dicts with ``"image"`` (uint8 HxWx3 or
             encoded bytes) and ``"label"`` (integer) entries.
         dataset: ``"cifar10"`` or ``"imagenet2012"``; picks the transform.
-        batch_size: global batch size (a strategy splits it across replicas).
+        batch_size: global batch size (a strategy splits it across replicas); an
+            integer, a NumPy one too (``np.int64(128)``), not a bool.
         training: shuffle and augment (True) or evaluate (False).
         seed: int for reproducible shuffling and augmentation; None for
             nondeterministic.
@@ -261,10 +264,10 @@ def make_pipeline(
         ValueError: for a non-positive ``batch_size`` or ``shuffle_buffer``.
     """
     info = get_info(dataset)
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not is_integer(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     shuffle_buffer = info.shuffle_buffer if shuffle_buffer is None else shuffle_buffer
-    if training and (not isinstance(shuffle_buffer, int) or shuffle_buffer < 1):
+    if training and (not is_integer(shuffle_buffer) or shuffle_buffer < 1):
         raise ValueError(f"shuffle_buffer must be a positive int, got {shuffle_buffer!r}.")
     cache = info.cache if cache is None else cache
     drop_remainder = training if drop_remainder is None else drop_remainder

@@ -22,24 +22,27 @@ Keras 3.15 shape it (docs/research/issue29_keep_weights.md):
   (``_SoftmaxDistillation``), and a softmax student's default loss reads
   probabilities.
 
-The data is checked against the student first (``training/_user_data.py``).
+The data is checked against the student first (``training/_user_data.py``:
+arrays whole, other forms on their first batch), and a loss that turns NaN or
+infinite stops the training with a ``LossNotFiniteError`` naming the epoch and
+the batch (``_StopOnNaN``, Keras' ``TerminateOnNaN`` raising the package's
+error), rather than a ``fit`` that returns weights that are no numbers.
 """
 from __future__ import annotations
 
 import math
-import numbers
 
 import keras
 import numpy as np
 
-from keras_precrop.errors import NAME_ONLY, ArgumentError
+from keras_precrop.errors import NAME_ONLY, ArgumentError, LossNotFiniteError, is_integer, is_number
 from keras_precrop.training._user_data import array_batches, check_data, outputs_probabilities
 from keras_precrop.training.optimizers import SGDWithL2
 
 
 def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
               distill_temperature=4.0, alpha=0.5, loss=None, batch_size=None, steps_per_epoch=None,
-              validation_data=None, weight_decay=0.0, callbacks=(), verbose="auto", initial_epoch=0,
+              validation_data=None, weight_decay=0.0, callbacks=None, verbose="auto", initial_epoch=0,
               optimizer_from=None):
     """Train ``student`` in place for a few epochs, distilled or not.
 
@@ -48,7 +51,9 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
     CNN) is recognised, and trained as such: the default loss reads its
     outputs as probabilities, and the distillation softens the logarithms
     of the probabilities (logits up to a constant per example). This holds
-    for the teacher and the student separately.
+    for the teacher and the student separately. Numbers may be NumPy
+    scalars (``np.float32(0.1)``, ``np.int64(3)``), as Keras takes them;
+    bools are refused.
 
     Args:
         student: the model to train (logits or softmax out), e.g. a pruned
@@ -61,8 +66,8 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
             ``keras.utils.PyDataset``, a generator, ...). Its first batch is
             checked against ``student`` before training (input shape and
             dtype, finite values, labels that are class indices of its
-            outputs or one-hot rows of their width); labels may be left out
-            only when distilling with ``alpha=0``.
+            outputs or one-hot rows of their width; arrays are checked whole);
+            labels may be left out only when distilling with ``alpha=0``.
         teacher: the original model (same output shape); None for plain
             fine-tuning. It does not train, and its layers' and variables'
             ``trainable`` flags are as they were after the call.
@@ -89,8 +94,9 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
         verbose: as for ``fit``.
         weight_decay: coupled L2 on the conv/dense kernels (``SGDWithL2``,
             the training recipes' form: 1e-4 in CIFAR-10's); 0: none.
-        callbacks: passed to ``fit``, e.g. a :class:`~keras_precrop.GradualPruning`
-            that prunes the student while it trains.
+        callbacks: a callback or a list of them (None: none), passed to ``fit``,
+            e.g. a :class:`~keras_precrop.GradualPruning` that prunes the
+            student while it trains.
         initial_epoch: the epoch to start from, as for ``fit``: a second call
             that goes on with the model a first one pruned (``epochs`` counts
             both; pass both calls the same ``LearningRateSchedule``).
@@ -106,14 +112,17 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
 
     Raises:
         ArgumentError: naming the argument at fault; ``DataError`` for data
-            that does not fit ``student``.
+            that does not fit ``student``; ``LossNotFiniteError`` (a
+            ``DataError``) where the loss turns NaN or infinite, naming the
+            epoch and the batch (``student``'s weights are then no numbers).
     """
     _check(student, teacher, epochs, learning_rate, distill_temperature, alpha)
     _check_resume(epochs, initial_epoch, optimizer_from)
     for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
         _check_count(name, value)
-    if isinstance(weight_decay, bool) or not (weight_decay == 0 or _positive(weight_decay)):
+    if not (is_number(weight_decay) and (weight_decay == 0 or _positive(weight_decay))):
         raise ArgumentError("{weight_decay} must be a finite number >= 0.", weight_decay=weight_decay)
+    callbacks = _callback_list(callbacks)
     checked = check_data(student, train_data, "train_data", labels=teacher is None or alpha > 0,
                          classes=loss is None, bound=("steps_per_epoch", steps_per_epoch),
                          batch_size=batch_size)
@@ -124,20 +133,100 @@ def fine_tune(student, train_data, *, teacher=None, epochs=1, learning_rate=0.1,
     x, y = checked.data if isinstance(checked.data, tuple) else (checked.data, None)
     steps = steps_per_epoch or _steps_per_epoch(x, batch_size)
     if steps and not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-        learning_rate = keras.optimizers.schedules.PolynomialDecay(learning_rate, epochs * steps, 0.0)
+        learning_rate = keras.optimizers.schedules.PolynomialDecay(
+            float(learning_rate), int(epochs) * steps, 0.0)
     flags = _trainable_flags(teacher) if teacher is not None else []
     try:
         model = student if teacher is None else _distiller(
             student, teacher, distill_temperature, alpha, checked.inputs)
-        model.compile(optimizer=SGDWithL2(weight_decay, learning_rate=learning_rate, momentum=0.9),
-                      loss=loss, metrics=["accuracy"])
+        model.compile(optimizer=SGDWithL2(float(weight_decay), learning_rate=learning_rate,
+                                          momentum=0.9), loss=loss, metrics=["accuracy"])
         if optimizer_from is not None:
-            optimizer_from.carry_optimizer(model)
-        return model.fit(x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                         validation_data=validation_data, callbacks=list(callbacks), verbose=verbose,
-                         initial_epoch=initial_epoch)
+            _carry_optimizer(optimizer_from, model)
+        return model.fit(x, y, batch_size=batch_size, epochs=int(epochs),
+                         steps_per_epoch=steps_per_epoch, validation_data=validation_data,
+                         callbacks=[_StopOnNaN(), *callbacks], verbose=verbose,
+                         initial_epoch=int(initial_epoch), shuffle=_keras_shuffles(checked.data))
     finally:
         _restore_flags(flags)
+
+
+def _callback_list(callbacks):
+    """``callbacks`` as a list, as ``fit`` takes them: None, one callback, or an iterable of them."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        return [callbacks]
+    listed = list(callbacks) if not isinstance(callbacks, (str, bytes)) and hasattr(
+        callbacks, "__iter__") else None
+    if listed is None or not all(isinstance(c, keras.callbacks.Callback) for c in listed):
+        raise ArgumentError("{callbacks:subject} must be a keras.callbacks.Callback, a list of "
+                            "them, or None{got}.", callbacks=callbacks)
+    return listed
+
+
+def _keras_shuffles(data):
+    """``fit``'s ``shuffle=`` for ``data``: True where Keras shuffles it (arrays, a ``PyDataset``
+    of known length), False for what shuffles itself or not at all (a ``tf.data.Dataset``, a
+    generator, a ``DataLoader``), where Keras would only warn that ``shuffle=True`` is ignored."""
+    if isinstance(data, keras.utils.PyDataset):
+        return data.num_batches is not None
+    return isinstance(data, tuple) or hasattr(data, "shape")
+
+
+class _StopOnNaN(keras.callbacks.TerminateOnNaN):
+    """Keras' ``TerminateOnNaN(raise_error=True)``, raising a :class:`LossNotFiniteError` that
+    names the epoch and the batch (counted from 1, as ``fit`` prints them) and the data.
+
+    Safe to run off the training thread (``async_safe``), as Keras runs it
+    under JAX and PyTorch: it reads the logs and raises, nothing more; the
+    error then surfaces in ``fit`` at the next batch or the epoch's end.
+    """
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__(raise_error=True)
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Notes the epoch, for the message."""
+        self._epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        """``TerminateOnNaN``'s check of the loss, its error made a :class:`LossNotFiniteError`."""
+        try:
+            super().on_batch_end(batch, logs)
+        except RuntimeError:  # Keras' own, for a NaN or infinite loss: said in the user's words
+            raise LossNotFiniteError(
+                f"{{train_data:=}} gave a loss of {logs['loss']} in epoch {self._epoch + 1}, by "
+                f"batch {batch + 1}: training stopped, and the student's weights are no longer "
+                "numbers. NaN or infinite values in the data (only the first batch of a dataset is "
+                "checked before training) or too high a learning rate are the usual causes.",
+                train_data=NAME_ONLY) from None
+
+
+def _carry_optimizer(pruning, model):
+    """``pruning.carry_optimizer(model)``, its refusals said as :func:`fine_tune`'s caller wrote
+    the call: ``optimizer_from=`` and ``student=``, not a model or ``Distiller`` made here."""
+    fitted = type(getattr(getattr(pruning, "model", None), "optimizer", None))
+    if fitted not in (type(None), SGDWithL2):  # None: not fitted, which carry_optimizer says
+        raise ArgumentError(
+            f"{{optimizer_from:=}} fitted the masked model with {fitted.__name__}, and fine_tune "
+            "trains with SGDWithL2 (momentum SGD, coupled L2): only an optimizer of the same class "
+            "can take its state. Fit the masked model with kp.fine_tune too, or compile the "
+            f"finalized model with {fitted.__name__} yourself and call "
+            "optimizer_from.carry_optimizer(model).", optimizer_from=NAME_ONLY)
+    try:
+        pruning.carry_optimizer(model)
+    except ArgumentError as err:
+        if err.argument != "model":
+            raise
+        raise ArgumentError(
+            "{student:=} must be the model that optimizer_from.finalize() returned (after the fit "
+            "that pruned it): the optimizer's state is carried to that model's weights alone. "
+            "Pass small = pruning.finalize() as fine_tune(small, ..., optimizer_from=pruning).",
+            student=NAME_ONLY, optimizer_from=NAME_ONLY) from None
 
 
 def accuracy(model, data, batch_size=32):
@@ -222,7 +311,9 @@ def distiller(student, teacher, *, distill_temperature=4.0, alpha=0.5):
 
 def _distiller(student, teacher, temperature, alpha, inputs):
     """:func:`distiller`'s ``Distiller``, each model's probabilities told from logits on ``inputs``
-    (a batch) where its last layer cannot be read."""
+    (a batch) where its last layer cannot be read (NumPy scalars made Python numbers, which
+    ``LogitsDistillation`` alone takes)."""
+    temperature, alpha = float(temperature), float(alpha)
     kl = keras.losses.KLDivergence()  # the default loss skips the softmax (module docstring)
     flags = outputs_probabilities(teacher, inputs), outputs_probabilities(student, inputs)
     loss = (_SoftmaxDistillation(temperature, kl, *flags) if any(flags)
@@ -268,8 +359,7 @@ def _logits(outputs, probabilities):
 
 def _check_count(name, value):
     """Refuses ``value`` unless it is None or a positive integer (``True`` is not one)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-                              or value < 1):
+    if value is not None and (not is_integer(value) or value < 1):
         raise ArgumentError(f"{{{name}:subject}} must be a positive integer{{got}}",
                             **{name: value})
 
@@ -280,7 +370,7 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
     if not schedule and not _positive(learning_rate):
         raise ArgumentError("{learning_rate} must be a positive number or a LearningRateSchedule.",
                             learning_rate=learning_rate)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+    if not is_integer(epochs) or epochs < 1:
         raise ArgumentError("{epochs} must be a positive integer.", epochs=epochs)
     _check_distillation(student, teacher, temperature, alpha)
     if not student.trainable_weights:
@@ -292,8 +382,7 @@ def _check(student, teacher, epochs, learning_rate, temperature, alpha):
 
 def _check_resume(epochs, initial_epoch, optimizer_from):
     """Checks where :func:`fine_tune` starts from, naming the argument at fault."""
-    whole = isinstance(initial_epoch, int) and not isinstance(initial_epoch, bool)
-    if not whole or not 0 <= initial_epoch < epochs:
+    if not is_integer(initial_epoch) or not 0 <= initial_epoch < epochs:
         raise ArgumentError(f"{{initial_epoch}} must be an integer in [0, epochs={epochs}).",
                             initial_epoch=initial_epoch)
     if optimizer_from is not None and not callable(getattr(optimizer_from, "carry_optimizer", None)):
@@ -306,7 +395,7 @@ def _check_distillation(student, teacher, temperature, alpha):
     if not _positive(temperature):
         raise ArgumentError("{distill_temperature} must be a positive number.",
                             distill_temperature=temperature)
-    if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+    if not (is_number(alpha) and 0 <= alpha <= 1):
         raise ArgumentError("{alpha} must be a weight in [0, 1].", alpha=alpha)
     if teacher is None:
         return
@@ -342,6 +431,5 @@ def _output_shapes(model):
 
 
 def _positive(value):
-    """Whether ``value`` is a finite positive number (``True`` is not one, though Python counts it 1)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
+    """Whether ``value`` is a finite positive number (a NumPy scalar too; ``True`` is not one)."""
+    return is_number(value) and math.isfinite(value) and value > 0

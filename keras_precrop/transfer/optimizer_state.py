@@ -51,8 +51,9 @@ def carry_optimizer_state(old, new, graph, new_graph, widths, selection):
             nor a global one ``new`` has (e.g. Adafactor's factored moments).
     """
     if type(old) is not type(new):
-        raise ArgumentError(f"{{optimizer}} is a {type(new).__name__}; the state to carry is a "
-                            f"{type(old).__name__}'s. Compile with the same class.",
+        raise ArgumentError(f"{{optimizer}} cannot take the state of the {type(old).__name__} that "
+                            "fitted the masked model: only an optimizer of the same class can. "
+                            f"Compile the model with {type(old).__name__}.",
                             optimizer=type(new).__name__)
     if not isinstance(old, ELEMENTWISE):
         raise ArgumentError(
