@@ -3,7 +3,10 @@
 * ``channels``: the vocabulary (segments, groups, width variables, views)
   and the :class:`~keras_precrop.graph.channels.WalkContext` handlers write to.
 * ``handlers``: the one table of layer classes: how channels flow through
-  each, what it costs, how its config changes with widths.
+  each, what it costs, how its config changes with widths (``handler_base``:
+  the contract every rule implements; ``shape_handlers``: reshapes, splits, pads).
+* ``replay``: the one node-by-node replay of a functional graph, which the
+  walker, the rebuild and the trace call with their own per-node callable.
 * ``walker``: walks a functional model into a :class:`ModelGraph`.
 * ``rebuild``: builds a model of the same graph at new widths.
 * ``layers``: the layers a rebuild inserts (``ChannelSlice``, ``PrefixAdd``).

@@ -27,8 +27,9 @@ import numpy as np
 
 from keras_precrop.errors import ArgumentError
 from keras_precrop.graph import layers as _layers
+from keras_precrop.graph import replay as _replay
 from keras_precrop.graph.channels import channels_width
-from keras_precrop.graph.walker import ModelGraph, topological_nodes
+from keras_precrop.graph.walker import ModelGraph
 
 
 def layer_from_config(layer, config):
@@ -65,26 +66,23 @@ class _Rebuilder:
         return self.graph.new_width(seg, self.widths)
 
     def model(self, fn, tensors):
-        """Replay functional ``fn`` on ``tensors`` (old id -> new tensor)."""
-        for node in topological_nodes(fn):
-            op = node.operation
-            if isinstance(op, keras.layers.InputLayer):
-                continue
-            args, kwargs = node.arguments.fill_in(tensors)
-            new_op = self._new_op(op)
-            if isinstance(op, keras.Model):
-                outs = new_op(*args, **kwargs)
-            else:
-                rec = self.graph.record(op)
-                call = self.calls.get(id(op), 0)
-                self.calls[id(op)] = call + 1
-                args = self._slice_readers(rec, call, args)
-                if isinstance(op, (keras.layers.Add, _layers.PrefixAdd)):
-                    new_op = self._merge(op, rec)
-                outs = new_op(*args, **kwargs)
-            for t, new in zip(node.outputs, keras.tree.flatten(outs)):
-                tensors[id(t)] = new
-        return keras.tree.map_structure(lambda t: tensors[id(t)], fn._outputs_struct)
+        """Replay functional ``fn`` on ``tensors`` (old id -> new tensor); its new outputs."""
+        outputs = _replay.replay(fn, tensors, self._call)
+        return keras.tree.pack_sequence_as(fn._outputs_struct, outputs)
+
+    def _call(self, node, inputs):
+        """The new tensors of one call ``node`` of the original graph, on new ``inputs``."""
+        op = node.operation
+        args, kwargs = _replay.arguments(node, inputs)
+        new_op = self._new_op(op)
+        if not isinstance(op, keras.Model):
+            rec = self.graph.record(op)
+            call = self.calls.get(id(op), 0)
+            self.calls[id(op)] = call + 1
+            args = self._slice_readers(rec, call, args)
+            if isinstance(op, (keras.layers.Add, _layers.PrefixAdd)):
+                new_op = self._merge(op, rec)
+        return keras.tree.flatten(new_op(*args, **kwargs))
 
     def _new_op(self, op):
         """The rebuilt counterpart of ``op`` (created once, then shared)."""

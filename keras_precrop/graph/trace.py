@@ -44,6 +44,7 @@ from keras.src.utils.naming import to_snake_case
 
 from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.graph import handlers
+from keras_precrop.graph import replay as _replay
 
 
 @dataclasses.dataclass
@@ -534,23 +535,20 @@ def _structure(functional, names):
     one model give equal keys; ``outputs`` hashes how every
     output is computed from the inputs, so the two are equal when the graphs are.
     """
-    keys = {id(t): ("input", i) for i, t in enumerate(functional.inputs)}
     ops, created = {}, {}
-    for depth in sorted(functional._nodes_by_depth, reverse=True):
-        for node in functional._nodes_by_depth[depth]:
-            op = node.operation
-            if isinstance(op, keras.layers.InputLayer):
-                continue
-            key = names.get(id(op))
-            if key is None:  # by class and order: a layer a call creates anew differs by object
-                kind = type(op).__name__
-                created[kind] = created.get(kind, -1) + 1
-                key = (kind, created[kind])
-            ops[key] = (names.get(id(op), op.name), isinstance(op, keras.layers.Layer))
-            call = (key, tuple(keys[id(t)] for t in node.arguments.keras_tensors))
-            for i, t in enumerate(node.outputs):
-                keys[id(t)] = hash((call, i))
-    return ops, tuple(keys[id(t)] for t in functional.outputs)
+
+    def call(node, inputs):
+        op = node.operation
+        key = names.get(id(op))
+        if key is None:  # by class and order: a layer a call creates anew differs by object
+            kind = type(op).__name__
+            created[kind] = created.get(kind, -1) + 1
+            key = (kind, created[kind])
+        ops[key] = (names.get(id(op), op.name), isinstance(op, keras.layers.Layer))
+        return [hash(((key, tuple(inputs)), i)) for i in range(len(node.outputs))]
+
+    keys = {id(t): ("input", i) for i, t in enumerate(functional.inputs)}
+    return ops, tuple(_replay.replay(functional, keys, call))
 
 
 def _owner(name, found, composites, model):

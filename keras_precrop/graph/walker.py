@@ -32,6 +32,7 @@ import keras
 
 from keras_precrop.errors import ArgumentError, UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.graph import handlers
+from keras_precrop.graph import replay as _replay
 from keras_precrop.graph import trace as _trace
 from keras_precrop.graph.channels import (
     Channels,
@@ -56,12 +57,6 @@ def ignore_names(ignore):
 def names_of(model, ignore=()):
     """Every name and ``outer/inner`` path ``ignore=`` may give for ``model``'s layers."""
     return set(layer_names(_trace.traced(model, ignore)))
-
-
-def topological_nodes(fn):
-    """Nodes of a functional model, inputs first."""
-    for depth in sorted(fn._nodes_by_depth, reverse=True):
-        yield from fn._nodes_by_depth[depth]
 
 
 def layer_names(traced, fn=None, prefix=""):
@@ -267,34 +262,35 @@ class _Walker:
         return self._alias.get(id(t), id(t))
 
     def functional(self, fn, prefix):
-        """Walk the nodes of functional ``fn``, nested models in place."""
-        ctx, tensors = self.ctx, self.tensors
-        depths: dict[int, int] = {}
-        for node in topological_nodes(fn):
-            op = node.operation
-            if isinstance(op, keras.layers.InputLayer):
-                continue
+        """Walk the nodes of functional ``fn``, nested models in place; its outputs' channels."""
+        depths: dict[int, int] = {}  # a tensor's depth in ``fn``: 1 + its deepest input's
+
+        def call(node, ins):
             args = node.arguments.keras_tensors
-            ins = [tensors[id(t)] for t in args]
-            ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
-            path = prefix + self.traced.name(op)
-            if isinstance(op, keras.Model):
-                inner = self.traced.graph_of(op)
-                for t_in, t, ch in zip(inner.inputs, args, ins):
-                    tensors[id(t_in)] = ch
-                    self._alias[id(t_in)] = self.key(t)
-                self.functional(inner, path + "/")
-                outs = [tensors[id(t)] for t in inner.outputs]
-                for t, t_inner in zip(node.outputs, inner.outputs):
-                    self._alias[id(t)] = self.key(t_inner)
-            else:
-                outs = self._layer(op, path, node, ins)
-                self.calls.append(LayerCall(ctx.records[id(op)], node,
-                                            [self.key(t) for t in args],
-                                            [self.key(t) for t in node.outputs]))
-            for t, ch in zip(node.outputs, outs):
-                tensors[id(t)] = ch
-                depths[id(t)] = ctx.depth
+            self.ctx.depth = 1 + max((depths.get(id(t), 0) for t in args), default=0)
+            outs = self._node(node, prefix + self.traced.name(node.operation), ins)
+            for t in node.outputs:
+                depths[id(t)] = self.ctx.depth
+            return outs
+
+        return _replay.replay(fn, self.tensors, call)
+
+    def _node(self, node, path, ins):
+        """Walk one call ``node`` whose inputs have channels ``ins``; its outputs' channels."""
+        op, args = node.operation, node.arguments.keras_tensors
+        if isinstance(op, keras.Model):
+            inner = self.traced.graph_of(op)
+            for t_in, t, ch in zip(inner.inputs, args, ins):
+                self.tensors[id(t_in)] = ch
+                self._alias[id(t_in)] = self.key(t)
+            outs = self.functional(inner, path + "/")
+            for t, t_inner in zip(node.outputs, inner.outputs):
+                self._alias[id(t)] = self.key(t_inner)
+            return outs
+        outs = self._layer(op, path, node, ins)
+        self.calls.append(LayerCall(self.ctx.records[id(op)], node, [self.key(t) for t in args],
+                                    [self.key(t) for t in node.outputs]))
+        return outs
 
     def _layer(self, op, path, node, ins):
         """Walk one call of layer ``op``; returns its outputs' channels."""
