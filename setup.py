@@ -8,7 +8,10 @@ another (Colab, TPU VMs, CUDA images). Pick one with an extra: ``[cpu]``,
 ``[gpu]`` or ``[tf]``. The core (profile, plans, rebuilds, pruners, training)
 runs on any Keras backend: ``[jax]`` and ``[torch]`` install the others.
 TensorFlow Datasets comes with the TensorFlow extras, as only the
-TensorFlow-based ``keras_precrop.data`` uses it.
+TensorFlow-based ``keras_precrop.data`` uses it, together with
+``importlib_resources``, which TFDS imports when it downloads and prepares a
+dataset (``kp.data.load(..., download=True)``) without requiring it.
+``[docs]`` installs what builds the API reference (``mkdocs build --strict``).
 
 ``[litert]`` and ``[onnx]`` add the runtimes a latency model can time
 besides the backend's own (LiteRT also runs on TensorFlow's ``tf.lite``).
@@ -24,6 +27,11 @@ of several GB there.
 """
 
 from setuptools import find_packages, setup
+
+# TensorFlow Datasets and what it imports to download a dataset but does not require.
+TFDS = ["tensorflow-datasets>=4.9", "importlib_resources"]
+# The API reference: mkdocs.yml; tests/test_docs.py runs `mkdocs build --strict`.
+DOCS = ["mkdocs>=1.6,<2", "mkdocstrings[python]>=1.0"]
 
 setup(
     name="keras-precrop",
@@ -44,9 +52,9 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu>=2.16", "tensorboard", "tensorflow-datasets>=4.9"],
-        "gpu": ["tensorflow[and-cuda]>=2.16", "tensorflow-datasets>=4.9"],
-        "tf": ["tensorflow>=2.16", "tensorflow-datasets>=4.9"],
+        "cpu": ["tensorflow-cpu>=2.16", "tensorboard", *TFDS],
+        "gpu": ["tensorflow[and-cuda]>=2.16", *TFDS],
+        "tf": ["tensorflow>=2.16", *TFDS],
         "jax": ["jax[cpu]"],
         "torch": ["torch"],
         # Runtimes a latency model can time (kp.latency_model(..., runtime=...)).
@@ -55,7 +63,7 @@ setup(
         "test": [
             "tensorflow-cpu>=2.16",
             "tensorboard",
-            "tensorflow-datasets>=4.9",
+            *TFDS,
             "jax[cpu]",
             "torch==2.13.0",
             "onnxruntime",
@@ -68,17 +76,15 @@ setup(
             "ruff>=0.6",
             "nbformat>=5",
             "ipython",
-            "importlib_resources",
             "matplotlib>=3.5",
             # What `import keras_hub` needs besides Keras and TensorFlow; keras_hub itself
             # is installed with --no-deps (see README's test command).
             "regex",
             "rich",
             "packaging",
-            # The API reference: tests/test_docs.py runs `mkdocs build --strict` (mkdocs.yml).
-            "mkdocs>=1.6,<2",
-            "mkdocstrings[python]>=1.0",
+            *DOCS,
         ],
+        "docs": DOCS,
         "examples": ["matplotlib>=3.5", "importlib_resources"],
     },
     entry_points={"console_scripts": ["keras-precrop=keras_precrop.cli:main"]},

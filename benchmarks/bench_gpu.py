@@ -11,7 +11,7 @@ variants and rounds the library accepts, 2 timing rounds; its numbers mean
 nothing, it checks the code; ``tests/test_bench_gpu.py`` runs it, in about a
 minute)::
 
-    python benchmarks/bench_gpu.py --quick --out bench_gpu_dry_run
+    python benchmarks/bench_gpu.py --quick
 
 For each backend (a child process of this script per backend, ``KERAS_BACKEND``
 set, since Keras picks its backend once per process) and each of ResNet-20 at
@@ -53,6 +53,10 @@ after every step, so a stopped child's finished steps are kept.
 
 Writes ``results.json`` and ``results.md`` into ``OUT/<device>/`` (e.g.
 ``benchmarks/results/gpu/nvidia-h200/``), the device named by the backends.
+``benchmarks/results/gpu/`` holds GPU evidence only: a run on a CPU (the
+``--quick`` dry run, or a machine without a GPU) writes into a new temporary
+folder instead, and says where, so it never leaves files in the repository
+that read as GPU results.
 """
 
 import argparse
@@ -70,6 +74,7 @@ import time
 import traceback
 
 HERE = pathlib.Path(__file__).resolve().parent
+GPU_RESULTS = HERE / "results" / "gpu"  # committed GPU evidence: no CPU run writes here
 # name, input size, batch, whether a training step is timed: the goal configurations first, so
 # a short budget cuts the last one. The dry run is one small network: under JAX every layer costs
 # compiles (its initializers per new kernel shape, each model's inference and training step).
@@ -454,7 +459,7 @@ def run(args):
               "seconds": time.monotonic() - start, "backends": results}
     result["goals"] = goals(result)
     device = next((r["device"] for r in results.values() if r.get("device")), "unknown device")
-    out = args.out / _slug(device)
+    out = _out_folder(args.out, device) / _slug(device)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
@@ -462,6 +467,17 @@ def run(args):
     print(text)
     _log("done", f"{result['seconds']:.0f} s; wrote {out}/results.json and results.md")
     return 0
+
+
+def _out_folder(out, device):
+    """Where the results go: ``--out``, else ``results/gpu/`` for a GPU run; a new temporary
+    folder for a run on a CPU that would write under ``results/gpu/`` (the dry run, by default)."""
+    on_gpu = device != "unknown device" and not device.startswith("CPU")
+    if on_gpu or (out is not None and not out.resolve().is_relative_to(GPU_RESULTS)):
+        return out or GPU_RESULTS
+    if out is not None:
+        _log("out", f"{device} is no GPU and {out} holds GPU results only: writing elsewhere")
+    return pathlib.Path(tempfile.mkdtemp(prefix="bench_gpu_"))
 
 
 def _slug(device):
@@ -574,8 +590,9 @@ def markdown(result):
 
 def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "gpu",
-                        help="results go to OUT/<device name>/results.{json,md}")
+    parser.add_argument("--out", type=pathlib.Path,
+                        help="results go to OUT/<device name>/results.{json,md} (default: "
+                        "benchmarks/results/gpu on a GPU, a new temporary folder on a CPU)")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a CPU dry run of the code")
     parser.add_argument("--backends", nargs="+", default=["jax", "torch"], choices=sorted(SHARE))
     parser.add_argument("--budget-s", type=float, default=None,

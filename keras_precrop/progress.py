@@ -22,6 +22,17 @@ def interactive():
     return bool(isatty and isatty()) or "ipykernel" in sys.modules
 
 
+def fit_verbose():
+    """Keras ``fit``'s ``verbose`` for the output: 1 (the progress bar) on a terminal, else 2.
+
+    ``verbose=2`` prints an ``Epoch i/n`` header and one plain line at the end
+    of each epoch, without the bar's carriage returns and colour codes, which
+    Keras would otherwise write into a log file or a pipe (see the module
+    docstring).
+    """
+    return 1 if interactive() else 2
+
+
 class PlainProgress:
     """Progress as plain lines: ``step/target - elapsed - name: value ...``.
 

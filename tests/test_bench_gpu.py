@@ -10,6 +10,9 @@ against a latency model fitted on a synthetic clock whose floor is known.
 
 import json
 import os
+import pathlib
+import re
+import shutil
 import sys
 import time
 import types
@@ -18,7 +21,7 @@ import keras
 import pytest
 
 import keras_precrop as kp
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, git, run_python
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_gpu as bench  # noqa: E402
@@ -187,3 +190,25 @@ def test_a_feasible_budget_is_planned_as_asked(floored):
     assert rebuilt.count_params() == pytest.approx(record["params_ratio"] * model.count_params())
     macs = kp.profile(model).total_macs
     assert kp.profile(rebuilt).total_macs == pytest.approx(record["macs_ratio"] * macs)
+
+
+@pytest.mark.parametrize("out", [None, "benchmarks/results/gpu"])
+def test_a_run_on_a_cpu_leaves_the_repository_as_it_was(monkeypatch, capsys, out):
+    """``--quick`` on a CPU, with or without ``--out benchmarks/results/gpu``: nothing appears
+    under ``benchmarks/`` (``git status``, untracked files too), the results go to a new
+    temporary folder outside the repository, named after the CPU (the children stand in)."""
+    def child(backend, args, budget_s, folder):  # what a CPU child reports, without the minute
+        return {"backend": backend, "device": "CPU: test cpu", "studies": [], "notes": []}
+
+    monkeypatch.setattr(bench, "_run_child", child)
+    monkeypatch.setattr(bench, "_installed", lambda backend: True)
+    monkeypatch.chdir(REPO)
+    before = git(REPO, "status", "--porcelain", "--untracked-files=all", "benchmarks")
+    assert bench.main(["--quick", *(["--out", out] if out else [])]) == 0
+    assert git(REPO, "status", "--porcelain", "--untracked-files=all", "benchmarks") == before
+    written = pathlib.Path(re.search(r"wrote (\S+)/results\.json", capsys.readouterr().err)[1])
+    try:
+        assert REPO not in written.parents and written.name == "cpu-test-cpu"
+        assert json.loads((written / "results.json").read_text())["settings"]["quick"] is True
+    finally:
+        shutil.rmtree(written.parent)

@@ -1,10 +1,12 @@
 """Project conventions that a change can silently break."""
 
 import re
+import runpy
 import shutil
 import sys
 
 import pytest
+import setuptools
 
 from tests.conftest import REPO, git
 
@@ -19,6 +21,36 @@ def test_readme_test_command_is_what_ci_runs():
     assert blocks[1].splitlines()[0] == ci[-1] == (
         'pip install -e ".[test]" && pip install --no-deps keras-hub tokenizers && ruff check . '
         "&& python -m pytest -q -n 2 --dist loadfile")
+
+
+# ------------------------------------------------------------------ packaging (issue 60)
+
+
+def _extras():
+    """``{extra: {normalized requirement name}}`` of setup.py, read by running it with a stand-in
+    for ``setuptools.setup``."""
+    found = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(setuptools, "setup", lambda **kwargs: found.update(kwargs))
+        patch.chdir(REPO)  # setup.py reads README.md from where it runs
+        runpy.run_path(str(REPO / "setup.py"))
+    return {extra: {re.sub(r"[-_.]+", "-", re.match(r"[\w.-]+", req)[0]).lower() for req in reqs}
+            for extra, reqs in found["extras_require"].items()}
+
+
+def test_every_extra_with_tensorflow_datasets_installs_what_its_download_imports():
+    """``kp.data.load(..., download=True)`` imports importlib_resources through TFDS, which does
+    not require it: a fresh ``pip install -e ".[cpu]"`` failed README's data example without it."""
+    with_tfds = {extra: names for extra, names in _extras().items() if "tensorflow-datasets" in names}
+    assert {"cpu", "gpu", "tf", "test"} <= set(with_tfds)
+    assert [extra for extra, names in with_tfds.items() if "importlib-resources" not in names] == []
+
+
+def test_the_docs_extra_installs_the_site_builder_alone_and_the_docs_use_it():
+    extras = _extras()
+    assert extras["docs"] == {"mkdocs", "mkdocstrings"}
+    assert extras["docs"] <= extras["test"]  # tests/test_docs.py builds the site
+    assert 'pip install -e ".[docs]"' in (REPO / "docs" / "index.md").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------ what the repository carries (issue 44)
