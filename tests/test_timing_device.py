@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop.latency import timing
+from keras_precrop.latency import runtimes, timing
 from tests.backend_scripts import timed_calls
 from tests.test_backends import REPO, _check, _run
 from tests.test_latency import FORMAT_1, _small_cnn, _synthetic_seconds, _timer
@@ -100,7 +100,7 @@ def test_torch_compile_is_refused_without_a_cpp_compiler(monkeypatch, tmp_path):
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(kp.ArgumentError, match=r"runtime='torch_compile' builds its kernels "
                                                r"with a C\+\+ compiler.*runtime='torch'"):
-        timing._check_compiler("torch_compile")
+        runtimes._check_compiler("torch_compile")
     with pytest.raises(kp.ArgumentError, match="KERAS_BACKEND=torch"):  # under TensorFlow
         kp.latency_model(_small_cnn(), runtime="torch_compile")
 

@@ -53,6 +53,7 @@ from keras_precrop.budget.modes import solve
 from keras_precrop.errors import ArgumentError, InfeasibleBudgetError
 from keras_precrop.graph import walker as _graph
 from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.latency import runtimes as _runtimes
 from keras_precrop.latency import timing as _timing
 from keras_precrop.latency.features import Features, signature
 from keras_precrop.latency.model import (
@@ -171,7 +172,7 @@ def _checked_times(seconds, labels):
 def latency_model(model, batch_size=32, runtime="tf", training=False, *, variants=20, rounds=5,
                   holdout=0.25, blocks=(1, 8, 16), scale_range=(0.25, 1.0),
                   refine=(0.3, 0.5, 0.7), refine_rounds=2, residual="prefix", ignore=(), seed=0,
-                  verbose=1, timer=None, planner=None):
+                  verbose=1, timer=None, planner=None, graph=None):
     """Measure how long ``model`` and width-scaled copies of it take; fit a latency model.
 
     Builds ``variants`` copies of the model with other channel widths (the
@@ -196,13 +197,17 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         model: a functional or Sequential Keras model with one input of a
             fixed shape.
         batch_size: examples per timed call (the latency is per batch).
-        runtime: where to time (:data:`~keras_precrop.latency.timing.RUNTIMES`):
-            ``"tf"`` (the backend's compiled step: a ``tf.function``, ``jax.jit``
-            or eager torch), ``"torch_compile"`` (``torch.compile`` of the torch
-            module), ``"litert"`` (LiteRT interpreter; ``"tflite"``, its old
-            name, too) or ``"onnx"`` (ONNX Runtime on Keras' ONNX export).
-            The latency model records the device this runs on here
-            (:meth:`LatencyModel.device`), and plans refuse it on another kind.
+        runtime: where to time: a name of the runtime table
+            (:data:`~keras_precrop.latency.runtimes.RUNTIMES`; the guide's
+            table of runtimes says what each runs and needs). ``"tf"`` is the
+            Keras backend's own compiled step; ``"torch_compile"``,
+            ``"litert"``, ``"onnx"``, their int8 forms and any runtime
+            :func:`~keras_precrop.latency.runtimes.register_runtime` added
+            are the others. The latency model records the runtime by its
+            name in this process (``"tf"`` under JAX is ``"jax"``, under torch
+            ``"torch"``; ``"tflite"`` is ``"litert"``) and the device it runs
+            on here (:meth:`LatencyModel.device`); plans refuse it on another
+            kind of device.
         training: time a training step (forward, backward, SGD update)
             instead of inference.
         variants: number of models timed in the first round, the original
@@ -232,6 +237,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             ``planner(profile, cost_model, {"latency": seconds}) -> widths``,
             the cost model carrying the preliminary fit's latency row;
             default :func:`solve_plan` (the budget wing's ``mode="auto"``).
+        graph: the walk of ``model`` with these ``residual`` and ``ignore``
+            (``kp.plan`` hands down the one it made); None walks the model here.
 
     Returns:
         A :class:`LatencyModel`.
@@ -241,12 +248,15 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     log = _timing.logger(verbose)
     start = time.perf_counter()
     _timing.input_shape(model)
-    graph = _graph.walk(model, ignore=ignore, residual=residual)
+    graph = _walk(model, graph, residual, ignore)
+    if timer is None:
+        _runtimes.check_installed(runtime)  # before building the variants
     device = None if timer else _timing.device_of(runtime)
     measure = timer or _timing.timer_of(batch_size, runtime, training, rounds, log, device)
     fitter = _Fitter(model, graph, measure, blocks, log,
-                     dict(batch_size=int(batch_size), runtime=runtime, training=bool(training),
-                          residual=residual, ignore=_graph.ignore_names(ignore), **_timed_on(model, device)))
+                     dict(batch_size=int(batch_size), runtime=_timing.runtime_of(runtime).name,
+                          training=bool(training), residual=residual,
+                          ignore=_graph.ignore_names(ignore), **_timed_on(model, device)))
     fitter.time_variants(variants, scale_range, seed, holdout)
     for k in range(1, refine_rounds + 1 if refine else 1):
         if not fitter.refine(k, refine, planner or solve_plan):
@@ -258,6 +268,24 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     log(f"fitted in {result.fit_seconds:.0f} s: {result.held_out_text()}{plans_text} "
         f"(block {result.block})")
     return result
+
+
+def _walk(model, graph, residual, ignore):
+    """The walk of ``model`` under ``residual`` and ``ignore``: ``graph``, the caller's, once it
+    is seen to be one; None: a walk made here.
+
+    Raises:
+        ArgumentError: for a walk of another model, or under other settings.
+    """
+    ignore = _graph.ignore_names(ignore)
+    if graph is None:
+        return _graph.walk(model, ignore=ignore, residual=residual)
+    fixed = {n for r in graph.layers if r.ignored for n in (r.path, graph.traced.name(r.layer))}
+    if graph.model is not model or graph.residual != residual or not set(ignore) <= fixed:
+        raise ArgumentError(f"{{graph:=}} is a walk of model {graph.model.name!r} with residual="
+                            f"{graph.residual!r}, not of model {model.name!r} with residual="
+                            f"{residual!r} and ignore={ignore!r}; pass graph=None to walk it here.")
+    return graph
 
 
 def _timed_on(model, device):
@@ -397,13 +425,15 @@ def _held_out_error(errors):
     return {"median": float(np.median(errors)), "worst": float(np.max(errors))}
 
 
-def resolve(latency_model_arg, model, argument="latency_model", **defaults):
+def resolve(latency_model_arg, model, argument="latency_model", graph=None, **defaults):
     """The :class:`LatencyModel` that a ``latency_model=`` argument stands for.
 
     A :class:`LatencyModel` is used as is, a string or path is read as JSON,
     a dict holds options for :func:`latency_model` (measured now, ``defaults``
     filling in the rest, e.g. the plan's ``residual`` and ``ignore``), and
-    None measures one with the defaults.
+    None measures one with the defaults. ``graph``, the caller's walk of
+    ``model`` under the defaults' ``residual`` and ``ignore``, spares the
+    measurement another walk, unless the options ask for other ones.
     """
     if isinstance(latency_model_arg, LatencyModel):
         return latency_model_arg
@@ -416,6 +446,9 @@ def resolve(latency_model_arg, model, argument="latency_model", **defaults):
             raise ArgumentError(f"{{{argument}}} {what}; fit a latency model with {{remedy}}.",
                                 remedy=FIT_REMEDY, **{argument: path}) from None
     if latency_model_arg is None or isinstance(latency_model_arg, dict):
-        return latency_model(model, **{**defaults, **(latency_model_arg or {})})
+        options = {**defaults, **(latency_model_arg or {})}
+        if graph is not None and all(options.get(k) == defaults.get(k) for k in ("residual", "ignore")):
+            options.setdefault("graph", graph)
+        return latency_model(model, **options)
     raise TypeError(f"{argument} must be a LatencyModel, a JSON file path, a dict of "
                     f"kp.latency_model options or None, got {type(latency_model_arg).__name__}")

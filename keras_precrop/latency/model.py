@@ -60,7 +60,10 @@ class LatencyModel(_json.JsonDataclass):
         model_name, signature, input_shape: identity of the model it was
             fitted on (the signature ignores widths, so it also fits that
             model's rebuilt copies).
-        batch_size, runtime, training: what was timed.
+        batch_size, runtime, training: what was timed; the runtime by its
+            name in the process that fitted it (the Keras backend's own step
+            is ``"tf"``, ``"jax"`` or ``"torch"``; files written before that
+            say ``"tf"`` under every backend, and still load and plan).
         residual, ignore: width variables the variants varied.
         block: the features' rounded copies (columns ``<feature>@<block>``)
             round free widths up to multiples of this (1: no copies).
@@ -136,7 +139,7 @@ class LatencyModel(_json.JsonDataclass):
             graph: the walked model it is used for.
             subject: how the message names this latency model, e.g.
                 ``"{latency_model}"`` with ``latency_model="fit.json"``.
-            here: the :class:`~keras_precrop.latency.timing.Device` it is used
+            here: the :class:`~keras_precrop.latency.devices.Device` it is used
                 on; None skips the device check (a prediction for the device
                 it was fitted on).
             **argument: the argument a ``{...}`` subject names, with its value.
@@ -162,7 +165,7 @@ class LatencyModel(_json.JsonDataclass):
                 remedy=FIT_REMEDY, **argument)), stacklevel=3)
 
     def device(self):
-        """Where it was timed, in words (``gpu 'NVIDIA H200' (jax, runtime 'tf', batch 32,
+        """Where it was timed, in words (``gpu 'NVIDIA H200' (jax, runtime 'jax', batch 32,
         float32)``), or that this is unknown."""
         if self.device_kind is None:
             return "an unrecorded device (a custom timer, or a file from before devices were kept)"

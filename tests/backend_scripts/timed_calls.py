@@ -6,7 +6,7 @@ runs at every call; eagerly under torch). Where no Python layer runs at each
 call (``jax.jit`` runs the layer once, when it traces; ``torch.compile``, LiteRT
 and ONNX Runtime run a converted graph, and the host runtimes' models lack the
 layer), the launch is logged from outside: the runtime's step builder in
-:mod:`keras_precrop.latency.timing` is wrapped so each call of the step it
+:mod:`keras_precrop.latency.steps` is wrapped so each call of the step it
 builds logs ``launch:<model>``. They are timed by the library's runner and
 interleaved timer with a recording device (the real one, each ``put`` and
 ``wait`` logged; ``wait`` only when it is given the output the launch just
@@ -26,15 +26,15 @@ from unittest import mock
 import keras
 import numpy as np
 
-from keras_precrop.latency import timing
+from keras_precrop.latency import steps, timing
 
 L = keras.layers
 SHAPE = (8, 8, 3)
 BATCH = 2
-# Each runtime's step builder in ``timing``; OUTSIDE: the runtimes whose launches only the
+# Each runtime's step builder in ``steps``; OUTSIDE: the runtimes whose launches only the
 # wrapped builder logs.
-STEPS = {"tf": "_tf_step", "jax": "_jax_step", "torch": "_torch_step",
-         "torch_compile": "_torch_step", "litert": "_litert_step", "onnx": "_onnx_step"}
+STEPS = {"tf": "tf_step", "jax": "jax_step", "torch": "torch_step",
+         "torch_compile": "torch_step", "litert": "litert_step", "onnx": "onnx_step"}
 OUTSIDE = ("jax", "torch_compile", "litert", "onnx")
 
 
@@ -122,7 +122,7 @@ def record(runtime):
     log.clear()  # building a model runs its layers once under JAX and torch
     traces.clear()
     step = STEPS[runtime]
-    with mock.patch.object(timing, step, _watched(getattr(timing, step), runtime, log, seen)):
+    with mock.patch.object(steps, step, _watched(getattr(steps, step), runtime, log, seen)):
         fns = {name: timing.runner(m, BATCH, runtime, device=device) for name, m in models.items()}
         timing.interleaved(fns, rounds=2, warmup=1, target_s=0.0, clock=clock)
         events, traced = list(log), list(traces)
