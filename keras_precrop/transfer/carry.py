@@ -23,15 +23,25 @@ import numpy as np
 from keras_precrop.errors import ArgumentError, UnsupportedLayerError
 from keras_precrop.graph.channels import input_shape
 from keras_precrop.transfer import flow
-from keras_precrop.transfer.importance import IMPORTANCE, channel_scores, grouped
+from keras_precrop.transfer.criteria import Names, criterion
+from keras_precrop.transfer.importance import channel_scores, grouped
 from keras_precrop.transfer.selection import select
 
 
-def check_options(weights, importance, data):
-    """Checks the weight options of ``apply_plan`` and ``precrop``.
+def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply_plan"):
+    """Checks the weight options of ``apply_plan`` and ``precrop`` (and ``GradualPruning``'s ranking).
+
+    Args:
+        weights: ``None`` (fresh weights) or ``"keep"``.
+        importance: a name of the table of rankings or a ranking
+            (``criteria.py``); ``None`` is ``"l1"``.
+        data: the batches a ranking that needs data takes, and only such a one.
+        place: where the ranking is to rank (a key of ``criteria.PLACES``):
+            the table's need of the ranking decides whether it can.
 
     Returns:
-        The importance to choose channels by, or ``None`` for fresh weights.
+        The :class:`~keras_precrop.transfer.criteria.Importance` to choose
+        channels by, or ``None`` for fresh weights.
 
     Raises:
         ArgumentError: naming the argument at fault.
@@ -44,17 +54,14 @@ def check_options(weights, importance, data):
     if not (isinstance(weights, str) and weights == "keep"):
         raise ArgumentError("{weights} must be None (fresh weights, as PreCrop prescribes) or 'keep' "
                             "(the channels that survive keep their trained weights).", weights=weights)
-    importance = "l1" if importance is None else importance
-    if not (isinstance(importance, str) and importance in IMPORTANCE):
-        raise ArgumentError(f"{{importance}} is unknown; use one of {list(IMPORTANCE)}.",
-                            importance=importance)
-    if importance == "taylor" and data is None:
+    ranking = criterion(importance, place)
+    if ranking.needs == "data" and data is None:
         raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to take the "
-                            "gradients on.", importance=importance)
-    if importance != "taylor" and data is not None:
-        raise ArgumentError("{data:=} is for {importance:taylor}; {importance} ranks channels by "
-                            "their weights alone.", importance=importance)
-    return importance
+                            "gradients on.", importance=ranking.given)
+    if ranking.needs != "data" and data is not None:
+        raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({list(Names(needs=['data']))}); "
+                            "{importance} ranks channels without it.", importance=ranking.given)
+    return ranking
 
 
 def carry_weights(graph, new_model, widths, importance="l1", gradients=None, seed=0, *, new_graph,

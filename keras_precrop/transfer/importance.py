@@ -9,26 +9,21 @@ concatenation's part) is scored by every member of the group, and a channel
 read through a flatten or a depthwise multiplier sums all its copies.
 
 Each layer gives two shares, one from the weights that write the channel
-(filter, bias, gamma, beta) and one from those that read it, each divided by
-its mean over the channels it touches, so every layer weighs alike (a 3x3
+(filter, bias, gamma and beta) and one from those that read it, each divided
+by its mean over the channels it touches, so every layer weighs alike (a 3x3
 conv over 512 inputs would otherwise drown the BatchNormalization and the
 conv it feeds).
 
-* ``"l1"``: the L1 norm of the weights (the default: needs no data);
-* ``"l2"``: their L2 norm;
-* ``"taylor"``: first-order Taylor, ``|sum activation x gradient|`` per
-  batch (over examples and positions), summed over the batches. A layer is
-  linear in the weights that write a channel, so ``sum w * dL/dw`` over them
-  is the written activation times its gradient (a conv's output before the
-  BatchNormalization, the BatchNormalization's output); over the weights
-  that read it, it is the read activation times the gradient that flows
-  back through that reader. Weight gradients suffice, on every backend;
-* ``"bn_scale"``: the magnitude of the scale (``gamma``) of the
-  normalization layers that write the channel (network slimming's ranking:
-  a BatchNormalization's output is ``gamma`` times a unit-variance channel,
-  so ``|gamma|`` is its size); the plan must cut only channels such a
-  scale writes, else the channels would rank at random, so that is refused;
-* ``"random"``: seeded random scores, the control of an experiment.
+The magnitude each weight gives its channels is the ranking's, from the one
+table of rankings (``criteria.py``: the built-in ones and the user's), called on the
+weight's rows, one per channel index along a channel axis (with the loss
+gradients in the same layout, per batch, for a ranking that needs data); a
+ranking that needs a seed scores every channel at once. For Taylor, ``sum
+w * dL/dw`` over the weights that write a channel is the written activation
+times its gradient (a conv's output before the BatchNormalization, the
+BatchNormalization's output), and over those that read it, the read
+activation times the gradient that flows back through that reader, so
+weight gradients suffice, on every backend.
 
 Moving statistics and other non-trainable weights are carried, not scored.
 """
@@ -41,9 +36,10 @@ from keras_precrop.errors import ArgumentError
 from keras_precrop.graph.channels import input_shape
 from keras_precrop.graph.handlers import WeightSpec
 from keras_precrop.transfer import flow
+from keras_precrop.transfer.criteria import IMPORTANCE, criterion
 from keras_precrop.transfer.selection import families
 
-IMPORTANCE = ("l1", "l2", "taylor", "bn_scale", "random")
+__all__ = ["IMPORTANCE", "channel_scores", "grouped"]
 
 
 def channel_scores(graph, values, importance, gradients=None, seed=0, widths=None):
@@ -52,32 +48,39 @@ def channel_scores(graph, values, importance, gradients=None, seed=0, widths=Non
     Args:
         graph: the walked original model.
         values: ``{id(weight): numpy array}`` of the model's weights.
-        importance: one of :data:`IMPORTANCE`.
-        gradients: for ``"taylor"``: one ``{id(weight): loss gradient}`` per
-            batch, for the trainable weights of ``graph.model``.
-        seed: the seed of ``"random"``.
-        widths: the widths the scores will cut to; for ``"bn_scale"``,
-            checked to cut only channels a normalization scale writes.
+        importance: a name of the table of rankings (:data:`IMPORTANCE`) or
+            a ranking (see ``criteria.py``).
+        gradients: for a ranking that needs data (``"taylor"``): one
+            ``{id(weight): loss gradient}`` per batch, for the trainable
+            weights of ``graph.model``.
+        seed: the seed of a ranking that needs one (``"random"``).
+        widths: the widths the scores will cut to; for a ranking that scores
+            only some weights (``"bn_scale"``), checked to cut only channels
+            those weights touch.
 
     Returns:
         ``{variable index: float array over its original channels}`` for
         each variable that is not a view (views read their stream's channels).
 
     Raises:
-        ArgumentError: ``"bn_scale"`` where ``widths`` cut a family of
-            channels some of which no normalization scale writes.
+        ArgumentError: a ranking that scores only some weights where
+            ``widths`` cut a family of channels some of which none of them
+            touches; a ranking that returns other than one score per row it
+            is given.
     """
+    ranking = criterion(importance)
     variables = graph.variables
     groups = [i for i, v in enumerate(variables) if v.kind != "view"]
     offsets = dict(zip(groups, np.cumsum([0] + [variables[i].width for i in groups])))
     total = sum(variables[i].width for i in groups)
-    if importance == "random":
-        return _split(np.random.default_rng(seed).random(total), variables, groups, offsets)
-    scores, scaled = np.zeros(total), np.zeros(total, bool)
+    if ranking.needs == "seed":
+        flat = _checked(ranking, ranking(np.random.default_rng(seed), total), total)[0]
+        return _split(flat, variables, groups, offsets)
+    scores, covered = np.zeros(total), np.zeros(total, bool)
     for call, origin_in, origin_out in _origins(graph, offsets).values():
-        _score_layer(call, origin_in, origin_out, values, (importance, gradients), (scores, scaled))
-    if importance == "bn_scale" and widths is not None:
-        _refuse_unscaled(graph, widths, _split(scaled, variables, groups, offsets))
+        _score_layer(call, origin_in, origin_out, values, (ranking, gradients), (scores, covered))
+    if ranking.covers is not None and widths is not None:
+        _refuse_uncovered(graph, widths, _split(covered, variables, groups, offsets), ranking)
     return _split(scores, variables, groups, offsets)
 
 
@@ -86,27 +89,28 @@ def _split(flat, variables, groups, offsets):
     return {i: flat[offsets[i]:offsets[i] + variables[i].width] for i in groups}
 
 
-def _refuse_unscaled(graph, widths, scaled):
-    """Refuse ``"bn_scale"`` where the widths cut a family with channels no scale writes.
+def _refuse_uncovered(graph, widths, covered, ranking):
+    """Refuse a ranking that scores only some weights (``"bn_scale"``: the normalization scales)
+    where the widths cut a family with channels none of those weights touches.
 
     Such channels would score 0 and go first, whatever they carry.
     """
-    variables, unscaled = graph.variables, []
+    variables, uncovered = graph.variables, []
     for root, members in families(variables).items():
         if all(widths[i] >= variables[i].width for i in members):
             continue
-        covered = np.zeros(variables[root].width, bool)
-        for i in (i for i in members if i in scaled):
-            width = min(len(scaled[i]), len(covered))
-            covered[:width] |= scaled[i][:width]
-        if not covered.all():
-            unscaled.append(f"{variables[root].name!r} (layers {variables[root].layers[:3]})")
-    if unscaled:
+        touched = np.zeros(variables[root].width, bool)
+        for i in (i for i in members if i in covered):
+            width = min(len(covered[i]), len(touched))
+            touched[:width] |= covered[i][:width]
+        if not touched.all():
+            uncovered.append(f"{variables[root].name!r} (layers {variables[root].layers[:3]})")
+    if uncovered:
         raise ArgumentError(
-            "{importance} ranks channels by the scale (gamma) of the normalization layer that "
-            "writes them, but the plan cuts channels that no such scale writes: "
-            + ", ".join(unscaled) + ". Rank them by 'l1' or 'taylor' instead.",
-            importance="bn_scale")
+            "{importance} ranks channels by " + ranking.covers.replace("{", "{{").replace("}", "}}")
+            + ", but the plan cuts channels that none of those weights touches: "
+            + ", ".join(uncovered) + ". Rank them by 'l1' or 'taylor' instead.",
+            importance=ranking.given)
 
 
 def _origins(graph, offsets):
@@ -142,22 +146,22 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
 
     The layer's weights on the channels it writes (kernel filters, bias,
     gamma and beta) add up to one share, those on the channels it reads to
-    another: for Taylor, ``sum w * dL/dw`` over a channel's output weights is
-    the channel's ``sum activation x gradient``. ``"bn_scale"`` takes a
-    normalization's ``gamma`` alone and marks its channels in ``scores[1]``.
+    another, each weight scored by the ranking (``method[0]``), which may
+    pass over some (``weighs``: ``"bn_scale"`` takes a normalization's
+    ``gamma`` alone); the channels of the weights it scores are marked in
+    ``scores[1]``. A ranking that needs data scores only the weights that
+    have gradients.
     """
     rec = call.record
-    importance, gradients = method
-    scores, scaled = scores
+    ranking, gradients = method
+    scores, covered = scores
     width = input_shape(call.node)[-1]
     sides = {"in": [], "out": []}
     weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
     for w, roles in zip(weights, rec.handler.channel_axes(rec, call.node)):
+        if not w.trainable or not roles or not ranking.weighs(rec.layer, w):
+            continue  # statistics, weights without channels, frozen weights, weights not weighed
         grads = [g[id(w)] for g in gradients or () if id(w) in g]
-        if not w.trainable or not roles or (importance == "taylor" and not grads):
-            continue  # statistics, weights without channels, frozen weights
-        if importance == "bn_scale" and w is not getattr(rec.layer, "gamma", None):
-            continue
         value = values[id(w)].astype(np.float64)
         if "group_in" in roles.values():  # all inputs, zero across groups
             spec = grouped(width, value)
@@ -166,13 +170,13 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
             ids = origin_out if role == "out" else origin_in
             if role == "mid":
                 ids = np.repeat(origin_in, value.shape[axis] // width)
-            sides["out" if role == "out" else "in"].append(
-                (ids, _per_index(value, grads, axis, importance)))
+            covered[np.ravel(ids)] = True
+            if ranking.needs != "data" or grads:
+                sides["out" if role == "out" else "in"].append(
+                    (ids, _per_index(ranking, value, grads, axis)))
     for parts in sides.values():
         if parts:
             _accumulate(scores, parts)
-            if importance == "bn_scale":
-                scaled[np.concatenate([ids for ids, _ in parts]).ravel()] = True
 
 
 def grouped(width, kernel):
@@ -180,15 +184,31 @@ def grouped(width, kernel):
     return WeightSpec("kernel_constraint", "kernel", -2, -1, groups=width // kernel.shape[-2])
 
 
-def _per_index(value, grads, axis, importance):
-    """Per index along ``axis``: the L1 or L2 norm of the rest of the weight (one row), or its
-    ``sum w * dL/dw`` per batch (a row per batch)."""
-    rows = np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)
-    if importance in ("l1", "bn_scale"):
-        return np.abs(rows).sum(1)[None]
-    if importance == "l2":
-        return np.sqrt(np.square(rows).sum(1))[None]
-    return np.stack([(rows * np.moveaxis(g, axis, 0).reshape(rows.shape)).sum(1) for g in grads])
+def _per_index(ranking, value, grads, axis):
+    """The ranking's scores per index along ``axis``: one row, or one per batch (Taylor's
+    ``sum w * dL/dw``), from the weight's rows (and the gradients' for a ranking that needs data)."""
+    rows = _rows(value, axis)
+    out = ranking(rows, [_rows(g, axis) for g in grads]) if ranking.needs == "data" else ranking(rows)
+    return _checked(ranking, out, len(rows))
+
+
+def _rows(value, axis):
+    """``value`` with one row per index along ``axis``, the rest flattened."""
+    return np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)
+
+
+def _checked(ranking, scores, count):
+    """A ranking's scores as a float64 array of rows of ``count`` (refused otherwise)."""
+    try:
+        scores = np.atleast_2d(np.asarray(scores, np.float64))
+    except (TypeError, ValueError):
+        scores = None
+    if scores is None or scores.ndim != 2 or scores.shape[1] != count:
+        got = "no array of numbers" if scores is None else f"shape {scores.shape}"
+        raise ArgumentError(f"{{importance}} must return {count} scores, one per row it is given "
+                            f"(a row of them per batch for a ranking that needs data), got {got}.",
+                            importance=ranking.given)
+    return scores
 
 
 def _accumulate(scores, parts):
