@@ -188,7 +188,7 @@ def _define_transfer_flags():
     flags.DEFINE_enum(
         "importance",
         None,
-        ["l1", "l2", "taylor", "bn_scale", "random"],
+        list(kp.transfer.IMPORTANCE),
         f"--keep_weights: how channels are ranked; default l1. taylor: |activation x gradient| on "
         f"{TAYLOR_EXAMPLES} training examples (with --gradual_epochs, at every update); bn_scale: "
         "the BatchNormalization scales that write each channel; random (seeded by --seed): the "
@@ -416,14 +416,20 @@ def _keep_options(train_ds, batch_size):
     if not FLAGS.keep_weights:
         return {}
     importance = FLAGS.importance or "l1"
-    seed = FLAGS.seed if importance == "random" else None  # nothing else of a kept model is drawn
+    drawn = _needs(importance) == "seed"
+    seed = FLAGS.seed if drawn else None  # nothing else of a kept model is drawn
     return dict(weights="keep", importance=importance, data=_taylor_data(train_ds, batch_size),
                 seed=seed)
 
 
+def _needs(importance):
+    """What the ranking ``importance`` needs (``kp.transfer.criteria``'s table): weights, data or a seed."""
+    return kp.transfer.criteria.criterion(importance).needs
+
+
 def _taylor_data(train_ds, batch_size):
     """The training batches Taylor importance takes its gradients on; ``None`` for other rankings."""
-    if (FLAGS.importance or "l1") != "taylor":
+    if _needs(FLAGS.importance or "l1") != "data":
         return None
     return train_ds.take(math.ceil(TAYLOR_EXAMPLES / batch_size))
 
