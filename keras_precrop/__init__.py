@@ -12,8 +12,11 @@ Public API (everything else is private):
 * ``GradualPruning``: a ``fit`` callback that prunes a trained model's channels
   gradually towards a plan, then ``finalize()`` rebuilds it smaller.
 * ``latency_model`` / ``LatencyModel``: measured time as a budget (``latency=0.5``).
+* ``register_runtime``: add a runtime to the one table that ``runtime=`` and ``--runtime`` read.
 * ``compare``: the modes side by side, uniform width scaling included.
 * ``register_handler`` / ``Handler`` / ``WeightSpec``: teach the package a custom layer.
+* ``register_importance``: add a channel ranking to the one table that ``importance=``
+  (``weights="keep"``, ``GradualPruning``, ``hub``) and ``--importance`` read.
 * ``hub``: ``keras_hub`` task models pruned through their backbone, the task
   re-created around it (``kp.hub.precrop(task, params=0.5)``); it does not
   import ``keras_hub``.
@@ -56,11 +59,13 @@ _PUBLIC = {
                      "UnsupportedModelError"), "keras_precrop.errors"),
     **dict.fromkeys(("ChannelSlice", "Handler", "PrefixAdd", "WeightSpec", "register_handler"),
                     "keras_precrop.graph"),
-    **dict.fromkeys(("LatencyModel", "latency_model"), "keras_precrop.latency"),
-    **dict.fromkeys(("Plan", "apply_plan", "plan", "precrop", "reconfigure"), "keras_precrop.planning"),
+    **dict.fromkeys(("LatencyModel", "latency_model", "register_runtime"), "keras_precrop.latency"),
+    **dict.fromkeys(("apply_plan", "plan", "precrop", "reconfigure"), "keras_precrop.planning"),
+    "Plan": "keras_precrop.plans",
     "fine_tune": "keras_precrop.training.finetune",
     "recalibrate_bn": "keras_precrop.training.bn",
     "GradualPruning": "keras_precrop.gradual",
+    "register_importance": "keras_precrop.transfer.criteria",
 }
 # Public subpackages, and where they live.
 _SUBPACKAGES = {"data": "keras_precrop.training.data", "hub": "keras_precrop.hub",
@@ -169,6 +174,8 @@ __all__ = [
     "recalibrate_bn",
     "reconfigure",
     "register_handler",
+    "register_importance",
+    "register_runtime",
     "solve_densities",
     "solve_widths",
     "train",

@@ -19,9 +19,11 @@ import textwrap
 
 from keras_precrop import _json, _tables
 from keras_precrop import latency as _latency
+from keras_precrop.budget import kinds as _kinds
 from keras_precrop.budget.modes import MODES
 from keras_precrop.errors import ArgumentError
-from keras_precrop.planning import Subject, apply_plan, plan
+from keras_precrop.planning import apply_plan, plan
+from keras_precrop.subject import Subject
 
 DEFAULT_MODES = ("exact", "layerwise", "uniform")
 
@@ -166,7 +168,7 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
     auto_plan = plan(subject, params, flops, **options)
     auto = _auto_row(plans, auto_plan)
     given = {k: v for k, v in (("params", params), ("flops", flops), *options.items())
-             if k in ("params", "flops", "latency", "max_params", "max_macs") and v is not None}
+             if k in _kinds.arguments() and v is not None}
     rows = [_row(m, p) for m, p in plans.items()]
     timing = None
     if measure:

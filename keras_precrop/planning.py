@@ -1,11 +1,12 @@
 """The planning floor: budgets in, a :class:`Plan` out, and back to a model.
 
-A :class:`Plan` is the bridge between solving and rebuilding: it records the
-width chosen for every width variable (a channel group or a residual view;
-see ``graph/channels.py`` for the vocabulary), the per-layer costs and
-densities it implies, and how the budgets were met. Plans are plain JSON, so
-a plan computed once (on a laptop, say) can be applied later to a model built
-inside a TPU or GPU strategy scope with :func:`apply_plan`.
+The :class:`Plan` record, and how a plan meets the model it is applied to,
+live in ``plans.py``; plans are plain JSON, so a plan computed once (on a
+laptop, say) can be applied later to a model built inside a TPU or GPU
+strategy scope with :func:`apply_plan`. The model a call works on, walked
+once and copied to a defined spatial size where needed, is a ``Subject``
+(``subject.py``); the kinds of budget and their argument names are
+``budget/kinds.py``'s table.
 
 This module only orchestrates the wings below it: it turns the user's
 arguments into budgets by row name (``params``, ``macs``, ``latency``),
@@ -17,237 +18,29 @@ rebuilds (``graph.rebuild``), checking the result (``verify``); with
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import importlib
 import math
 import os
 import random
-import re
 
-import keras
 import numpy as np
 
-from keras_precrop import _json, _tables
 from keras_precrop import latency as _latency
 from keras_precrop import transfer as _transfer
-from keras_precrop import verify as _verify
 from keras_precrop.budget import costs as _costs
+from keras_precrop.budget import kinds as _kinds
 from keras_precrop.budget.modes import FLOOR_ON, MODES, solve
-from keras_precrop.errors import (
-    ArgumentError,
-    ArgumentTypeError,
-    PlanMismatchError,
-    RebuildMismatchError,
-    UnsupportedModelError,
-)
-from keras_precrop.graph.rebuild import check_seed, layer_from_config, random_layers, rebuild
-from keras_precrop.graph.trace import input_specs, is_functional
-from keras_precrop.graph.walker import ignore_names, walk
-from keras_precrop.training._user_data import check_data, outputs_probabilities
+from keras_precrop.errors import ArgumentError, PlanMismatchError, RebuildMismatchError
+from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
+from keras_precrop.graph.trace import input_specs
+from keras_precrop.graph.walker import ignore_names
+from keras_precrop.plans import Plan, _check_input_shapes, _plan_argument, named_for, planned_widths
+from keras_precrop.subject import Subject, _with_inputs
+from keras_precrop.training._user_data import check_data
+from keras_precrop.transfer.taylor import taylor_gradients
+from keras_precrop.verify import build_checked
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
            "reconfigure"]
-
-_OLD_KEYS = {"groups": "variables"}  # JSON keys of older plans -> Plan fields
-# The spatial size that stands in for an input's undefined one where only parameters count.
-_PROBE_SIZE = 224
-
-
-@dataclasses.dataclass
-class Plan(_json.JsonDataclass):
-    """Channel widths for a model, with the costs they imply.
-
-    Attributes:
-        model_name: name of the model the plan was made for.
-        mode: ``"exact"``, ``"layerwise"``, ``"paper"`` or ``"uniform"`` (what ``"auto"``
-            chose, with the reason in ``solver["auto_mode"]``).
-        residual: residual semantics used (``"prefix"`` or ``"tie"``).
-        ignore: layer names whose channels were kept fixed.
-        variables: per width variable: name, kind, original and new width,
-            fixed (older plans call this key ``"groups"``; they load too).
-        layers: per layer: name, class, input and output channels, params/MACs
-            before and after, density.
-        original: ``{"params", "macs"}`` of the original model.
-        predicted: ``{"params", "macs"}`` of the rebuilt model (exact integers).
-        budgets: absolute ``{"params", "macs"}`` targets (``None`` if unset).
-        solver: diagnostics (objective, continuous optimum, deviation, ...).
-        input_shapes: the shape of each of the model's inputs without the batch
-            axis, as the model was built (``None`` for an open size); a plan
-            applies to a model of these shapes. ``None`` in plans written
-            before it was recorded (they load too, unchecked).
-
-    With a latency model, ``original``, ``predicted`` and ``budgets`` also
-    hold ``"latency"`` (seconds per batch, as the latency model predicts) and
-    ``solver["latency_model"]`` says what was timed.
-    """
-
-    model_name: str
-    mode: str
-    residual: str
-    ignore: list
-    variables: list
-    layers: list
-    original: dict
-    predicted: dict
-    budgets: dict
-    solver: dict
-    input_shapes: list = None
-
-    @property
-    def params(self):
-        """Parameters of the rebuilt model (== ``profile(new).total_params``)."""
-        return self.predicted["params"]
-
-    @property
-    def macs(self):
-        """MACs per example of the rebuilt model."""
-        return self.predicted["macs"]
-
-    @property
-    def latency(self):
-        """Predicted seconds per batch of the rebuilt model (None without a latency model)."""
-        return self.predicted.get("latency")
-
-    @property
-    def widths(self):
-        """``{variable name: new width}``."""
-        return {v["name"]: v["new"] for v in self.variables}
-
-    @property
-    def mode_label(self):
-        """The mode, with the floor that bounded it (``"exact, floor=1.0"``, ``"exact, floor=1.0 on
-        streams"``): how tables name the plan."""
-        if "floor" not in self.solver:
-            return self.mode
-        held = " on streams" if self.solver.get("floor_on") == "streams" else ""
-        return f"{self.mode}, floor={float(self.solver['floor'])!r}{held}"
-
-    @classmethod
-    def from_dict(cls, data):
-        """A plan from :meth:`to_dict`'s data (older plans' keys included)."""
-        return super().from_dict({_OLD_KEYS.get(k, k): v for k, v in data.items()})
-
-    def summary(self, print_fn=print, only_changed=False, show_all_hint="only_changed=False"):
-        """Print a before/after table of layers, then totals vs. budgets.
-
-        Each layer shows its input and output channels, parameters and MACs,
-        as ``before -> after`` where they change. Layers without parameters
-        or MACs (activations, adds, pooling) are left out. With a latency
-        model, the totals include the predicted time.
-
-        Args:
-            print_fn: where each line goes.
-            only_changed: leave out layers whose parameters did not change;
-                a note under the table says how many were left out.
-            show_all_hint: how the caller shows every layer, for that note
-                (the command line passes its ``--all`` flag).
-        """
-        rows = [("Layer (type)", "In channels", "Out channels", "Params", "MACs", "Density")]
-        hidden = 0
-        for layer in self.layers:
-            if not (layer["params"] or layer["macs"]):
-                continue
-            if only_changed and layer["params_new"] == layer["params"]:
-                hidden += 1
-                continue
-            rows.append((
-                f"{layer['name']} ({layer['class_name']})",
-                # Plans written before input channels were recorded lack them.
-                _change(layer.get("channels_in", "?"), layer.get("channels_in_new", "?")),
-                _change(layer["channels"], layer["channels_new"]),
-                _change(f"{layer['params']:,}", f"{layer['params_new']:,}"),
-                _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
-                "" if layer["density"] is None else f"{layer['density']:.3f}",
-            ))
-        auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
-        print_fn(f'Plan ({self.mode_label}{auto}, residual={self.residual}): "{self.model_name}"')
-        for line in _tables.table(rows) + _tables.not_shown(hidden, "unchanged layer{s}", show_all_hint):
-            print_fn(line)
-        totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]
-        if "latency" in self.predicted:
-            timed = self.solver["latency_model"]
-            what = "training step" if timed["training"] else "inference"
-            totals.append(("latency", f"Latency ({what}, {timed['runtime']}, batch "
-                           f"{timed['batch_size']}, predicted; ms)", "{:,.3f}"))
-        for key, label, fmt in totals:
-            scale = 1e3 if key == "latency" else 1
-            before, after = self.original[key], self.predicted[key]
-            budget = self.budgets.get(key)
-            text = (f"{label}: {fmt.format(before * scale)} -> {fmt.format(after * scale)} "
-                    f"({after / before:.1%})")
-            if budget is not None:
-                text += f"   budget {fmt.format(budget * scale)} ({budget / before:.1%})"
-            print_fn(text)
-        calibration = self.solver.get("latency_calibration")
-        if calibration:
-            print_fn(f"Latency measured: {calibration['measured']:.1%} of the original's time "
-                     f"(target {calibration['target']:.1%}, {len(calibration['rounds'])} "
-                     f"round{'s' * (len(calibration['rounds']) > 1)}"
-                     f"{'' if calibration['met'] else '; NOT met'})")
-
-
-def _change(before, after):
-    """A table cell: ``before -> after``, or one value if it did not change."""
-    return before if before == after else f"{before} -> {after}"
-
-
-# The budget arguments by cost row: (ratio keyword, what the ratio is of, absolute keyword,
-# its unit). Latency has only a ratio, of the time the latency model predicts for the original.
-_BUDGET_ARGS = {"params": ("params", "parameters", "max_params", "parameters"),
-                "macs": ("flops", "FLOPs", "max_macs", "MACs"),
-                _latency.ROW: ("latency", "predicted time", None, None)}
-
-
-def _resolve_budget(row, ratio, absolute, original, can_grow):
-    """The budget of cost row ``row`` from a ratio of the original or an absolute value.
-
-    Args:
-        row: ``"params"``, ``"macs"`` or ``"latency"`` (which has no absolute form).
-        ratio: the ratio argument (``params`` / ``flops`` / ``latency``) or None.
-        absolute: the absolute argument (``max_params`` / ``max_macs``) or None.
-        original: the original model's parameters / MACs (1.0 for latency,
-            whose original time is known only once a latency model is fitted).
-        can_grow: whether widths may exceed the original (PreConfig); if
-            not, a budget above the original is refused, since it would
-            silently return the model unchanged.
-
-    Returns:
-        ``(budget, (argument name, value))``, the budget as params and MACs
-        in float integers, latency as the ratio times ``original``; or
-        ``None`` when neither argument is given.
-
-    Raises:
-        ArgumentError, ArgumentTypeError: naming the argument as the user
-            passed it (``flops=0``), which the command line shows as its flag.
-    """
-    ratio_name, ratio_unit, absolute_name, absolute_unit = _BUDGET_ARGS[row]
-    if ratio is not None and absolute is not None:
-        raise ArgumentError(f"Give either {{{ratio_name}}} (a ratio) or {{{absolute_name}}} (an "
-                            "absolute count), not both.",
-                            **{ratio_name: ratio, absolute_name: absolute})
-    if ratio is None and absolute is None:
-        return None
-    is_ratio = ratio is not None
-    name, value = (ratio_name, ratio) if is_ratio else (absolute_name, absolute)
-    what = (f"ratio of the original model's {ratio_unit} (e.g. 0.5)" if is_ratio
-            else f"number of {absolute_unit}")
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise ArgumentTypeError(f"{{{name}}} must be a {what}.", **{name: value})
-    if not math.isfinite(value) or value <= 0:
-        raise ArgumentError(f"{{{name}}} must be a positive, finite {what}.", **{name: value})
-    if not can_grow and (value > 1 if is_ratio else value > original):
-        size = (f"{value:.0%} of the original model's {ratio_unit}" if is_ratio
-                else f"more than the original model's {original:,} {absolute_unit}")
-        raise ArgumentError(
-            f"{{{name}}} asks for {size}, but PreCrop only removes channels: the model would "
-            "come back unchanged. Use reconfigure (PreConfig) to let layers grow.",
-            limit=1.0 if is_ratio else original, **{name: value})
-    budget = float(value) * original if is_ratio else float(value)
-    if row != "latency":  # params and MACs are integers: round away float noise
-        budget = float(math.floor(budget * (1 + 1e-12)))
-    return budget, (name, value)
-
 
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
@@ -328,29 +121,24 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         TypeError: for a budget that is not a number.
         InfeasibleBudgetError: for a budget below the smallest allowed model.
     """
+    budget_arguments = _kinds.given(locals())  # the budget table's keywords, as given
     can_grow = _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on)
     ignore = ignore_names(ignore)  # ignore="stem" is one layer
     # Checked before profiling and timing, so a bad latency= fails at once.
-    latency_budget = _resolve_budget(_latency.ROW, latency, None, 1.0, can_grow)
+    latency_budget = _costs.resolve_budget(_kinds.of_row(_latency.ROW), budget_arguments, 1.0, can_grow)
     measured_here = latency_model is None or isinstance(latency_model, dict)
     calibrate = _check_calibrate(calibrate, latency_budget is not None and measured_here,
                                  latency_budget is not None)
     subject = Subject.of(model)
-    model, macs_arguments = subject.model, {"flops": flops, "max_macs": max_macs,
-                                            "latency": latency, "latency_model": latency_model}
+    model, macs_arguments = subject.model, {**_kinds.counting_macs(budget_arguments),
+                                            "latency_model": latency_model}
     measured = subject.defined(macs_arguments)
     prof = subject.profile(ignore, residual, macs_arguments)
-    _costs.refuse_unknown_costs(prof, {"flops": flops, "max_macs": max_macs, "latency": latency})
-    given = {row: _resolve_budget(row, ratio, absolute, original, can_grow)
-             for row, ratio, absolute, original in (
-                 ("params", params, max_params, prof.total_params),
-                 ("macs", flops, max_macs, prof.total_macs))}
-    if latency_budget is None and all(b is None for b in given.values()):
-        raise ArgumentError("Give at least one budget: {params:=}, {flops:=}, {latency:=}, "
-                            "{max_params:=} or {max_macs:=}.")
+    given = _counted_budgets(prof, budget_arguments, can_grow, latency_budget is not None)
     cm, timed, lm = prof.cost, {}, None
     if latency_budget is not None or latency_model is not None:
-        lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore))
+        lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore),
+                              graph=prof.graph)  # the plan's walk: not walked again
         named = ({"subject": "{latency_model}", "latency_model": os.fspath(latency_model)}
                  if isinstance(latency_model, (str, os.PathLike)) else {})
         cm = cm.with_rows([lm.cost_row(prof.graph, **named)])
@@ -390,92 +178,22 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                       [list(shape[1:]) for _, shape in input_specs(model)])
 
 
-class Subject:
-    """The user's model as one call of the package sees it: walked once, the walk handed down.
-
-    :func:`precrop` plans and applies with one walk of the model (the
-    rebuild, its check and the copy of weights read that walk; only the
-    rebuilt model is walked once more), and :func:`compare` plans every mode
-    with it. A subject lives for one call: nothing in the package keeps a
-    model, its trace or its walk afterwards, so dropping the results frees
-    the model. :func:`plan` and :func:`apply_plan` take one in place of the
-    model.
-
-    Attributes:
-        model: the user's model.
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self._defined = None  # the copy at a defined spatial size, once made
-        self._profile = None  # ((ignore, residual), the profile of the one walk)
-
-    @classmethod
-    def of(cls, model):
-        """``model`` if it is a subject already, else a new subject of it."""
-        return model if isinstance(model, cls) else cls(model)
-
-    def defined(self, macs_arguments):
-        """The model, or a copy whose undefined spatial sizes are :data:`_PROBE_SIZE` (made once).
-
-        Parameters do not depend on the spatial size, so a model built as
-        ``keras.Input((None, None, 3))`` can be planned under parameter budgets
-        on a copy with a defined size (its MACs are then those at that size).
-        Budgets that count MACs or time need the model's own size.
-
-        Args:
-            macs_arguments: ``{name: value}`` of the arguments that need MACs or
-                timing (``flops``, ``latency``, ...); those given are refused.
-        """
-        specs = _probe_specs(self.model, macs_arguments)
-        if specs is None:
-            return self.model
-        if self._defined is None:
-            self._defined = _with_inputs(self.model, specs)
-        return self._defined
-
-    def profile(self, ignore, residual, macs_arguments):
-        """The profile of the walk of :meth:`defined` (``profile.graph``), walked once per
-        ``ignore`` and ``residual``."""
-        defined, key = self.defined(macs_arguments), (frozenset(ignore), residual)
-        if self._profile is None or self._profile[0] != key:
-            self._profile = key, _costs.ModelProfile(walk(defined, ignore=ignore, residual=residual))
-        return self._profile[1]
-
-
-def _probe_specs(model, macs_arguments):
-    """``None`` for a model whose spatial sizes are defined, else its inputs at :data:`_PROBE_SIZE`.
+def _counted_budgets(prof, budget_arguments, can_grow, timed):
+    """``{row: (budget, (argument name, value)) or None}`` of the budgets that count (parameters,
+    MACs), from ``budget_arguments`` (the budget table's keywords, as given).
 
     Raises:
-        ArgumentError: for an undefined size under arguments that need MACs or time
-            (see :meth:`Subject.defined`).
+        ArgumentError: a budget that counts MACs on a model whose MACs are unknown, or no budget
+            at all (none counted, none ``timed``).
     """
-    specs = input_specs(model)  # an unsupported model gets the walker's error here
-    shapes = [shape for _, shape in specs]
-    if all(None not in shape[1:] for shape in shapes):
-        return None
-    given = {k: v for k, v in macs_arguments.items() if v is not None}
-    if given:
-        raise ArgumentError(
-            f"{' and '.join('{' + k + '}' for k in given)} need{'s' * (len(given) == 1)} MACs or "
-            f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
-            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
-            "or give a parameter budget alone.", **given)
-    if not is_functional(model):  # a copy at the probe size needs a functional graph
-        raise UnsupportedModelError(
-            f"Subclassed model {model.name!r} has the undefined input shape "
-            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
-            "or model.build((None, 224, 224, 3)).")
-    return [(name, shape[:1] + tuple(_PROBE_SIZE if d is None else d for d in shape[1:]))
-            for name, shape in specs]
-
-
-def _with_inputs(model, specs):
-    """A fresh copy of functional ``model`` on inputs of other spatial sizes (and its inputs' dtypes)."""
-    inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
-              for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
-    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
-                                    clone_function=lambda op: layer_from_config(op, op.get_config()))
+    _costs.refuse_unknown_costs(prof, _kinds.counting_macs(budget_arguments))
+    given = {kind.row: _costs.resolve_budget(kind, budget_arguments, getattr(prof, kind.total),
+                                             can_grow)
+             for kind in _kinds.KINDS if not kind.timed}
+    if not timed and all(b is None for b in given.values()):
+        wanted = _kinds.either("{" + name + ":=}" for name in _kinds.arguments())
+        raise ArgumentError(f"Give at least one budget: {wanted}.")
+    return given
 
 
 def _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on):
@@ -588,13 +306,16 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             channels come first. Channels a layer gains (PreConfig) start
             from the initializer and the weights that read them at zero, so
             the widened model computes what ``model`` does.
-        importance: how channels are ranked with ``weights="keep"``:
+        importance: how channels are ranked with ``weights="keep"``: a name
+            of the table of rankings or a ranking (see
+            :func:`~keras_precrop.transfer.criteria.register_importance`):
             ``"l1"`` (default: the L1 norm of the weights that produce and
             consume a channel, each layer's share normalized), ``"l2"``,
-            ``"taylor"`` (``|activation x gradient|`` on ``data``) or
-            ``"random"`` (seeded by ``seed``).
-        data: for ``importance="taylor"``: an ``(x, y)`` batch or an
-            iterable of them (integer labels or one-hot; the model's outputs
+            ``"taylor"`` (``|activation x gradient|`` on ``data``),
+            ``"bn_scale"`` (the normalization scales) or ``"random"``
+            (seeded by ``seed``).
+        data: for a ranking that needs data (``importance="taylor"``): an
+            ``(x, y)`` batch or an iterable of them (integer labels or one-hot; the model's outputs
             are taken as logits, or as probabilities where it ends in a softmax).
         seed: ``None`` (default): the fresh weights and ``importance="random"``
             draw from Keras' global random state (``keras.utils.set_random_seed``
@@ -610,7 +331,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     subject = Subject.of(model)
     model = subject.model
     _check_input_shapes(plan, model)
-    if importance == "taylor":  # the data fits the model, before any work on it
+    if importance is not None and importance.needs == "data":  # it fits the model, before any work
         data = check_data(model, data, "data").data
     defined = subject.defined({})
     if importance and defined is not model:
@@ -621,7 +342,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     _check_seed_use(seed, importance, graph, widths)
     new, rebuilt = build_checked(graph, widths, plan, seed)
     if importance:
-        gradients = taylor_gradients(model, data, defined) if importance == "taylor" else None
+        gradients = taylor_gradients(model, data, defined) if importance.needs == "data" else None
         _transfer.carry_weights(graph, new, widths, importance, gradients,
                                 random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size
@@ -632,166 +353,15 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     return new
 
 
-def _plan_argument(plan):
-    """The :class:`Plan` that ``apply_plan``'s ``plan=`` stands for: a plan, or a plan file's path.
-
-    Raises:
-        ArgumentError: a path that names no file, or a file that holds no plan.
-        ArgumentTypeError: anything else.
-    """
-    if isinstance(plan, Plan):
-        return plan
-    if not isinstance(plan, (str, os.PathLike)):
-        raise ArgumentTypeError("{plan:subject} must be a kp.Plan or the path of a plan file "
-                                "(Plan.to_json's){got}.", plan=plan)
-    path = os.fspath(plan)
-    if not os.path.isfile(path):
-        raise ArgumentError("{plan} names no file; give a kp.Plan or the path of a plan file "
-                            "(written by plan.to_json(path) or `keras-precrop plan --out`).",
-                            plan=path)
-    try:
-        return Plan.from_json(path)
-    except ValueError as err:
-        what = str(err).replace("{", "{{").replace("}", "}}")
-        raise ArgumentError(f"{{plan}} holds no plan: {what}.", plan=path) from None
-
-
-def _check_input_shapes(plan, model):
-    """Refuse a plan made for inputs of other shapes (MACs and time depend on the size).
-
-    Raises:
-        PlanMismatchError: naming both shapes.
-    """
-    if plan.input_shapes is None:  # a plan written before shapes were recorded
-        return
-    planned = [tuple(shape) for shape in plan.input_shapes]
-    shapes = [tuple(shape[1:]) for _, shape in input_specs(model)]
-    if planned != shapes:
-        raise PlanMismatchError(
-            f"Plan for {plan.model_name!r} was made for input shape "
-            f"{', '.join(map(str, planned))}, but model {model.name!r} takes "
-            f"{', '.join(map(str, shapes))}: MACs and time depend on the input size, so a "
-            "plan applies to a model built at the size it was planned for; plan this model "
-            "anew with kp.plan(model, ...).")
-
-
-def build_checked(graph, widths, plan, seed=None):
-    """``graph``'s model rebuilt at ``widths`` (fresh weights) and its walk, checked against ``plan``.
-
-    Raises:
-        RebuildMismatchError: the rebuilt model's costs disagree with the plan
-            (a model that disagrees is never returned).
-    """
-    new = rebuild(graph, widths, seed=seed)
-    rebuilt, mismatch = _verify.check(new, graph, widths, plan)  # the one walk of the new model
-    if mismatch is not None:
-        raise RebuildMismatchError(
-            f"Model {graph.model.name!r} rebuilt from plan for {plan.model_name!r} "
-            f"disagrees with the plan: {mismatch}.")
-    return new, rebuilt
-
-
-def _counter_base(name):
-    """A name without Keras' counter of unnamed layers: ``conv2d_4`` -> ``conv2d``."""
-    return re.sub(r"_\d+$", "", name)
-
-
-def named_for(plan, graph):
-    """``plan`` in the names of ``graph``'s model: ``plan`` itself, or a renamed copy.
-
-    Keras numbers unnamed layers per process (``conv2d``, ``conv2d_4``), so a
-    second instance of the same architecture has other names. Where every
-    width variable and layer differs from the plan's only by that counter,
-    in the same order, the plan applies by place: its names are replaced by
-    the model's. Anything else is left to :func:`planned_widths` to refuse.
-    """
-    pairs = [(v["name"], w.name) for v, w in zip(plan.variables, graph.variables)]
-    pairs += [(row["name"], rec.path) for row, rec in zip(plan.layers, graph.layers)]
-    if (len(plan.variables), len(plan.layers)) != (len(graph.variables), len(graph.layers)):
-        return plan
-    if all(a == b for a, b in pairs) or any(_counter_base(a) != _counter_base(b) for a, b in pairs):
-        return plan
-    names = dict(pairs)
-    if len(names) != len(set(pairs)) or len(set(names.values())) != len(names):
-        return plan  # the places disagree: a name would stand for two
-    return dataclasses.replace(
-        plan, variables=[{**v, "name": names[v["name"]]} for v in plan.variables],
-        layers=[{**row, "name": names[row["name"]]} for row in plan.layers],
-        ignore=[names.get(n, n) for n in plan.ignore])
-
-
-def planned_widths(graph, plan, model):
-    """The plan's width of every variable of ``graph`` (the walked ``model``), in order.
-
-    Raises:
-        PlanMismatchError: the plan was made for another architecture, or
-            gives a width that is not a positive integer.
-    """
-    variables = graph.variables
-    planned = {v["name"]: v for v in plan.variables}
-    names = [v.name for v in variables]
-    if set(names) != set(planned):
-        extra, missing = sorted(set(planned) - set(names)), sorted(set(names) - set(planned))
-        numbered = sorted(map(_counter_base, extra)) == sorted(map(_counter_base, missing))
-        hint = (" The names differ only by Keras' counter of unnamed layers, which numbers them "
-                "per process, but not in the same places: name the layers (name=...) to apply "
-                "a plan to another instance." if numbered else "")
-        raise PlanMismatchError(
-            f"Plan for {plan.model_name!r} does not fit model {model.name!r}: "
-            f"width variables only in the plan {extra[:5]}, only in the model {missing[:5]}.{hint}")
-    for v in variables:
-        if planned[v.name]["width"] != v.width:
-            raise PlanMismatchError(
-                f"Width variable {v.name!r} has {v.width} channels in model {model.name!r} "
-                f"but {planned[v.name]['width']} in the plan.")
-    widths = [planned[n]["new"] for n in names]
-    for name, w in zip(names, widths):
-        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
-            raise PlanMismatchError(
-                f"Plan for {plan.model_name!r} gives width variable {name!r} {w!r} channels; "
-                "a width must be a positive integer (was the plan edited by hand?).")
-    return widths
-
-
 def _check_seed_use(seed, importance, graph, widths):
     """Refuse a ``seed`` that would seed nothing in ``apply_plan`` (see its docstring)."""
-    if check_seed(seed) is None or importance in (None, "random"):
+    if check_seed(seed) is None or importance is None or importance.needs == "seed":
         return
     if any(w > v.width for w, v in zip(widths, graph.variables)) or random_layers(graph):
         return
     raise ArgumentError("{seed} seeds nothing here: with {weights:keep} every weight comes from the "
                         "model, {importance} ranks channels without chance, and no layer draws at "
-                        "random; leave {seed:=} out.", seed=seed, importance=importance)
-
-
-def taylor_gradients(model, data, defined=None):
-    """The loss gradients of ``defined``'s trainable weights: ``{id(weight): array}`` per batch.
-
-    They are computed on ``model``, whose input size is the data's;
-    ``defined`` is ``model`` (the default) or its copy at a defined spatial
-    size, with the same weights in the same order. The gradient machinery of
-    each backend lives with the pruning baselines (``pai.gradients``), loaded
-    here on use. ``model`` is not changed (its BatchNorm statistics neither).
-    """
-    defined = model if defined is None else defined
-    gradients = importlib.import_module("keras_precrop.pai.gradients")
-    ids = [id(w) for w in defined.trainable_weights]
-    batches = list(gradients.batches(data))
-    loss = functools.partial(gradients.cross_entropy,
-                             from_logits=not outputs_probabilities(model, batches[0][0]))
-    return [dict(zip(ids, gradients.weight_gradients(_loss(gradients, model, x, y, loss),
-                                                     model.trainable_weights)))
-            for x, y in batches]
-
-
-def _loss(gradients, model, x, y, loss):
-    """The cross-entropy of ``model``'s outputs on one batch, as a function of nothing.
-
-    ``loss`` takes the outputs as logits, or as probabilities for a model that
-    ends in a softmax (taken as logits, they would rank channels by a wrong
-    gradient).
-    """
-    return lambda: gradients.loss_value(model, loss, x, y, training=False)
+                        "random; leave {seed:=} out.", seed=seed, importance=importance.given)
 
 
 def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=None,
@@ -811,7 +381,7 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
         weights: ``"keep"`` prunes a trained model: the channels that
             survive keep their weights (see :func:`apply_plan`).
         importance: how the kept channels are ranked, as in :func:`apply_plan`.
-        data: for ``importance="taylor"``, as in :func:`apply_plan`.
+        data: for a ranking that needs data (``importance="taylor"``), as in :func:`apply_plan`.
         seed: an integer fixes the new model's fresh weights (and
             ``importance="random"``) without touching Keras' global random
             state: two calls with the same seed give the same model. Refused
@@ -820,7 +390,8 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
-    if _transfer.check_options(weights, importance, data) == "taylor":  # before the solve
+    ranking = _transfer.check_options(weights, importance, data)
+    if ranking is not None and ranking.needs == "data":  # before the solve
         data = check_data(model, data, "data").data
     check_seed(seed)
     options.setdefault("upper", 1.0)

@@ -6,19 +6,38 @@ the rebuilt model afresh (its widths now come from the new layers' configs
 and shapes, not from the plan) and compares the two, so a rebuild that
 disagrees with its plan (a bug, or a plan edited by hand) is reported, naming
 the first layer that differs, instead of handing back a wrong model.
+:func:`build_checked` rebuilds and checks in one: what ``apply_plan`` and
+``GradualPruning.finalize`` return is never a model that disagrees.
 """
 
 from __future__ import annotations
 
 from keras_precrop.budget import costs as _costs
-from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.errors import RebuildMismatchError, UnsupportedLayerError, UnsupportedModelError
 from keras_precrop.graph import walker as _graph
 from keras_precrop.graph.channels import channels_width
+from keras_precrop.graph.rebuild import rebuild
 
 
 def _planned_width(graph, widths, rec):
     """Output channels of ``rec``'s first output under the planned widths."""
     return channels_width(rec.outputs[0][0], lambda s: graph.new_width(s, widths))
+
+
+def build_checked(graph, widths, plan, seed=None):
+    """``graph``'s model rebuilt at ``widths`` (fresh weights) and its walk, checked against ``plan``.
+
+    Raises:
+        RebuildMismatchError: the rebuilt model's costs disagree with the plan
+            (a model that disagrees is never returned).
+    """
+    new = rebuild(graph, widths, seed=seed)
+    rebuilt, mismatch = check(new, graph, widths, plan)  # the one walk of the new model
+    if mismatch is not None:
+        raise RebuildMismatchError(
+            f"Model {graph.model.name!r} rebuilt from plan for {plan.model_name!r} "
+            f"disagrees with the plan: {mismatch}.")
+    return new, rebuilt
 
 
 def check(new_model, graph, widths, plan):

@@ -17,12 +17,16 @@ import math
 import keras
 import numpy as np
 
-from keras_precrop import _tables
+# Not ``from keras_precrop import _tables``: that goes through the package's lazy __getattr__,
+# which registers the Keras classes, importing the planning floor while this module is half-loaded.
+from keras_precrop._tables import not_shown, table
+from keras_precrop.budget.kinds import KINDS
 from keras_precrop.budget.widths import WidthProblem
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import ArgumentError, ArgumentTypeError
 from keras_precrop.graph import walker as _graph
 
-LATENCY_ROW = "latency"  # the name of a latency model's budget row, in plans and cost models
+# The name of a latency model's budget row, in plans and cost models (budget.kinds declares it).
+LATENCY_ROW = next(kind.row for kind in KINDS if kind.timed)
 UNITS = "params: weights (trainable and not); MACs: multiply-accumulates per example (FLOPs = 2 x MACs)"
 
 
@@ -355,8 +359,7 @@ class ModelProfile:
             rows.append((f"{layer.name} ({layer.class_name})", f"{layer.params:,}",
                          f"{layer.macs:,}", ",".join(layer.in_variables),
                          ",".join(layer.out_variables), "yes" if layer.prunable else "no"))
-        lines = _tables.table(rows) + _tables.not_shown(hidden, "layer{s} without params or MACs",
-                                                        show_all_hint)
+        lines = table(rows) + not_shown(hidden, "layer{s} without params or MACs", show_all_hint)
         lines.append(f"Total params: {self.total_params:,}")
         lines.append(f"Total MACs:   {self.total_macs:,} ({2 * self.total_macs:,} FLOPs)")
         free = sum(not v.fixed for v in self.variables)
@@ -414,6 +417,57 @@ def refuse_unknown_costs(prof, named):
         f"{keras.backend.backend()} backend, so the model's MACs are unknown. Give a "
         "parameter budget alone ({params:=} or {max_params:=}), or describe the layer "
         "with keras_precrop.register_handler(...) so that its MACs are known.", **named)
+
+
+def resolve_budget(kind, values, original, can_grow):
+    """The budget of ``kind`` (a :class:`~keras_precrop.budget.kinds.BudgetKind`) from its ratio of
+    the original or its absolute value, as the user gave them.
+
+    Args:
+        kind: the kind of budget.
+        values: ``{keyword: value}`` of the budget arguments (``kinds.given``);
+            ``None`` values are not given.
+        original: the original model's parameters / MACs (1.0 for a time,
+            whose original is known only once a latency model is fitted).
+        can_grow: whether widths may exceed the original (PreConfig); if
+            not, a budget above the original is refused, since it would
+            silently return the model unchanged.
+
+    Returns:
+        ``(budget, (argument name, value))``, the budget as params and MACs
+        in float integers, a time as the ratio times ``original``; or
+        ``None`` when neither argument is given.
+
+    Raises:
+        ArgumentError, ArgumentTypeError: naming the argument as the user
+            passed it (``flops=0``), which the command line shows as its flag.
+    """
+    ratio, absolute = values.get(kind.ratio), values.get(kind.absolute) if kind.absolute else None
+    if ratio is not None and absolute is not None:
+        raise ArgumentError(f"Give either {{{kind.ratio}}} (a ratio) or {{{kind.absolute}}} (an "
+                            "absolute count), not both.",
+                            **{kind.ratio: ratio, kind.absolute: absolute})
+    if ratio is None and absolute is None:
+        return None
+    is_ratio = ratio is not None
+    name, value = (kind.ratio, ratio) if is_ratio else (kind.absolute, absolute)
+    what = (f"ratio of the original model's {kind.ratio_of} (e.g. 0.5)" if is_ratio
+            else f"number of {kind.unit}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise ArgumentTypeError(f"{{{name}}} must be a {what}.", **{name: value})
+    if not math.isfinite(value) or value <= 0:
+        raise ArgumentError(f"{{{name}}} must be a positive, finite {what}.", **{name: value})
+    if not can_grow and (value > 1 if is_ratio else value > original):
+        size = (f"{value:.0%} of the original model's {kind.ratio_of}" if is_ratio
+                else f"more than the original model's {original:,} {kind.unit}")
+        raise ArgumentError(
+            f"{{{name}}} asks for {size}, but PreCrop only removes channels: the model would "
+            "come back unchanged. Use reconfigure (PreConfig) to let layers grow.",
+            limit=1.0 if is_ratio else original, **{name: value})
+    budget = float(value) * original if is_ratio else float(value)
+    if not kind.timed:  # params and MACs are integers: round away float noise
+        budget = float(math.floor(budget * (1 + 1e-12)))
+    return budget, (name, value)
 
 
 def profile(model, *, ignore=(), residual="prefix"):

@@ -42,6 +42,7 @@ import numpy as np
 from keras_precrop.budget.costs import LATENCY_ROW, refuse_unknown_costs
 from keras_precrop.budget.densities import solve_densities
 from keras_precrop.budget.grid import WidthGrid, infeasible_at_minimum, repair
+from keras_precrop.budget.kinds import of_row
 from keras_precrop.budget.widths import solve_widths
 from keras_precrop.errors import InfeasibleBudgetError
 
@@ -81,7 +82,8 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     if unknown:
         raise ValueError(f"budgets name rows {unknown}; the cost model has {list(cm.row_names)}")
     refuse_unknown_costs(prof, dict((arguments or {}).get(row, (row, budget))
-                                    for row, budget in budgets.items() if row != "params"))
+                                    for row, budget in budgets.items()
+                                    if (kind := of_row(row)) is None or kind.counts_macs))
     vector = np.array([budgets.get(row, np.inf) for row in cm.row_names], dtype=np.float64)
     info = {}
     if mode == "auto":

@@ -1,0 +1,110 @@
+"""The user's model as one call of the package sees it: walked once, and copied to a defined size.
+
+A :class:`Subject` carries the model through one call (``kp.precrop`` plans
+and applies with one walk; ``kp.compare`` plans every mode with it). A model
+built with an undefined spatial size (``keras.Input((None, None, 3))``) is
+planned on a copy at :data:`_PROBE_SIZE` where only parameters count
+(:func:`_probe_specs`, :func:`_with_inputs`); ``GradualPruning`` makes the
+same copy.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from keras_precrop.budget import costs as _costs
+from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.graph.rebuild import layer_from_config
+from keras_precrop.graph.trace import input_specs, is_functional
+from keras_precrop.graph.walker import walk
+
+# The spatial size that stands in for an input's undefined one where only parameters count.
+_PROBE_SIZE = 224
+
+
+class Subject:
+    """The user's model as one call of the package sees it: walked once, the walk handed down.
+
+    ``kp.precrop`` plans and applies with one walk of the model (the
+    rebuild, its check and the copy of weights read that walk; only the
+    rebuilt model is walked once more), and ``kp.compare`` plans every mode
+    with it. A subject lives for one call: nothing in the package keeps a
+    model, its trace or its walk afterwards, so dropping the results frees
+    the model. ``kp.plan`` and ``kp.apply_plan`` take one in place of the
+    model.
+
+    Attributes:
+        model: the user's model.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._defined = None  # the copy at a defined spatial size, once made
+        self._profile = None  # ((ignore, residual), the profile of the one walk)
+
+    @classmethod
+    def of(cls, model):
+        """``model`` if it is a subject already, else a new subject of it."""
+        return model if isinstance(model, cls) else cls(model)
+
+    def defined(self, macs_arguments):
+        """The model, or a copy whose undefined spatial sizes are :data:`_PROBE_SIZE` (made once).
+
+        Parameters do not depend on the spatial size, so a model built as
+        ``keras.Input((None, None, 3))`` can be planned under parameter budgets
+        on a copy with a defined size (its MACs are then those at that size).
+        Budgets that count MACs or time need the model's own size.
+
+        Args:
+            macs_arguments: ``{name: value}`` of the arguments that need MACs or
+                timing (``flops``, ``latency``, ...); those given are refused.
+        """
+        specs = _probe_specs(self.model, macs_arguments)
+        if specs is None:
+            return self.model
+        if self._defined is None:
+            self._defined = _with_inputs(self.model, specs)
+        return self._defined
+
+    def profile(self, ignore, residual, macs_arguments):
+        """The profile of the walk of :meth:`defined` (``profile.graph``), walked once per
+        ``ignore`` and ``residual``."""
+        defined, key = self.defined(macs_arguments), (frozenset(ignore), residual)
+        if self._profile is None or self._profile[0] != key:
+            self._profile = key, _costs.ModelProfile(walk(defined, ignore=ignore, residual=residual))
+        return self._profile[1]
+
+
+def _probe_specs(model, macs_arguments):
+    """``None`` for a model whose spatial sizes are defined, else its inputs at :data:`_PROBE_SIZE`.
+
+    Raises:
+        ArgumentError: for an undefined size under arguments that need MACs or time
+            (see :meth:`Subject.defined`).
+    """
+    specs = input_specs(model)  # an unsupported model gets the walker's error here
+    shapes = [shape for _, shape in specs]
+    if all(None not in shape[1:] for shape in shapes):
+        return None
+    given = {k: v for k, v in macs_arguments.items() if v is not None}
+    if given:
+        raise ArgumentError(
+            f"{' and '.join('{' + k + '}' for k in given)} need{'s' * (len(given) == 1)} MACs or "
+            f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
+            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
+            "or give a parameter budget alone.", **given)
+    if not is_functional(model):  # a copy at the probe size needs a functional graph
+        raise UnsupportedModelError(
+            f"Subclassed model {model.name!r} has the undefined input shape "
+            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
+            "or model.build((None, 224, 224, 3)).")
+    return [(name, shape[:1] + tuple(_PROBE_SIZE if d is None else d for d in shape[1:]))
+            for name, shape in specs]
+
+
+def _with_inputs(model, specs):
+    """A fresh copy of functional ``model`` on inputs of other spatial sizes (and its inputs' dtypes)."""
+    inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
+              for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
+    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
+                                    clone_function=lambda op: layer_from_config(op, op.get_config()))
