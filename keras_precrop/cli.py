@@ -10,6 +10,8 @@ Examples::
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
     keras-precrop prune-trained trained.keras --latency 0.5 --data cifar10 --epochs 3 --out small.keras
+    keras-precrop prune-trained trained.keras --flops 0.5 --data cifar10 --split "train[:10%]" \
+        --epochs 1 --out try.keras
 
 Errors are one line naming the flag at fault as the user typed it; a flag that
 would do nothing in its command (a budget next to ``--apply``, a timing flag
@@ -27,26 +29,27 @@ are parsed.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import math
 import os
 import sys
 
 import keras_precrop as kp
+from keras_precrop import _cli_trained as _trained
 from keras_precrop import _startup
+from keras_precrop.budget import kinds as _kinds
+from keras_precrop.transfer import criteria as _criteria
 
 # The choices the parser offers, spelled here so that --help imports no library module;
 # tests/test_cli.py checks them against the library's own (MODES, FLOOR_ON, ...).
 _MODES = ("exact", "layerwise", "paper", "uniform")
 _FLOOR_ON = ("all", "streams")
 _DEFAULT_MODES = ("exact", "layerwise", "uniform")
-_RUNTIMES = ("tf", "jax", "torch", "torch_compile", "litert", "tflite", "onnx", "litert_int8", "onnx_int8")
-# Channel rankings the command line offers: taylor needs training data, which it does not load.
-_IMPORTANCE = ("l1", "l2", "bn_scale", "random")
-# prune-trained ranks during training (kp.gradual.IMPORTANCE), taylor on its first examples.
-_GRADUAL_IMPORTANCE = ("l1", "l2", "taylor", "bn_scale")
-_TAYLOR_EXAMPLES = 512
+_RUNTIMES = kp.latency.RUNTIMES  # the runtime table's names, read without loading Keras
+# The channel rankings each command offers, read from the table (kp.register_importance adds to
+# it) when the parser is built: precrop loads no data for those that need it; prune-trained gives
+# them its first training examples, and ranks anew at each update (no chance).
+_IMPORTANCE = _criteria.Names("keras-precrop precrop/reconfigure")
+_GRADUAL_IMPORTANCE = _criteria.Names("keras-precrop prune-trained")
 
 
 def _parser(defaults=True):
@@ -101,6 +104,15 @@ def _all_arg(p, which):
                    help=f"show every layer in the table, {which} too")
 
 
+def _table_args(p):
+    """How much of the plan's table is printed: the changed layers (default), all, or none."""
+    group = p.add_mutually_exclusive_group()
+    _all_arg(group, "unchanged ones")
+    group.add_argument("--quiet", action="store_true",
+                       help="print no per-layer plan table, only the plan's totals and what "
+                       "was written (by default the table shows the layers the plan changes)")
+
+
 def _model_args(p, default):
     """The model and how to walk it: every command but ``list`` takes them."""
     p.add_argument("model", nargs="?",
@@ -108,6 +120,11 @@ def _model_args(p, default):
     p.add_argument("--model", dest="model_flag", metavar="MODEL", help="the same, as a flag")
     p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
     p.add_argument("--num_classes", type=int, help="classes for zoo models")
+    _walk_args(p, default)
+
+
+def _walk_args(p, default):
+    """How the model is walked: the layers that stay fixed and the residual streams' semantics."""
     p.add_argument("--ignore", default=default(""),
                    help="comma-separated layers whose channels stay fixed")
     p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
@@ -119,8 +136,8 @@ def _timing_args(p, default):
     p.add_argument("--batch_size", type=int, default=default(32),
                    help="examples per timed call (default 32)")
     p.add_argument("--runtime", choices=_RUNTIMES, default=default("tf"),
-                   help="where to time: the backend's compiled step (tf, default), LiteRT, "
-                   "ONNX Runtime, or their int8 quantizations")
+                   help="where to time (default tf: the Keras backend's own compiled step); "
+                   "the guide's table of runtimes says what each runs and needs")
     p.add_argument("--training", action="store_true",
                    help="time a training step instead of inference")
     p.add_argument("--variants", type=int, default=default(20), help="models timed (default 20)")
@@ -129,13 +146,13 @@ def _timing_args(p, default):
 
 
 def _budget_args(p, default):
-    """Budgets, their latency model and the width grid: what a plan is solved under."""
-    p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
-    p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
-    p.add_argument("--max_params", type=float, help="absolute parameter budget")
-    p.add_argument("--max_macs", type=float, help="absolute MAC budget")
-    p.add_argument("--latency", type=float,
-                   help="time budget, ratio of the original's predicted time")
+    """Budgets (``budget.kinds``' flags), their latency model and the width grid: what a plan is
+    solved under."""
+    for kind in _kinds.KINDS:
+        p.add_argument(f"--{kind.ratio}", type=float, help=kind.help)
+    for kind in _kinds.KINDS:
+        if kind.absolute:
+            p.add_argument(f"--{kind.absolute}", type=float, help=kind.absolute_help)
     p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
                    "without it one is measured now with the timing flags below")
     _timing_args(p, default)
@@ -169,14 +186,32 @@ def _planner_args(p, default):
                    "to fine-tune) or fresh (the default for a zoo model: newly initialized, as "
                    "PreCrop prescribes)")
     p.add_argument("--importance", choices=_IMPORTANCE,
-                   help="--weights keep: how channels are ranked (default l1; bn_scale: by the "
-                   "BatchNormalization scales that write them; random: the control). "
-                   "Taylor importance needs training data, which only the Python API takes: "
-                   "kp.precrop(model, ..., weights='keep', importance='taylor', data=(x, y))")
+                   help=_importance_help(_IMPORTANCE, "--weights keep: how channels are ranked "
+                                         "(default l1): ") + _needing_data())
     p.add_argument("--seed", type=int,
                    help="an integer fixes the new model's fresh weights and --importance random "
                    "(default: drawn anew each run)")
-    _all_arg(p, "unchanged ones")
+    _table_args(p)
+
+
+def _importance_help(choices, lead, data_from=None):
+    """``--importance``'s help: what each ranking of ``choices`` ranks by, from the table."""
+    parts = []
+    for name in choices:
+        ranking = _criteria.criterion(name)
+        where = f" ({data_from})" if data_from and ranking.needs == "data" else ""
+        parts.append(f"{name}: {ranking.summary}{where}" if ranking.summary else name)
+    return (lead + "; ".join(parts) + ".").replace("%", "%%")  # argparse formats help with %
+
+
+def _needing_data():
+    """The help's word on the rankings that need training data, which precrop does not load."""
+    data = [name for name in _criteria.Names(needs=["data"]) if name not in _IMPORTANCE]
+    if not data:
+        return ""
+    return (f" {', '.join(data)} need{'s' if len(data) == 1 else ''} training data, which only the "
+            f"Python API takes: kp.precrop(model, ..., weights='keep', importance={data[0]!r}, "
+            "data=(x, y))").replace("%", "%%")
 
 
 def _model_name(args):
@@ -282,6 +317,10 @@ def _check_out(args):
     """Refuse, before any work, an output file that could not be written, and an ``--out`` that
     would save a model Keras cannot load back."""
     out = getattr(args, "out", None)
+    if out and _is_file(args.model) and _same_file(out, args.model):
+        raise _UsageError(f"--out {out} is MODEL {args.model} itself: saving there would overwrite "
+                          "the trained model being pruned; give --out another path, e.g. --out "
+                          f"{os.path.splitext(out)[0]}_pruned.keras.")
     if out and not out.endswith(".keras"):
         raise ValueError(f"--out {out}: a rebuilt model is saved as a .keras file (Keras' legacy "
                          ".h5 format cannot load its ChannelSlice and PrefixAdd layers); use e.g. "
@@ -292,6 +331,19 @@ def _check_out(args):
         if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
             raise ValueError(f"--{flag} {path}: cannot write into {folder} (no such folder, or not "
                              "writable); create it or pick another path.")
+
+
+def _same_file(a, b):
+    """Whether paths ``a`` and ``b`` name one file: the same path once symbolic links and
+    relative parts are resolved, or (for one that exists) the same file on disk (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+class _UsageError(ValueError):
+    """A command line at odds with itself (``--out`` naming the MODEL it reads): exit status 2,
+    as for argparse's usage errors, before anything is loaded."""
 
 
 def _refuse_unused(args):
@@ -392,15 +444,20 @@ def _latency_model(args):
 
 def _solve_options(args):
     """``kp.plan``'s keyword arguments from the budget flags (``precrop``, ``reconfigure``, ``compare``)."""
-    return dict(max_params=args.max_params, max_macs=args.max_macs, round_to=args.round_to,
+    return dict(_budgets(args), round_to=args.round_to,
                 min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
-                upper=None if args.command == "reconfigure" else 1.0, latency=args.latency,
+                upper=None if args.command == "reconfigure" else 1.0,
                 latency_model=_latency_model(args), calibrate=args.calibrate)
+
+
+def _budgets(args):
+    """``{keyword: value}`` of the budget flags this command has (``budget.kinds``' keywords)."""
+    return {name: getattr(args, name) for name in _kinds.arguments() if name in vars(args)}
 
 
 def _run_compare(args, model):
     modes = [m for m in args.modes.split(",") if m]
-    comparison = kp.compare(model, args.params, args.flops, modes=modes, measure=args.measure,
+    comparison = kp.compare(model, modes=modes, measure=args.measure,
                             batch_size=args.batch_size, runtime=args.runtime,
                             rounds=args.rounds, **_solve_options(args))
     comparison.summary()
@@ -420,16 +477,48 @@ def _run_planner(args, model):
         the_plan = _read(kp.Plan, "apply", args)
         _check_against_plan(args, the_plan)
     else:
-        the_plan = kp.plan(model, args.params, args.flops, mode=args.mode, balance=args.balance,
+        the_plan = kp.plan(model, mode=args.mode, balance=args.balance,
                            floor=args.floor, floor_on=args.floor_on, **_solve_options(args))
     new = _applied(args, model, the_plan, options) if args.out or args.apply else None
-    the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
+    _print_plan(args, the_plan)
+    if not args.apply:
+        _refuse_unmet_latency(args, the_plan)
     if args.plan:
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")
     if args.out:
         new.save(args.out)
         print(f"Model written to {args.out} ({new.count_params():,} params; {_which(options)})")
+
+
+def _print_plan(args, the_plan):
+    """The plan's table of the layers it changes (every layer with ``--all``) and its totals;
+    with ``--quiet`` its totals alone."""
+    if not args.quiet:
+        the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
+        return
+    table = ("+", "|")  # the lines of the per-layer table (keras_precrop/_tables.py)
+    the_plan.summary(print_fn=lambda line: None if line.startswith(table) else print(line))
+
+
+def _refuse_unmet_latency(args, the_plan):
+    """Refuse a latency plan whose calibration measured it over ``--latency`` ("NOT met" in its
+    table), before anything is written: the budget is a promise about time on this machine."""
+    calibration = the_plan.solver.get("latency_calibration")
+    if not calibration or calibration["met"]:
+        return
+    rounds, measured = len(calibration["rounds"]), calibration["measured"]
+    remedies = [f"loosen the budget to what this machine reaches, e.g. --latency "
+                f"{math.ceil(measured * 100) / 100:g}"]
+    if "calibrate" in vars(args):
+        remedies.insert(0, f"calibrate for more rounds (--calibrate {2 * rounds})")
+    raise ValueError(
+        f"{_flag('latency', args.latency)} is not met: the plan measured {measured:.1%} of the "
+        f"original's time after {rounds} calibration round{'s' * (rounds > 1)} (target "
+        f"{calibration['target']:.1%}), so nothing was written. To go on, "
+        f"{', or '.join(remedies)}; a latency model fitted on more variants (`keras-precrop latency "
+        "MODEL --variants 40 --rounds 7 --json lm.json`, then --latency_model lm.json) predicts "
+        "plans closer to their measured time.")
 
 
 def _applied(args, model, the_plan, options):
@@ -456,11 +545,9 @@ def _which(options):
 def _prune_trained_args(p, default):
     """The flags of ``prune-trained``: the widths, the data and the training recipe."""
     p.add_argument("model", metavar="MODEL.keras", help="the trained model, a .keras file")
-    p.add_argument("--params", type=float, help="parameter budget, ratio of the original")
-    p.add_argument("--flops", type=float, help="FLOP budget, ratio of the original")
-    p.add_argument("--latency", type=float,
-                   help="time budget, ratio of the original's predicted time (measured here "
-                   "unless --latency_model is given)")
+    for kind in _kinds.KINDS:  # the ratios: what the trained model's budgets are of
+        p.add_argument(f"--{kind.ratio}", type=float, help=kind.help + (
+            " (measured here unless --latency_model is given)" if kind.timed else ""))
     p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`)")
     p.add_argument("--apply", metavar="PLAN", help="prune to this plan JSON's widths instead of a "
                    "budget (`keras-precrop precrop MODEL --plan FILE` writes one)")
@@ -468,6 +555,9 @@ def _prune_trained_args(p, default):
                    help="cifar10 (TensorFlow Datasets), or a .npz file with arrays x_train, y_train "
                    "and optionally x_test, y_test (a test accuracy is printed when present)")
     p.add_argument("--data_dir", help="--data cifar10: the TFDS data directory (default: TFDS' own)")
+    p.add_argument("--split", help="--data cifar10: the TFDS split to train on, a slice of train to "
+                   "try the command on first, e.g. train[:10%%] (5,000 images) or train[:2000] "
+                   "(default: train, all 50,000); the test accuracy is still on the whole test split")
     p.add_argument("--epochs", type=int, required=True, help="epochs of training in all")
     p.add_argument("--gradual_epochs", type=float,
                    help="epochs over which the channels go, on a cubic schedule; the rest of "
@@ -479,20 +569,20 @@ def _prune_trained_args(p, default):
                    "(kp.GradualPruning(shrink=, schedule='final'); e.g. 0.01 for 390 steps); "
                    "default 0: they go a few at a time on a cubic schedule")
     p.add_argument("--importance", choices=_GRADUAL_IMPORTANCE, default=default("l1"),
-                   help="how the channels are ranked, anew at each update: l1 (default) or l2 norm "
-                   "of their weights, bn_scale: the BatchNormalization scales that write them, "
-                   f"taylor: |activation x gradient| on the first {_TAYLOR_EXAMPLES} training "
-                   "examples")
+                   help=_importance_help(_GRADUAL_IMPORTANCE, "how the channels are ranked, anew at "
+                                         "each update (default l1): ",
+                                         f"here the first {_trained.TAYLOR_EXAMPLES} training examples"))
     p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
                    help="train against the original model's outputs too (distillation; default) "
                    "or on the labels alone (--no-distill)")
-    p.add_argument("--learning_rate", type=float, default=default(_RECIPE["learning_rate"]),
+    p.add_argument("--learning_rate", type=float, default=default(_trained.RECIPE["learning_rate"]),
                    help="SGD's starting rate (momentum 0.9, L2 1e-4), decayed linearly to 0: the "
                    "training recipe's peak, rewound (default 0.1)")
-    p.add_argument("--batch_size", type=int, default=default(_RECIPE["batch_size"]),
+    p.add_argument("--batch_size", type=int, default=default(_trained.RECIPE["batch_size"]),
                    help="training batch size (default 128)")
     p.add_argument("--out", required=True, help="save the pruned model here (a .keras file)")
-    _all_arg(p, "unchanged ones")
+    _walk_args(p, default)
+    _table_args(p)
 
 
 def _check_prune_trained(args):
@@ -503,14 +593,14 @@ def _check_prune_trained(args):
     if not os.path.exists(args.model):
         raise ValueError(f"no such model file: {args.model}")
     _check_out(args)
-    budgets = [k for k in ("params", "flops", "latency", "latency_model")
-               if getattr(args, k) is not None]
+    ratios = [kind.ratio for kind in _kinds.KINDS]
+    budgets = [k for k in (*ratios, "latency_model") if getattr(args, k) is not None]
     if args.apply and budgets:
         raise ValueError(f"{_flag(budgets[0], getattr(args, budgets[0]))} has no effect with "
                          f"--apply {args.apply}: the plan fixes the widths.")
-    if not args.apply and not {"params", "flops", "latency"} & set(budgets):
-        raise ValueError("Give the widths to prune to: a budget (--params, --flops or --latency) "
-                         "or --apply PLAN.json.")
+    if not args.apply and not set(ratios) & set(budgets):
+        flags = _kinds.either(f"--{ratio}" for ratio in ratios)
+        raise ValueError(f"Give the widths to prune to: a budget ({flags}) or --apply PLAN.json.")
     for keyword in ("epochs", "batch_size"):
         if getattr(args, keyword) < 1:
             raise ValueError(f"{_flag(keyword, getattr(args, keyword))} must be a positive integer.")
@@ -525,94 +615,38 @@ def _check_prune_trained(args):
     if args.shrink and args.gradual_epochs == 0:
         raise ValueError(f"{_flag('shrink', args.shrink)} has no effect with --gradual_epochs 0: the "
                          "channels go at once, before any step.")
-    _check_data_spec(args)
-
-
-def _check_data_spec(args):
-    """Refuse a ``--data`` that is neither ``cifar10`` nor an existing .npz file."""
-    if args.data == "cifar10":
-        return
-    if args.data_dir is not None:
-        raise ValueError(f"--data_dir {args.data_dir} has no effect with --data {args.data}: "
-                         "only --data cifar10 reads a TFDS directory.")
-    if not args.data.endswith(".npz"):
-        raise ValueError(f"--data {args.data}: give cifar10 or a .npz file with arrays x_train, "
-                         "y_train (and x_test, y_test), e.g. np.savez('data.npz', x_train=x, ...).")
-    if not os.path.exists(args.data):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.data)
-
-
-def _prune_data(args, model):
-    """``(train, test, steps per epoch)`` of ``--data``; ``test`` is None for a .npz without one.
-
-    ``train`` and ``test`` are what ``kp.fine_tune`` takes: ``(x, y)`` arrays,
-    or batched ``tf.data`` pipelines for ``cifar10`` (normalized unless the
-    model rescales its inputs itself, as the examples train it).
-    """
-    if args.data == "cifar10":
-        data = kp.data
-        info, normalize = data.get_info("cifar10"), not data.model_rescales_inputs(model)
-        train, test = (data.load("cifar10", split, args.batch_size, data_dir=args.data_dir,
-                                 download=True, normalize=normalize)
-                       for split in (info.train_split, info.eval_split))
-        return train, test, len(train)
-    arrays = _npz_arrays(args.data)
-    train = arrays["x_train"], arrays["y_train"]
-    test = (arrays["x_test"], arrays["y_test"]) if "x_test" in arrays else None
-    return train, test, math.ceil(len(train[0]) / args.batch_size)
-
-
-def _npz_arrays(path):
-    """The arrays of ``--data``'s .npz file: x_train and y_train, and x_test with y_test if there."""
-    import numpy as np  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
-
-    try:
-        with np.load(path) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except (ValueError, AttributeError) as err:  # not an archive: an .npy's array, a pickle
-        raise ValueError(f"--data {path} is not a .npz archive of arrays ({err}).") from None
-    for needed in (("x_train", "y_train"), ("x_test", "y_test")):
-        found = [name for name in needed if name in arrays]
-        if len(found) == 1 or (not found and needed[0] == "x_train"):
-            missing = next(name for name in needed if name not in arrays)
-            raise ValueError(f"--data {path} has no array {missing} (it has: "
-                             f"{', '.join(sorted(arrays)) or 'none'}); give x_train and y_train, "
-                             "and x_test with y_test for a test accuracy.")
-    return arrays
+    _trained.check_data_spec(args)
+    _trained.check_split(args)
 
 
 def _run_prune_trained(args):
     """Load, plan, train while pruning (distilled by default), rebuild smaller, evaluate, save."""
     _check_prune_trained(args)
     original = _load_saved(args.model)
-    train, test, steps = _prune_data(args, original)
-    _check_prune_data(args, original, train, test)
+    train, test, steps = _trained.prune_data(args, original)
+    _trained.check_prune_data(args, original, train, test)
     the_plan = _prune_plan(args, original)
-    the_plan.summary(only_changed=not args.all_layers, show_all_hint="--all")
+    _print_plan(args, the_plan)
+    _refuse_unmet_latency(args, the_plan)
+    first = _trained.first_batches(train, args.batch_size)
+    _trained.warn_at_chance(args, original, first)
     # The model that trains and loses channels; the original stays whole and teaches.
     student = _load_saved(args.model)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
-    taylor = _taylor_batches(train, args.batch_size) if args.importance == "taylor" else None
-    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps), frequency=_RECIPE["frequency"],
-                                shrink=args.shrink, schedule="final" if args.shrink else "cubic",
-                                importance=args.importance, data=taylor)
-    small = _train_pruned(args, student, original if args.distill else None, train, test, pruning, steps)
+    data = first if _criteria.criterion(args.importance).needs == "data" else None
+    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps),
+                                frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
+                                schedule="final" if args.shrink else "cubic",
+                                importance=args.importance, data=data)
+    teacher = original if args.distill else None
+    small = _trained.train_pruned(args, student, teacher, train, test, pruning, steps)
     if test is not None:
         from keras_precrop.training.finetune import accuracy  # noqa: PLC0415  (as keras above)
 
         print(f"Test accuracy: {accuracy(original, test, args.batch_size):.4f} original, "
               f"{accuracy(small, test, args.batch_size):.4f} pruned")
     small.save(args.out)
-    _print_pruned(args, original, small)
-
-
-def _taylor_batches(train, batch_size):
-    """The first training examples, in batches: what ``--importance taylor`` takes gradients on."""
-    if isinstance(train, tuple):
-        from keras_precrop.training._user_data import array_batches  # noqa: PLC0415  (as keras above)
-
-        return array_batches(train, batch_size, limit=_TAYLOR_EXAMPLES)
-    return train.take(math.ceil(_TAYLOR_EXAMPLES / batch_size))
+    _trained.print_pruned(args, original, small)
 
 
 def _prune_plan(args, model):
@@ -624,81 +658,15 @@ def _prune_plan(args, model):
             raise ValueError(f"--apply {args.apply} grows {len(grown)} width(s) (e.g. {grown[0]['name']} "
                              f"from {grown[0]['width']} to {grown[0]['new']} channels), and "
                              "prune-trained only removes channels.")
+        _check_against_plan(args, the_plan)  # --ignore, --residual typed: the plan's own
         try:
             kp.apply_plan(model, the_plan)  # a plan of another model, refused before training
         except kp.PlanMismatchError as err:
             raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
         return the_plan
     latency_model = _latency_model(args) if args.latency_model else None
-    return kp.plan(model, args.params, args.flops, latency=args.latency,
-                   latency_model=latency_model)
-
-
-def _train_pruned(args, student, teacher, train, test, pruning, steps):
-    """``kp.fine_tune`` with the recipe, returning the pruned model; data that does not fit names --data.
-
-    The student trains masked by ``pruning`` until the epoch in which its masks
-    reach the plan, then the finalized smaller model trains the other epochs with
-    the optimizer's state carried over (``optimizer_from``): the same training,
-    at the smaller model's cost. One schedule spans both.
-    """
-    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
-
-    arrays = isinstance(train, tuple)
-    cut = min(args.epochs, max(1, math.ceil(pruning.end_step / steps)))
-    recipe = {"teacher": teacher, "batch_size": args.batch_size if arrays else None,
-              "learning_rate": keras.optimizers.schedules.PolynomialDecay(
-                  args.learning_rate, args.epochs * steps, 0.0),
-              "validation_data": test, "weight_decay": _RECIPE["weight_decay"]}
-    with _data_errors(args, arrays):
-        kp.fine_tune(student, train, epochs=cut, callbacks=[pruning], **recipe)
-        small = pruning.finalize()
-        if cut < args.epochs:
-            kp.fine_tune(small, train, epochs=args.epochs, initial_epoch=cut, optimizer_from=pruning,
-                         **recipe)
-    return small
-
-
-def _check_prune_data(args, model, train, test):
-    """``--data``'s splits checked against the model (as ``kp.fine_tune`` checks them), before a
-    plan is solved: a latency budget would be timed first, for minutes."""
-    from keras_precrop.training._user_data import check_data  # noqa: PLC0415  (NumPy: not for --help)
-
-    arrays = isinstance(train, tuple)
-    with _data_errors(args, arrays):
-        check_data(model, train, "train_data", batch_size=args.batch_size if arrays else None)
-        if test is not None:
-            check_data(model, test, "validation_data", batch_size=args.batch_size if arrays else None)
-
-
-@contextlib.contextmanager
-def _data_errors(args, arrays):
-    """Data that does not fit the model, named as ``--data`` and its arrays or splits."""
-    from keras_precrop.errors import DataError  # noqa: PLC0415  (NumPy: not for --help)
-
-    try:
-        yield
-    except DataError as err:
-        splits = {"train_data": "x_train, y_train" if arrays else "its train split",
-                  "validation_data": "x_test, y_test" if arrays else "its test split"}
-        raise ValueError(f"--data {args.data}: " + err.format(
-            lambda name, value: splits.get(name, name), front="cli")) from None
-
-
-def _print_pruned(args, original, small):
-    """The line that says where the pruned model went, and its params and MACs against the original's."""
-    before, after = kp.profile(original), kp.profile(small)
-    print(f"Model written to {args.out}: {after.total_params:,} params "
-          f"({after.total_params / before.total_params:.1%} of {before.total_params:,}), "
-          f"{after.total_macs:,} MACs ({after.total_macs / before.total_macs:.1%} of "
-          f"{before.total_macs:,})")
-
-
-# The training recipe of prune-trained: the examples' for a trained model (examples/_common.py,
-# kp.train.RECIPES["cifar10"]: SGD momentum 0.9, batch 128, coupled L2 1e-4, the rate rewound to
-# 0.1 and decayed linearly; masks updated every 20 steps, --gradual_frequency's default);
-# spelled here so that --help imports nothing (tests/test_cli_prune_trained.py checks them).
-_RECIPE = {"learning_rate": 0.1, "batch_size": 128, "weight_decay": 1e-4, "frequency": 20}
+    return kp.plan(model, **_budgets(args), latency_model=latency_model, ignore=_ignore(args),
+                   residual=args.residual)
 
 
 # The subcommands that plan widths, and their help.
@@ -710,8 +678,8 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # flag of the same name. Library errors keep the arguments they are about as
 # fields (``kp.ArgumentError.arguments``); the command line shows these as the
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
-_FLAGS = ("params", "flops", "max_params", "max_macs", "mode", "balance", "floor", "floor_on", "round_to",
-          "min_channels", "ignore", "residual", "latency", "latency_model", "calibrate",
+_FLAGS = (*_kinds.arguments(), "mode", "balance", "floor", "floor_on", "round_to",
+          "min_channels", "ignore", "residual", "latency_model", "calibrate",
           "weights", "importance", "seed", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore and --residual are checked against the plan instead.)
@@ -769,6 +737,11 @@ def main(argv=None):
     The arguments are parsed before anything imports Keras (``--help`` and
     argument errors answer at once); then Keras is imported without
     TensorFlow's start-up banners (see ``keras_precrop/_startup.py``).
+
+    Returns:
+        The exit status: 0 done, 1 an error (one line on stderr), 2 a command
+        line at odds with itself (``--out`` naming the MODEL), as argparse's
+        usage errors exit.
     """
     args = _parser().parse_args(argv)
     args.typed = _typed(argv)
@@ -777,7 +750,7 @@ def main(argv=None):
         _run(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as err:
         print(f"keras-precrop: error: {_error_line(err, args)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, _UsageError) else 1
     return 0
 
 

@@ -28,11 +28,13 @@ Nothing here imports ``keras_hub``: the task's own class re-creates it.
 from __future__ import annotations
 
 import json
+import os
 
 import keras
 
 from keras_precrop import planning
-from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.errors import UnsupportedModelError
+from keras_precrop.transfer.criteria import criterion
 
 
 @keras.saving.register_keras_serializable(package="keras_precrop")
@@ -77,8 +79,9 @@ def precrop(model, params=None, flops=None, **options):
         **options: as for :func:`keras_precrop.precrop` (``mode``,
             ``round_to``, ``ignore``: names of the backbone's layers, ...).
             With ``weights="keep"`` the backbone's surviving channels and
-            the task's head keep their trained weights (``importance``:
-            ``"l1"``, ``"l2"`` or ``"random"``).
+            the task's head keep their trained weights (``importance``: a
+            ranking of the table that needs no data, e.g. ``"l1"``, ``"l2"``,
+            ``"bn_scale"`` or ``"random"``).
 
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
@@ -96,7 +99,7 @@ def reconfigure(model, params=None, flops=None, **options):
 
 def _pruned(method, model, params, flops, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
-    _refuse_taylor(options.get("importance"))
+    _check_importance(options.get("importance"))
     new = method(backbone_of(model), params, flops, **options)
     return _rewrapped(model, new, options.get("weights"))
 
@@ -104,14 +107,22 @@ def _pruned(method, model, params, flops, options):
 def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
     """The task (or backbone) with the widths of ``plan``, a plan of its backbone.
 
-    Plan with ``kp.plan(backbone_of(task), ...)``; ``weights``,
-    ``importance``, ``data`` and ``seed`` are as for
-    :func:`keras_precrop.apply_plan` (see :func:`precrop`).
+    ``plan`` is a :class:`~keras_precrop.Plan` or a plan file's path (the
+    result's ``.precrop_plan`` is a plan either way). Plan with
+    ``kp.plan(backbone_of(task), ...)``; ``weights``, ``importance``,
+    ``data`` and ``seed`` are as for :func:`keras_precrop.apply_plan` (see
+    :func:`precrop`).
     """
-    _refuse_taylor(importance)
+    _check_importance(importance)
     new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed)
-    new.precrop_plan = plan
+    new.precrop_plan = _as_plan(plan)
     return _rewrapped(model, new, weights)
+
+
+def _as_plan(plan):
+    """``plan`` as a :class:`~keras_precrop.Plan`: a plan file's path is read (``apply_plan``
+    has refused one that holds no plan), so that ``.precrop_plan`` is a plan either way."""
+    return plan if isinstance(plan, planning.Plan) else planning.Plan.from_json(os.fspath(plan))
 
 
 def backbone_of(model):
@@ -139,13 +150,11 @@ def _plain(value):
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _refuse_taylor(importance):
-    """Taylor importance takes a model's outputs as logits; a backbone's are features."""
-    if isinstance(importance, str) and importance == "taylor":
-        raise ArgumentError(
-            "{importance} ranks channels by the gradients of the model's outputs taken as logits, "
-            "but kp.hub prunes the backbone, whose outputs are features; use importance='l1', "
-            "'l2' or 'random'.", importance=importance)
+def _check_importance(importance):
+    """Refuse a ranking whose need kp.hub cannot meet (the table's ``PLACES``): one that needs
+    data takes a model's outputs as logits, and a backbone's are features."""
+    if importance is not None:
+        criterion(importance, "kp.hub")
 
 
 def _rewrapped(model, new, weights=None):

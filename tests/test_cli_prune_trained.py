@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import cli
+from keras_precrop import _cli_trained, cli
 from keras_precrop.cli import main
 from tests.conftest import run_python
 
@@ -270,7 +270,8 @@ def test_help_loads_no_heavy_module():
 
 def test_the_recipe_is_the_cifar10_recipe_of_the_experiments():
     recipe = kp.train.RECIPES["cifar10"]
-    assert (cli._RECIPE["learning_rate"], cli._RECIPE["batch_size"], cli._RECIPE["weight_decay"]) \
+    ours = _cli_trained.RECIPE
+    assert (ours["learning_rate"], ours["batch_size"], ours["weight_decay"]) \
         == (recipe.base_lr, recipe.batch_size, recipe.weight_decay)
 
 
