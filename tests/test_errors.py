@@ -151,7 +151,8 @@ def test_budgets_that_count_macs_need_the_spatial_size():
     (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: a few (x, y) "
      "batches", {"importance": "taylor"}),
     (dict(weights="keep", data=(np.zeros((1, 16, 16, 3)), np.zeros(1))), "data= is for "
-     "importance='taylor'; importance='l1' ranks channels by their weights alone.", {"importance": "l1"}),
+     "a ranking that needs data (['taylor']); importance='l1' takes none: leave data= out, or rank "
+     "with one of ['taylor'].", {"importance": "l1"}),
     (dict(importance="l2"), "importance='l2' and data= choose the channels that keep their trained "
      "weights; they need weights='keep'.", {"importance": "l2"}),
 ])

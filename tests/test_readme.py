@@ -305,6 +305,19 @@ def _check_latency_budgets(namespace, printed, cwd):
     assert calibration["measured"] == (max(meeting) if meeting else min(measured))
 
 
+def _check_registered_runtime(namespace, printed, cwd):
+    """The registered runtime is in the table, and the latency model records it through a JSON
+    round trip that predicts as it does."""
+    import keras_precrop as kp
+
+    model, lm = namespace["model"], namespace["lm"]
+    assert "predict" in kp.latency.RUNTIMES and lm.runtime == "predict"
+    assert printed.splitlines()[-1] == "predict"
+    reloaded = kp.LatencyModel.from_json(lm.to_json())
+    assert reloaded.runtime == "predict"
+    assert reloaded.predict(model) == pytest.approx(lm.predict(model), rel=1e-9) and lm.predict(model) > 0
+
+
 def _check_deployment(namespace, printed, cwd):
     """``small`` has <= 50% of ResNet-20's MACs and the two extra layers; what ONNX Runtime and the
     LiteRT interpreter compute from the exported files is what the Keras model computes."""
@@ -524,6 +537,7 @@ BLOCK_CHECKS = {
     "keras-precrop compare resnet20 --flops 0.5 --measure --batch_size 64": _check_compare_measured,
     "keras-precrop precrop model.keras --apply plan.json --out small.keras": _check_command_line,
     "small = kp.hub.precrop(task, params=0.5)": _check_keras_hub_task,
+    'kp.register_runtime("predict", predict, doc="Keras\' predict_on_batch")': _check_registered_runtime,
 }
 
 

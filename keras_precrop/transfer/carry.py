@@ -59,8 +59,10 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
         raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to take the "
                             "gradients on.", importance=ranking.given)
     if ranking.needs != "data" and data is not None:
-        raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({list(Names(needs=['data']))}); "
-                            "{importance} ranks channels without it.", importance=ranking.given)
+        needing = list(Names(needs=["data"]))
+        raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({needing}); {{importance}} "
+                            f"takes none: leave data= out, or rank with one of {needing}.",
+                            importance=ranking.given)
     return ranking
 
 
