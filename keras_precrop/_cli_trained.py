@@ -197,9 +197,16 @@ def train_pruned(args, student, teacher, train, test, pruning, steps):
 
 
 def print_pruned(args, original, small):
-    """The line that says where the pruned model went, and its params and MACs against the original's."""
-    before, after = kp.profile(original), kp.profile(small)
-    print(f"Model written to {args.out}: {after.total_params:,} params "
-          f"({after.total_params / before.total_params:.1%} of {before.total_params:,}), "
-          f"{after.total_macs:,} MACs ({after.total_macs / before.total_macs:.1%} of "
-          f"{before.total_macs:,})")
+    """The line that says where the pruned model went, and its params and MACs against the original's.
+
+    A model of open input size (``(None, None, 3)``) has no MAC count: its
+    parameters are given alone, and why.
+    """
+    before, after = original.count_params(), small.count_params()
+    line = f"Model written to {args.out}: {after:,} params ({after / before:.1%} of {before:,})"
+    try:
+        macs_before, macs_after = kp.profile(original).total_macs, kp.profile(small).total_macs
+    except kp.UnsupportedModelError:  # an open input size: MACs depend on it
+        print(f"{line}; MACs depend on the input size, which the model leaves open")
+        return
+    print(f"{line}, {macs_after:,} MACs ({macs_after / macs_before:.1%} of {macs_before:,})")

@@ -45,24 +45,31 @@ Works with ``keras.distillation.Distiller``: the callback prunes its student.
 
 from __future__ import annotations
 
+import collections.abc
+import itertools
 import math
 
 import keras
 import numpy as np
 
-from keras_precrop.errors import NAME_ONLY, ArgumentError
+from keras_precrop.errors import NAME_ONLY, ArgumentError, DataError, is_integer, is_number
 from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.graph.trace import _calls_undone, input_specs
 from keras_precrop.graph.walker import walk
-from keras_precrop.planning import Plan, build_checked, named_for, planned_widths, taylor_gradients
+from keras_precrop.plans import Plan, _check_input_shapes, named_for, planned_widths
+from keras_precrop.subject import _probe_specs, _with_inputs
 from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.carry import carried, carry_weights, check_options, weight_values
+from keras_precrop.transfer.criteria import Names, criterion
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
+from keras_precrop.transfer.taylor import taylor_gradients
+from keras_precrop.verify import build_checked
 
 SCHEDULES = ("cubic", "linear", "final")
-IMPORTANCE = ("l1", "l2", "taylor", "bn_scale")
+IMPORTANCE = Names("kp.GradualPruning")  # the rankings of the table that can rank during fit
 
 
 def schedule_fraction(step, start_step, end_step, schedule="cubic"):
@@ -112,6 +119,12 @@ class GradualPruning(keras.callbacks.Callback):
             it is made once, before ``fit``, so that a fit resumed in another
             process (a new callback) prunes to the same widths; a latency
             budget planned anew would be timed anew, and could differ.
+            Checked when the first fit begins, as ``kp.apply_plan`` checks
+            it (the model's architecture and input size, widths that grouped
+            layers can split); a plan that widens a layer is refused (masks
+            only remove channels: widen with ``kp.apply_plan``). A model
+            built for any input size (``keras.Input((None, None, 3))``)
+            takes plans under parameter budgets, which do not depend on it.
         end_step: the optimizer step (``optimizer.iterations`` of the model
             ``fit`` trains) at which the model reaches the plan's widths; the
             masks stay fixed afterwards. The count is the optimizer's, so a
@@ -127,12 +140,17 @@ class GradualPruning(keras.callbacks.Callback):
             each layer's share normalized; ``"taylor"``: ``|activation x
             gradient|`` summed over the batches of ``data`` (taken anew at
             each update, at the weights reached); ``"bn_scale"``: the
-            ``|gamma|`` of the normalization layers that write each channel
-            (see ``transfer/importance.py``).
-        data: for ``importance="taylor"`` only: an ``(x, y)`` batch or an
+            ``|gamma|`` of the normalization layers that write each channel;
+            or any ranking of the table that needs no seed, by name or
+            itself (see :func:`~keras_precrop.transfer.criteria.register_importance`).
+        data: for a ranking that needs data (``"taylor"``) only: an ``(x, y)`` batch or an
             iterable of a few, from the training data (e.g.
             ``train_ds.take(4)``); each update costs a forward and backward
-            pass over them.
+            pass over them. A list, ``tf.data.Dataset`` or ``DataLoader``
+            is read anew at each update; a generator or other iterator,
+            which can be read only once, is read when the first fit begins
+            and its batches (at most 32; more are refused) are kept and
+            ranked on at every update.
         regrow: ``False``: masked weights are zeroed after every optimizer
             step, so a channel once masked stays out. ``True``: zeroed at the
             updates only, so it may train back in between and be ranked in.
@@ -144,7 +162,10 @@ class GradualPruning(keras.callbacks.Callback):
         model: the model to prune, which the fit must train (the fitted
             model, a part of it, or a ``Distiller`` whose student it is;
             refused otherwise); default: the model being fitted (the
-            student of a ``keras.distillation.Distiller``).
+            student of a ``keras.distillation.Distiller``). The callback is
+            bound to the model it prunes at its first fit: later fits (of
+            that model, or a ``Distiller`` around it) go on with its
+            schedule; a fit of another model is refused (make a new callback).
         verbose: 1 prints a line at each update (widths reached, masked
             channels), 0 is silent.
     """
@@ -153,13 +174,14 @@ class GradualPruning(keras.callbacks.Callback):
                  importance="l1", data=None, regrow=False, shrink=0.0, model=None, verbose=1):
         super().__init__()
         _check(plan, end_step, start_step, frequency, schedule, (importance, data), regrow, shrink)
+        self._ranking = criterion(importance)  # the table's ranking, checked by _check
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
         self._factors = self._fade_only = ()
-        self._updated_at = self._target_walk = self._final = None
+        self._updated_at = self._target_walk = self._final = self._bound = None
         self._data = data
 
     @property
@@ -178,18 +200,27 @@ class GradualPruning(keras.callbacks.Callback):
         return getattr(self._fitted, "student", self._fitted)
 
     def on_train_begin(self, logs=None):
-        if self._graph is None:
-            if self._target is not None:
-                _refuse_untrained_target(self._target, self.pruned, self.model)
+        """Bind the callback to the model it prunes at its first fit, refusing before any step
+        trains what a later step or ``finalize`` would refuse; at a later fit, check it is the
+        same model (a callback's masks, schedule and ``finalize`` are one model's)."""
+        if self._target is not None:  # every fit: the fitted model must train it
+            _refuse_untrained_target(self._target, self.pruned, self.model)
+        if self._bound is not None and self.pruned is not self._bound:
+            _refuse_another_model(self._bound, self.pruned)
+        if self._bound is None:
             model = self.pruned
-            self._graph = walk(model, ignore=self.plan.ignore, residual=self.plan.residual)
+            _check_input_shapes(self.plan, model)  # as apply_plan does, before the fit, not after
+            self._graph = walk(_at_defined_size(model), ignore=self.plan.ignore,
+                               residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
+            _refuse_widening(self._graph, self._targets)
             _refuse_normalized_cuts(self._graph, self._targets)  # before any step trains
-            if self.importance == "taylor":  # the data fits the model, before any step trains
-                self._data = check_data(model, self._data, "data").data
-            if self.importance == "bn_scale":  # a scale ranks every channel the plan cuts
-                channel_scores(self._graph, weight_values(model), "bn_scale", widths=self._targets)
+            if self._ranking.needs == "data":  # the data fits the model, before any step trains
+                self._data = _reusable(check_data(model, self._data, "data").data)
+            if self._ranking.covers is not None:  # its weights (bn_scale's scales) touch every cut
+                channel_scores(self._graph, weight_values(model), self._ranking, widths=self._targets)
+            self._bound = model
         self._ranked = False
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -245,7 +276,7 @@ class GradualPruning(keras.callbacks.Callback):
         span = self.end_step - self.start_step
         raise ArgumentError(
             f"GradualPruning: the optimizer's step count (optimizer.iterations) is already {step} "
-            f"at the first batch, so the schedule from {{start_step}} to end_step={self.end_step} "
+            f"as pruning starts, so the schedule from {{start_step}} to end_step={self.end_step} "
             f"would mask {fraction:.0%} of the way to the plan at once, while no channel of the "
             "model is masked yet: its optimizer has trained before (a model loaded compiled, or "
             f"fitted earlier). Compile the model again to count from 0, or give "
@@ -261,8 +292,8 @@ class GradualPruning(keras.callbacks.Callback):
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
-        ranking = (self.importance, taylor_gradients(self.pruned, self._data)
-                   if self.importance == "taylor" and (fraction > 0 or fading) else None)
+        ranking = (self._ranking, taylor_gradients(self.pruned, self._data)
+                   if self._ranking.needs == "data" and (fraction > 0 or fading) else None)
         self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
             self._graph, self._widths, ranking, self._rebuilt(self._widths), self._kept())
         self._fading = []
@@ -318,35 +349,57 @@ class GradualPruning(keras.callbacks.Callback):
         Call it after ``fit`` has reached ``end_step``. The model is rebuilt
         from the walk made at the start of training, with the channels of the
         last update (the masks), and checked against the plan; its outputs
-        equal the masked model's.
+        equal the masked model's. A fit that trained no batch reaches
+        ``end_step`` only where the optimizer's count is there already: with
+        ``start_step == end_step`` equal to it (``end_step=0`` on a fresh
+        optimizer: pruning in one shot) the model is masked now, ranked as
+        the first batch would have; a model restored past ``end_step`` (a fit
+        resumed by ``BackupAndRestore``) keeps the channels it had masked.
+        A model built for any input size (``keras.Input((None, None, 3))``)
+        gets a smaller model built for any size.
 
         Returns:
             A new ``keras.Model``; ``.precrop_plan`` holds the plan.
 
         Raises:
-            ArgumentError: pruning has not reached the plan yet.
+            ArgumentError: pruning has not reached the plan yet (naming the
+                optimizer's step), or no batch trained and the masks ranked
+                now would cut weights the model trained (it is not the masked
+                model its step implies).
         """
         if self._graph is not None and self._fraction is None and self._step() >= self.end_step:
-            self._update_resumed()
+            self._update_unfitted()
         if self._graph is None or self._fraction != 1.0:
-            reached = ("not started" if self._graph is None
-                       else f"gone {self._fraction:.0%} of the way")
-            raise ArgumentError(
-                f"GradualPruning.finalize: pruning has {reached}; fit the model past "
-                f"{{end_step}} first.", end_step=self.end_step)
+            reached = "not started: no fit has begun" if self._graph is None else (
+                "not started: no batch has trained" if self._fraction is None else
+                f"gone {self._fraction:.0%} of the way") + f" (the optimizer is at step {self._step()})"
+            raise ArgumentError(f"GradualPruning.finalize: pruning has {reached}; fit the model "
+                                "past {end_step} first.", end_step=self.end_step)
         self._apply()
         new, rebuilt = build_checked(self._graph, self._targets, self._plan)
         carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
+        if self._graph.model is not self._bound:  # walked at a defined size: back to the model's own
+            new, rebuilt = _at_open_size(new, self._bound, self._graph)
         new.precrop_plan = self._plan
         self._final = rebuilt
         return new
 
-    def _update_resumed(self):
-        """Mask a model restored past ``end_step`` by a fit that trained no batch: ranked at the
-        restored step, its zero channels last. The masks must zero nothing it trained: a ranking
-        that moved a residual stream's prefix would cut kept channels, so that is refused."""
-        before = {id(w): keras.ops.convert_to_numpy(w) for w in self.pruned.weights}
-        self._update(self._step(), force=True)
+    def _update_unfitted(self):
+        """Mask a model at or past ``end_step`` after fits that trained no batch.
+
+        Where the schedule starts and ends at the optimizer's step, nothing was
+        to train first: the masks are ranked now, as the first batch would have.
+        Else the model must be one restored past ``end_step``, masked: ranked
+        at the restored step, its zero channels last, and the masks must zero
+        nothing it trained (a ranking that moved a residual stream's prefix
+        would cut kept channels, so that is refused).
+        """
+        step = self._step()
+        if step <= self.start_step:
+            self._update(step, force=True)
+            return
+        before = {id(w): keras.ops.convert_to_numpy(w) for w in self._bound.weights}
+        self._update(step, force=True)
         cut = [w.path for w, mask in self._masks if np.any(before[id(w)][mask == 0] != 0)]
         if cut:
             raise ArgumentError(
@@ -408,10 +461,11 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     Args:
         graph: the walk of the model to mask.
         widths: the widths to cut it to, one per width variable.
-        importance: ``"l1"``, ``"l2"`` or ``"bn_scale"`` (see
-            :data:`IMPORTANCE`), or ``("taylor", gradients)``: the loss
-            gradients per batch (``planning.taylor_gradients``); a pair
-            ``(name, None)`` is the name alone.
+        importance: a ranking that needs no data, by name (:data:`IMPORTANCE`)
+            or itself, or ``(ranking, gradients)`` for one that does
+            (``"taylor"``): the loss gradients per batch
+            (``transfer.taylor.taylor_gradients``); a pair
+            ``(ranking, None)`` is the ranking alone.
         rebuilt: :func:`_rebuilt_walk` of ``graph`` at ``widths``, made
             once by a caller that masks at the same widths again (building
             the model costs more than ranking its channels); default: built here.
@@ -490,6 +544,94 @@ def _rebuilt_walk(graph, widths):
     return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
 
 
+def _refuse_another_model(bound, model):
+    """Refuse to prune ``model`` with a callback bound to ``bound`` by its first fit: its masks
+    would zero ``bound``'s weights while ``model`` trains unpruned, and ``finalize`` would cut
+    ``bound``."""
+    same = " (another model of the same name)" if model.name == bound.name else ""
+    raise ArgumentError(
+        f"GradualPruning: this callback prunes model {bound.name!r}, which its first fit trained, "
+        f"and cannot prune model {model.name!r}{same}: its masks, schedule and finalize() "
+        f"belong to {bound.name!r}. Make a new callback for {model.name!r}: kp.GradualPruning(plan, "
+        f"end_step=...), with a plan made for {model.name!r}.")
+
+
+def _at_defined_size(model):
+    """``model``, or for a model built for any input size (``keras.Input((None, None, 3))``) one
+    that calls ``model``'s own layers, so its weights are ``model``'s, at the size that plans give
+    it (``subject._probe_specs``): what the walk reads.
+
+    Parameters do not depend on the spatial size, so a plan under parameter budgets (the only
+    budgets ``kp.plan`` takes for such a model) applies; its MACs are those at that size, as the
+    plan's. The masks zero ``model``'s own weights.
+    """
+    specs = _probe_specs(model, {})
+    return model if specs is None else _on_inputs(model, specs)
+
+
+def _on_inputs(model, specs):
+    """A functional model that calls functional ``model``'s own layers on new inputs (``(name,
+    shape)`` in ``specs``): the same weights at another spatial size. The layers' call records are
+    left as they were (as a trace leaves them), so ``model`` keeps no reference to the new one."""
+    inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
+              for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
+    with _calls_undone(model):
+        return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
+                                        clone_function=lambda op: op)
+
+
+def _at_open_size(new, model, graph):
+    """``new``, rebuilt from ``graph`` (the walk of ``model`` at a defined size), as a model
+    built for ``model``'s own open input size with ``new``'s weights, and its walk at the defined
+    size (what ``carry_optimizer`` carries through): its layers are the returned model's own."""
+    opened = _with_inputs(new, input_specs(model))
+    opened.set_weights(new.get_weights())
+    ignore = [rec.path for rec in graph.layers if rec.ignored]
+    return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual)
+
+
+def _refuse_widening(graph, widths):
+    """Refuse widths above the model's: masks only take channels away, none can be added."""
+    grown = [f"{v.name!r} ({v.width} -> {w} channels)" for v, w in zip(graph.variables, widths)
+             if w > v.width]
+    if grown:
+        raise ArgumentError(
+            "GradualPruning only removes channels (it masks them during fit and cuts them in "
+            f"finalize), but the {{plan:=}} widens {', '.join(grown[:5])}"
+            f"{f' and {len(grown) - 5} more' if len(grown) > 5 else ''}. Apply a plan that widens "
+            "with kp.apply_plan(model, plan, weights='keep') (the added channels start silent, "
+            "so it computes what the model does) and train that, or prune gradually to a plan "
+            "that only narrows (kp.plan).", plan=NAME_ONLY)
+
+
+_MAX_KEPT_BATCHES = 32  # the most batches of a one-shot iterator GradualPruning keeps for its updates
+
+
+def _reusable(data):
+    """``data`` (checked ``data=``) ready to be read at every update: as given, or the batches of
+    a one-shot iterator, kept.
+
+    A list, a ``tf.data.Dataset`` or a ``DataLoader`` is read anew at each update. A generator or
+    other iterator can be read only once: its batches are read now, at the start of the fit, and
+    ranked on at every update; an endless one would never stop, so one that yields more than
+    :data:`_MAX_KEPT_BATCHES` is refused.
+
+    Raises:
+        DataError: naming ``data=``.
+    """
+    if not isinstance(data, collections.abc.Iterator):
+        return data
+    kept = list(itertools.islice(data, _MAX_KEPT_BATCHES + 1))
+    if len(kept) > _MAX_KEPT_BATCHES:
+        raise DataError(
+            "{data:=} is a generator or iterator, which can be read only once, so GradualPruning "
+            "reads its batches when fit begins and ranks on them at every update; it yields more "
+            f"than {_MAX_KEPT_BATCHES} (an endless one never stops). Pass a few, e.g. "
+            "itertools.islice(batches, 4), or data it can read anew at each update: a list of "
+            "batches, or a tf.data.Dataset's take(4).", data=NAME_ONLY)
+    return kept
+
+
 def _refuse_untrained_target(target, pruned, fitted):
     """Refuse a ``model=`` (``target``, whose model to prune is ``pruned``) whose weights the fit
     does not train: its masks would change nothing."""
@@ -528,13 +670,17 @@ def _refuse_normalized_cuts(graph, widths):
 
 
 def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shrink):
-    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say."""
+    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say.
+
+    Numbers are taken as Keras takes them (``errors.is_integer``/``is_number``:
+    ``int``, ``float`` and NumPy's scalars, but not a ``bool``).
+    """
     if not isinstance(plan, Plan):
         raise ArgumentError("{plan} must be a keras_precrop.Plan, e.g. kp.plan(model, latency=0.5).",
                             plan=plan)
     for name, value, low in (("end_step", end_step, 0), ("start_step", start_step, 0),
                              ("frequency", frequency, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        if not is_integer(value) or value < low:
             raise ArgumentError(f"{{{name}}} must be an integer >= {low}.", **{name: value})
     if end_step < start_step:
         raise ArgumentError("{end_step} must not come before start_step=" + str(start_step) + ".",
@@ -542,13 +688,10 @@ def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shr
     if schedule not in SCHEDULES:
         raise ArgumentError(f"{{schedule}} must be one of {list(SCHEDULES)}.", schedule=schedule)
     importance, data = ranking
-    if not isinstance(importance, str) or importance not in IMPORTANCE:
-        raise ArgumentError(f"{{importance}} must be one of {list(IMPORTANCE)} during fit.",
-                            importance=importance)
-    check_options("keep", importance, data)  # data= with taylor, and only with it
-    if not isinstance(regrow, bool):
+    check_options("keep", importance, data, "kp.GradualPruning")  # the table's need: data=, no chance
+    if not isinstance(regrow, (bool, np.bool_)):
         raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
-    if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0 <= shrink < 1:
+    if not is_number(shrink) or not 0 <= shrink < 1:
         raise ArgumentError("{shrink} must be a number in [0, 1): the fraction of a doomed "
                             "channel's weights taken away at each step.", shrink=shrink)
 

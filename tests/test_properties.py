@@ -23,13 +23,14 @@ The default suite runs a bounded number of examples (derandomized, so the same o
 import math
 import re
 
+import keras
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from keras_precrop import errors
+from keras_precrop import errors, gradual
 from keras_precrop.budget.modes import FLOOR_ON, MODES
 from keras_precrop.graph import trace, walker
 from tests.conftest import (
@@ -276,3 +277,59 @@ def test_subclassed_models_become_their_plan_or_are_refused_by_name(model, data)
 @given(model=st.one_of(_random_functional(), random_cnns(), random_subclassed()), data=st.data())
 def test_many_models_become_their_plan_or_are_refused_by_name(model, data):
     _check_model(model, data)
+
+
+# -- GradualPruning over random models, schedules and rankings (issue 60) ----------------------
+
+
+@st.composite
+def gradual_options(draw):
+    """``(params ratio, keyword arguments of kp.GradualPruning)``: a schedule that ends within the
+    short fit (6 steps), a ranking that needs no data, with or without fading and regrowth."""
+    ratio = draw(st.sampled_from((0.3, 0.5, 0.8)))
+    kwargs = {"end_step": draw(st.integers(0, 4)), "frequency": draw(st.integers(1, 3)),
+              "schedule": draw(st.sampled_from(gradual.SCHEDULES)),
+              "importance": draw(st.sampled_from(("l1", "l2", "bn_scale"))),
+              "regrow": draw(st.booleans()), "shrink": draw(st.sampled_from((0.0, 0.0, 0.05)))}
+    return ratio, kwargs
+
+
+def _check_gradual(model, ratio, kwargs):
+    """A short fit with a ``GradualPruning`` ends in a model that is its plan (Keras' count) and
+    computes what the masked model computes, or in a refusal naming an argument or a layer."""
+    randomize(model)
+    names = _layer_names(model)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12,) + _input_shape(model)).astype("float32")
+    y = rng.integers(0, 5, len(x))
+    model.compile(keras.optimizers.SGD(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    try:
+        plan = kp.plan(model, params=ratio)
+        pruning = kp.GradualPruning(plan, verbose=0, **kwargs)
+        model.fit(x, y, batch_size=2, epochs=1, shuffle=False, callbacks=[pruning], verbose=0)  # 6 steps
+        small = pruning.finalize()
+    except Exception as exc:  # noqa: BLE001 (which exception it is, is the property)
+        _check_refusal(exc, model, {"params": ratio, "flops": None, **kwargs}, None, names)
+        event(f"refused: {type(exc).__name__}")
+        return
+    assert small.count_params() == plan.predicted["params"] == plan.params
+    np.testing.assert_allclose(np.asarray(small(x[:4], training=False)),
+                               np.asarray(model(x[:4], training=False)), rtol=1e-5, atol=1e-5)
+    event(f"finalized: {kwargs['schedule']}, {kwargs['importance']}")
+
+
+def _random_small_functional():
+    return random_cnns(blocks=BLOCKS + SPLITS, max_blocks=3)
+
+
+@settings(max_examples=10, **_DEFAULT)
+@given(model=_random_small_functional(), options=gradual_options())
+def test_gradual_pruning_ends_in_its_plan_computing_the_masked_model_or_is_refused_by_name(model, options):
+    _check_gradual(model, *options)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, **_COMMON)
+@given(model=_random_small_functional(), options=gradual_options())
+def test_gradual_pruning_on_many_models_ends_in_its_plan_or_is_refused_by_name(model, options):
+    _check_gradual(model, *options)

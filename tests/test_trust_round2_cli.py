@@ -279,3 +279,37 @@ def test_split_trains_on_that_slice_of_cifar10(tmp_path, monkeypatch):
     assert batches == [300 // 100]
     assert re.search(r"Test accuracy: [\d.]+ original, [\d.]+ pruned", printed)
 
+
+
+def test_prune_trained_under_a_parameter_budget_takes_a_model_of_open_input_size(tmp_path, capsys):
+    """Parameters do not depend on the input size: a model built on (None, None, 3) prunes to
+    --params, is saved with Keras' count of the plan's parameters, and the report says why it
+    gives no MACs (it raised 'MACs depend on spatial size' after the whole training)."""
+    import keras
+    import numpy as np
+
+    import keras_precrop as kp
+    from keras_precrop.cli import main
+
+    keras.utils.set_random_seed(0)
+    x = inputs = keras.Input((None, None, 3))
+    for i in (1, 2):
+        x = keras.layers.Conv2D(16, 3, padding="same", name=f"conv{i}")(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization(name=f"bn{i}")(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(10, name="head")(x))
+    model.save(tmp_path / "open.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x_train=rng.normal(size=(64, 16, 16, 3)).astype("float32"),
+             y_train=rng.integers(0, 10, 64))
+    out = tmp_path / "small.keras"
+    assert main(["prune-trained", str(tmp_path / "open.keras"), "--params", "0.5", "--data",
+                 str(tmp_path / "data.npz"), "--epochs", "1", "--batch_size", "32", "--out",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    small = keras.models.load_model(out)
+    assert small.count_params() <= 0.5 * model.count_params()
+    assert small.count_params() == kp.plan(model, params=0.5).params
+    assert small(np.zeros((1, 24, 24, 3), "float32")).shape == (1, 10)  # still any input size
+    assert f"{small.count_params():,} params" in printed
+    assert "MACs depend on the input size, which the model leaves open" in printed
