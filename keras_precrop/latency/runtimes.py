@@ -21,8 +21,9 @@ import dataclasses
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
+from keras_precrop._views import NameView
 from keras_precrop.latency.devices import backend_device, host_cpu
 
 _CXX = ("g++", "clang++", "c++")  # compilers torch.compile's inductor can build kernels with
@@ -140,24 +141,12 @@ _TABLE = {runtime.name: runtime for runtime in (
 )}
 
 
-class _Names(Sequence):
+class _Names(NameView):
     """Every name the runtime table takes, aliases included, in table order: a tuple that
     follows the table (a registered runtime is in it at once)."""
 
     def _names(self):
         return tuple(n for runtime in _TABLE.values() for n in (runtime.name, *runtime.aliases))
-
-    def __getitem__(self, index):
-        return self._names()[index]
-
-    def __len__(self):
-        return len(self._names())
-
-    def __eq__(self, other):
-        return self._names() == (other._names() if isinstance(other, _Names) else other)
-
-    def __repr__(self):
-        return repr(self._names())
 
 
 RUNTIMES = _Names()

@@ -28,8 +28,9 @@ the errors module, which loads NumPy, is imported where an error is raised.
 
 from __future__ import annotations
 
-import collections.abc
 import re
+
+from keras_precrop._views import NameView
 
 NEEDS = ("weights", "data", "seed")
 # Where rankings are taken, and the needs each place can meet.
@@ -164,7 +165,7 @@ _BUILT_IN = {"l1": _L1, "l2": _L2, "taylor": _Taylor, "bn_scale": _BNScale, "ran
 _TABLE = {name: cls(name) for name, cls in _BUILT_IN.items()}
 
 
-class Names(collections.abc.Sequence):
+class Names(NameView):
     """The names of the table, read anew at every use, so that a ranking registered later is
     offered too (an ``argparse`` ``choices=``).
 
@@ -180,15 +181,6 @@ class Names(collections.abc.Sequence):
         allowed = set(NEEDS if self.place is None else PLACES[self.place])
         allowed &= set(NEEDS if self.needs is None else self.needs)
         return tuple(name for name, ranking in _TABLE.items() if ranking.needs in allowed)
-
-    def __getitem__(self, index):
-        return self._names()[index]
-
-    def __len__(self):
-        return len(self._names())
-
-    def __repr__(self):
-        return repr(self._names())
 
 
 IMPORTANCE = Names()  # every name of the table

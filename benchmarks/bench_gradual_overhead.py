@@ -1,0 +1,143 @@
+"""Benchmark: what ``kp.GradualPruning`` adds to an epoch of ``fit``, at its default frequency.
+
+Two copies of one model (ResNet-20 by default) train on the same random
+CIFAR-shaped batches: one with a plain ``fit``, one with a ``GradualPruning``
+callback whose schedule is under way for every measured epoch (it re-ranks
+and masks every ``--frequency`` steps and zeroes the masked weights after
+every step). After one warm-up epoch each (tracing, the callback's walk of the
+model), the two fits alternate epoch by epoch, the first of each round
+rotated, so a load spike falls on both alike. The overhead is the median over
+rounds of (epoch with the callback) / (plain epoch in the same round) - 1;
+the time of each mask update (the callback's ``_update``, timed in place) is
+given beside it. Goal (issue 60): at most 10% at the default frequency.
+
+Usage::
+
+    python benchmarks/bench_gradual_overhead.py              # ~4 min on 2 cores, quiet machine
+    python benchmarks/bench_gradual_overhead.py --quick      # smoke run, writes to a temp folder
+
+Writes ``gradual_overhead.json`` and ``gradual_overhead.md`` into ``--out``
+(default ``benchmarks/results``; ``--quick`` writes to a temporary folder so
+that a smoke run never looks like evidence).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import _timing  # noqa: E402
+import keras_precrop as kp  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+GOAL = 0.10  # at most 10% more time per epoch
+
+
+def _compiled(model):
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _UpdateTimer:
+    """Wraps a ``GradualPruning``'s mask update and records how long each one takes."""
+
+    def __init__(self, callback):
+        self.seconds, inner = [], callback._update
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            inner(*args, **kwargs)
+            self.seconds.append(time.perf_counter() - start)
+
+        callback._update = timed
+
+
+def bench(model_name, steps, rounds, batch_size, frequency, seed=0):
+    """Seconds per epoch of both fits, round by round, and the mask updates' seconds."""
+    keras.utils.set_random_seed(seed)
+    plain = _compiled(kp.models.get(model_name))
+    pruned = _compiled(keras.models.clone_model(plain))
+    pruned.set_weights(plain.get_weights())
+    plan = kp.plan(plain, flops=0.5)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(steps * batch_size, *plain.input_shape[1:])).astype("float32")
+    y = rng.integers(0, plain.output_shape[-1], size=len(x))
+    callback = kp.GradualPruning(plan, end_step=steps * (rounds + 2), frequency=frequency, verbose=0)
+    timer = _UpdateTimer(callback)
+    fits = {"plain": lambda: plain.fit(x, y, batch_size=batch_size, epochs=1, verbose=0),
+            "gradual": lambda: pruned.fit(x, y, batch_size=batch_size, epochs=1, verbose=0,
+                                          callbacks=[callback])}
+    for fit in fits.values():  # warm-up: tracing, the callback's walk
+        fit()
+    warm_updates = len(timer.seconds)
+    seconds = {name: [] for name in fits}
+    for r in range(rounds):
+        for name in (list(fits) if r % 2 == 0 else list(fits)[::-1]):
+            start = time.perf_counter()
+            fits[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, timer.seconds[warm_updates:]
+
+
+def _markdown(result):
+    s = result["seconds"]
+    ratios = [g / p for g, p in zip(s["gradual"], s["plain"])]
+    overhead = statistics.median(ratios) - 1
+    updates = result["update_seconds"]
+    per_update = f"{statistics.median(updates):.3f}" if updates else "n/a"
+    lines = [
+        f"# `GradualPruning`'s overhead per epoch ({result['model']})", "",
+        f"{result['steps']} steps of batch {result['batch_size']} an epoch, frequency "
+        f"{result['frequency']} (the default), {result['rounds']} interleaved rounds after a "
+        f"warm-up epoch each; machine: {result['machine']['cpu']}, "
+        f"{result['machine']['usable_cpus']} usable CPUs, backend {result['machine']['backend']}.",
+        "",
+        "| fit | median s / epoch |", "|---|---:|",
+        f"| plain `fit` | {statistics.median(s['plain']):.2f} |",
+        f"| `fit` + `GradualPruning` | {statistics.median(s['gradual']):.2f} |", "",
+        f"Overhead: median over rounds of the same-round ratio - 1 = **{overhead:+.1%}** "
+        f"(rounds: {', '.join(f'{r - 1:+.1%}' for r in ratios)}); {len(updates)} mask updates "
+        f"in the measured epochs, median {per_update} s each.", "",
+        f"Goal (issue 60) at most {GOAL:.0%}: {'met' if overhead <= GOAL else 'not met'}.", ""]
+    return "\n".join(lines), overhead
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--frequency", type=int, default=50)
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="results folder (default benchmarks/results; --quick: a temp folder)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10 steps, 1 round")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 10, 1
+    out = args.out or (pathlib.Path(tempfile.mkdtemp()) if args.quick else RESULTS)
+    seconds, updates = bench(args.model, args.steps, args.rounds, args.batch_size, args.frequency)
+    result = {"model": args.model, "steps": args.steps, "rounds": args.rounds,
+              "batch_size": args.batch_size, "frequency": args.frequency,
+              "machine": _timing.machine_info(), "seconds": seconds, "update_seconds": updates}
+    text, result["overhead"] = _markdown(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gradual_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "gradual_overhead.md").write_text(text)
+    print(text)
+    print(f"written to {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
