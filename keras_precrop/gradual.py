@@ -55,13 +55,13 @@ import numpy as np
 from keras_precrop.errors import NAME_ONLY, ArgumentError, DataError, is_integer, is_number
 from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.rebuild import rebuild
-from keras_precrop.graph.trace import _calls_undone, input_specs
+from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import walk
-from keras_precrop.plans import Plan, _check_input_shapes, named_for, planned_widths
-from keras_precrop.subject import _probe_specs, _with_inputs
+from keras_precrop.plans import Plan, check_input_shapes, named_for, planned_widths
+from keras_precrop.subject import probe_specs, with_inputs
 from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.carry import carried, carry_weights, check_options, weight_values
-from keras_precrop.transfer.criteria import Names, criterion
+from keras_precrop.transfer.criteria import Names
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
@@ -173,8 +173,9 @@ class GradualPruning(keras.callbacks.Callback):
     def __init__(self, plan, end_step, *, start_step=0, frequency=50, schedule="cubic",
                  importance="l1", data=None, regrow=False, shrink=0.0, model=None, verbose=1):
         super().__init__()
-        _check(plan, end_step, start_step, frequency, schedule, (importance, data), regrow, shrink)
-        self._ranking = criterion(importance)  # the table's ranking, checked by _check
+        # the table's ranking of importance=, checked with the other arguments
+        self._ranking = _check(plan, end_step, start_step, frequency, schedule, (importance, data),
+                               regrow, shrink)
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
@@ -209,7 +210,7 @@ class GradualPruning(keras.callbacks.Callback):
             _refuse_another_model(self._bound, self.pruned)
         if self._bound is None:
             model = self.pruned
-            _check_input_shapes(self.plan, model)  # as apply_plan does, before the fit, not after
+            check_input_shapes(self.plan, model)  # as apply_plan does, before the fit, not after
             self._graph = walk(_at_defined_size(model), ignore=self.plan.ignore,
                                residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
@@ -559,32 +560,21 @@ def _refuse_another_model(bound, model):
 def _at_defined_size(model):
     """``model``, or for a model built for any input size (``keras.Input((None, None, 3))``) one
     that calls ``model``'s own layers, so its weights are ``model``'s, at the size that plans give
-    it (``subject._probe_specs``): what the walk reads.
+    it (``subject.probe_specs``): what the walk reads.
 
     Parameters do not depend on the spatial size, so a plan under parameter budgets (the only
     budgets ``kp.plan`` takes for such a model) applies; its MACs are those at that size, as the
     plan's. The masks zero ``model``'s own weights.
     """
-    specs = _probe_specs(model, {})
-    return model if specs is None else _on_inputs(model, specs)
-
-
-def _on_inputs(model, specs):
-    """A functional model that calls functional ``model``'s own layers on new inputs (``(name,
-    shape)`` in ``specs``): the same weights at another spatial size. The layers' call records are
-    left as they were (as a trace leaves them), so ``model`` keeps no reference to the new one."""
-    inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
-              for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
-    with _calls_undone(model):
-        return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
-                                        clone_function=lambda op: op)
+    specs = probe_specs(model, {})
+    return model if specs is None else with_inputs(model, specs, share_layers=True)
 
 
 def _at_open_size(new, model, graph):
     """``new``, rebuilt from ``graph`` (the walk of ``model`` at a defined size), as a model
     built for ``model``'s own open input size with ``new``'s weights, and its walk at the defined
     size (what ``carry_optimizer`` carries through): its layers are the returned model's own."""
-    opened = _with_inputs(new, input_specs(model))
+    opened = with_inputs(new, input_specs(model))
     opened.set_weights(new.get_weights())
     ignore = [rec.path for rec in graph.layers if rec.ignored]
     return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual)
@@ -670,7 +660,8 @@ def _refuse_normalized_cuts(graph, widths):
 
 
 def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shrink):
-    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say.
+    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say; return the
+    importance table's ranking of ``importance``.
 
     Numbers are taken as Keras takes them (``errors.is_integer``/``is_number``:
     ``int``, ``float`` and NumPy's scalars, but not a ``bool``).
@@ -688,12 +679,13 @@ def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shr
     if schedule not in SCHEDULES:
         raise ArgumentError(f"{{schedule}} must be one of {list(SCHEDULES)}.", schedule=schedule)
     importance, data = ranking
-    check_options("keep", importance, data, "kp.GradualPruning")  # the table's need: data=, no chance
+    ranking = check_options("keep", importance, data, "kp.GradualPruning")  # data=, no chance
     if not isinstance(regrow, (bool, np.bool_)):
         raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
     if not is_number(shrink) or not 0 <= shrink < 1:
         raise ArgumentError("{shrink} must be a number in [0, 1): the fraction of a doomed "
                             "channel's weights taken away at each step.", shrink=shrink)
+    return ranking
 
 
 __all__ = ["GradualPruning", "channel_masks", "schedule_fraction", "widths_at"]

@@ -33,8 +33,8 @@ from keras_precrop.errors import ArgumentError, PlanMismatchError, RebuildMismat
 from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import ignore_names
-from keras_precrop.plans import Plan, _check_input_shapes, _plan_argument, named_for, planned_widths
-from keras_precrop.subject import Subject, _with_inputs
+from keras_precrop.plans import Plan, check_input_shapes, named_for, plan_argument, planned_widths
+from keras_precrop.subject import Subject, with_inputs
 from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.taylor import taylor_gradients
 from keras_precrop.verify import build_checked
@@ -327,10 +327,10 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             channel gained and no random layer (``Dropout``, noise).
     """
     importance = _transfer.check_options(weights, importance, data)
-    plan = _plan_argument(plan)
+    plan = plan_argument(plan)
     subject = Subject.of(model)
     model = subject.model
-    _check_input_shapes(plan, model)
+    check_input_shapes(plan, model)
     if importance is not None and importance.needs == "data":  # it fits the model, before any work
         data = check_data(model, data, "data").data
     defined = subject.defined({})
@@ -346,7 +346,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
         _transfer.carry_weights(graph, new, widths, importance, gradients,
                                 random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size
-        clone = _with_inputs(new, input_specs(model))
+        clone = with_inputs(new, input_specs(model))
         if importance:  # a clone has new layers: carry the weights once more
             clone.set_weights(new.get_weights())
         new = clone

@@ -199,7 +199,7 @@ def _change(before, after):
     return before if before == after else f"{before} -> {after}"
 
 
-def _plan_argument(plan):
+def plan_argument(plan):
     """The :class:`Plan` that ``apply_plan``'s ``plan=`` stands for: a plan, or a plan file's path.
 
     Raises:
@@ -227,7 +227,7 @@ def _plan_argument(plan):
         raise ArgumentError(f"{{plan}} holds no plan: {what}.", plan=path) from None
 
 
-def _check_input_shapes(plan, model):
+def check_input_shapes(plan, model):
     """Refuse a plan made for inputs of other shapes (MACs and time depend on the size).
 
     Raises:

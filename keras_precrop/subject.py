@@ -4,7 +4,7 @@ A :class:`Subject` carries the model through one call (``kp.precrop`` plans
 and applies with one walk; ``kp.compare`` plans every mode with it). A model
 built with an undefined spatial size (``keras.Input((None, None, 3))``) is
 planned on a copy at :data:`_PROBE_SIZE` where only parameters count
-(:func:`_probe_specs`, :func:`_with_inputs`); ``GradualPruning`` makes the
+(:func:`probe_specs`, :func:`with_inputs`); ``GradualPruning`` makes the
 same copy.
 """
 
@@ -15,7 +15,7 @@ import keras
 from keras_precrop.budget import costs as _costs
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph.rebuild import layer_from_config
-from keras_precrop.graph.trace import input_specs, is_functional
+from keras_precrop.graph.trace import calls_undone, input_specs, is_functional
 from keras_precrop.graph.walker import walk
 
 # The spatial size that stands in for an input's undefined one where only parameters count.
@@ -59,11 +59,11 @@ class Subject:
             macs_arguments: ``{name: value}`` of the arguments that need MACs or
                 timing (``flops``, ``latency``, ...); those given are refused.
         """
-        specs = _probe_specs(self.model, macs_arguments)
+        specs = probe_specs(self.model, macs_arguments)
         if specs is None:
             return self.model
         if self._defined is None:
-            self._defined = _with_inputs(self.model, specs)
+            self._defined = with_inputs(self.model, specs)
         return self._defined
 
     def profile(self, ignore, residual, macs_arguments):
@@ -75,7 +75,7 @@ class Subject:
         return self._profile[1]
 
 
-def _probe_specs(model, macs_arguments):
+def probe_specs(model, macs_arguments):
     """``None`` for a model whose spatial sizes are defined, else its inputs at :data:`_PROBE_SIZE`.
 
     Raises:
@@ -102,9 +102,25 @@ def _probe_specs(model, macs_arguments):
             for name, shape in specs]
 
 
-def _with_inputs(model, specs):
-    """A fresh copy of functional ``model`` on inputs of other spatial sizes (and its inputs' dtypes)."""
+def with_inputs(model, specs, share_layers=False):
+    """Functional ``model`` on inputs of other spatial sizes (``(name, shape)`` in ``specs``; the
+    inputs keep their dtypes).
+
+    Args:
+        model: a functional model.
+        specs: the new inputs, as :func:`probe_specs` gives them.
+        share_layers: ``False``: a fresh copy, new layers with new weights
+            (``apply_plan`` copies the weights it needs). ``True``: a model that
+            calls ``model``'s own layers, so its weights are ``model``'s
+            (``GradualPruning`` masks them through it); the layers' call records
+            are left as they were (as a trace leaves them), so ``model`` keeps
+            no reference to the new one.
+    """
     inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
               for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
-    return keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
+    inputs = inputs if len(inputs) > 1 else inputs[0]
+    if share_layers:
+        with calls_undone(model):
+            return keras.models.clone_model(model, input_tensors=inputs, clone_function=lambda op: op)
+    return keras.models.clone_model(model, input_tensors=inputs,
                                     clone_function=lambda op: layer_from_config(op, op.get_config()))

@@ -69,7 +69,7 @@ class WeightSpec:
         return full[..., rows, np.arange(n_out)[None, :]]
 
 
-_BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
+BIAS = {"bias": WeightSpec("bias_constraint", "bias")}
 
 
 class Handler:
@@ -226,7 +226,7 @@ class Handler:
         biases and scales.
         """
         specs = self.specs_of(rec.layer)
-        return [_spec_axes(specs.get(w.name)) for w in _weights(rec.layer)]
+        return [_spec_axes(specs.get(w.name)) for w in op_weights(rec.layer)]
 
 
 def _spec_axes(spec):
@@ -240,18 +240,18 @@ def _spec_axes(spec):
     return {-1: "out"}
 
 
-def _weights(op):
+def op_weights(op):
     """An operation's weights (plain ``keras.ops`` operations have none)."""
     return getattr(op, "weights", [])
 
 
-def _const_weights(ctx, rec):
+def const_weights(ctx, rec):
     """Count all of a layer's weights as width-independent constants."""
-    if _weights(rec.layer):
-        ctx.add_term(rec, sum(math.prod(w.shape) for w in _weights(rec.layer)), 0)
+    if op_weights(rec.layer):
+        ctx.add_term(rec, sum(math.prod(w.shape) for w in op_weights(rec.layer)), 0)
 
 
-def _elementwise_map(node):
+def elementwise_map(node):
     """Channel maps of an element-wise op: same channel, broadcast or prefix.
 
     An input with one channel broadcasts to every channel; a narrower one is

@@ -36,12 +36,12 @@ from keras_precrop.graph.channels import (
     width_of,
 )
 from keras_precrop.graph.handler_base import (
-    _BIAS,
+    BIAS,
     Handler,
     WeightSpec,
-    _const_weights,
-    _elementwise_map,
-    _weights,
+    const_weights,
+    elementwise_map,
+    op_weights,
 )
 from keras_precrop.graph.shape_handlers import (
     Flatten,
@@ -87,7 +87,7 @@ class Tie(Handler):
             ctx.tie(channels, other, rec.path)
         total = width_of(ctx, channels)
         per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
-        for w in _weights(rec.layer):
+        for w in op_weights(rec.layer):
             shape = tuple(w.shape)
             size = math.prod(shape)
             if per_channel and shape and shape[-1] == total:
@@ -98,14 +98,14 @@ class Tie(Handler):
         return [channels] * len(node.outputs)
 
     def channel_map(self, rec, node):
-        return _elementwise_map(node)
+        return elementwise_map(node)
 
     def channel_axes(self, rec, node):
         """The last axis of every float weight that follows the channels (gamma, statistics, ...)."""
         shape = input_shape(node)
         per_channel = _acts_on_channels(rec.layer, len(shape))
         return [{-1: "out"} if per_channel and tuple(w.shape)[-1:] == shape[-1:]
-                and "float" in str(w.dtype) else {} for w in _weights(rec.layer)]
+                and "float" in str(w.dtype) else {} for w in op_weights(rec.layer)]
 
 
 class BatchNorm(Tie):
@@ -150,7 +150,7 @@ class Normalize(Tie):
     def channel_map(self, rec, node):
         if _acts_on_channels(rec.layer, len(input_shape(node))):
             return None
-        return _elementwise_map(node)
+        return elementwise_map(node)
 
 
 def _acts_on_channels(layer, rank):
@@ -174,7 +174,7 @@ class Fixed(Handler):
     def walk(self, ctx, rec, node, ins):
         for ch in ins:
             ctx.fix(ch)
-        _const_weights(ctx, rec)
+        const_weights(ctx, rec)
         macs = measured_macs(rec.layer, node)
         if macs is None:
             if not rec.macs_unknown:
@@ -216,7 +216,7 @@ class Conv(_Source):
     """
 
     transpose = False
-    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1), **_BIAS}
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -2, -1), **BIAS}
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
@@ -273,7 +273,7 @@ class ConvTranspose(Conv):
     """Conv*Transpose: MACs per *input* pixel; kernels are ``(..., out, in)``."""
 
     transpose = True
-    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2), **_BIAS}
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", -1, -2), **BIAS}
 
 
 class Dense(_Source):
@@ -281,7 +281,7 @@ class Dense(_Source):
 
     width_key = "units"
 
-    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1), **_BIAS}
+    weight_specs = {"kernel": WeightSpec("kernel_constraint", "kernel", 0, 1), **BIAS}
 
     def walk(self, ctx, rec, node, ins):
         out = self._out(ctx, rec)
@@ -309,7 +309,7 @@ class Depthwise(Handler):
     def walk(self, ctx, rec, node, ins):
         return [_depthwise(ctx, rec, node, ins[0], rec.layer.depth_multiplier, rec.layer.use_bias)]
 
-    weight_specs = {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1), **_BIAS}
+    weight_specs = {"kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1), **BIAS}
 
     def channel_map(self, rec, node):
         channels = input_shape(node)[-1]
@@ -321,7 +321,7 @@ class Separable(_Source):
 
     weight_specs = {"depthwise_kernel": WeightSpec("depthwise_constraint", "depthwise", -2, -1),
                     "pointwise_kernel": WeightSpec("pointwise_constraint", "kernel", -2, -1),
-                    **_BIAS}
+                    **BIAS}
 
     def channel_axes(self, rec, node):
         axes = super().channel_axes(rec, node)
@@ -342,7 +342,7 @@ class Merge(Handler):
     """Add: a residual stream (prefix or tied, resolved in ``graph.py``)."""
 
     def walk(self, ctx, rec, node, ins):
-        _const_weights(ctx, rec)
+        const_weights(ctx, rec)
         if any(len(ch) != 1 or ch[0].mult != 1 for ch in ins):
             return _broadcast(ctx, rec, node, ins)
         width = max(width_of(ctx, ch) for ch in ins)
@@ -351,7 +351,7 @@ class Merge(Handler):
         return [(Part(seg),)]
 
     def channel_map(self, rec, node):
-        return _elementwise_map(node)
+        return elementwise_map(node)
 
 
 def _broadcast(ctx, rec, node, ins):
@@ -373,11 +373,11 @@ class Broadcast(Handler):
     """
 
     def walk(self, ctx, rec, node, ins):
-        _const_weights(ctx, rec)
+        const_weights(ctx, rec)
         return _broadcast(ctx, rec, node, ins)
 
     def channel_map(self, rec, node):
-        return _elementwise_map(node)
+        return elementwise_map(node)
 
 
 class Concat(Handler):
@@ -393,7 +393,7 @@ class Concat(Handler):
     def channel_map(self, rec, node):
         rank = len(output_shape(node))
         if rec.layer.axis % rank != rank - 1:
-            return _elementwise_map(node)
+            return elementwise_map(node)
         sizes = [t.shape[-1] for t in node.arguments.keras_tensors]
         starts = np.cumsum([0] + sizes)
         maps = []

@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph.channels import Part, as_part, channels_width, input_shape, output_shape
-from keras_precrop.graph.handler_base import Handler, _elementwise_map
+from keras_precrop.graph.handler_base import Handler, elementwise_map
 
 
 class Flatten(Handler):
@@ -100,7 +100,7 @@ class OpPad(Handler):
         return [ins[0]]
 
     def channel_map(self, rec, node):
-        return _elementwise_map(node)
+        return elementwise_map(node)
 
 
 class OpReshape(Handler):

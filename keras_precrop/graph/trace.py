@@ -53,7 +53,7 @@ class Traced:
 
     One call of the package (``profile``, ``plan``, ``precrop``, ...) traces
     a model once and hands this down; nothing keeps it afterwards, and the
-    model's own layers keep no reference to it (see :func:`_calls_undone`).
+    model's own layers keep no reference to it (see :func:`calls_undone`).
 
     Attributes:
         functional: a Functional model whose nodes are layers the walker knows
@@ -154,7 +154,7 @@ def _trace(model, ignore) -> Traced:
         composites[id(model)] = model
     names = {i: name for i, (_, name) in found.items()}
     base = dict(names)
-    with _calls_undone(model), _renamed(found, composites), _dissolving(composites, names):
+    with calls_undone(model), _renamed(found, composites), _dissolving(composites, names):
         functional = _retrace(model, fn)
     _check_training_branches(model, fn, (found, composites, base), (functional, names))
     return Traced(functional, {i: name for i, name in names.items() if i not in composites})
@@ -299,7 +299,7 @@ def _renamed(found, composites):
 
 
 @contextlib.contextmanager
-def _calls_undone(model):
+def calls_undone(model):
     """Leave the operations of ``model`` with the call nodes they had before the trace.
 
     A trace calls the model's layers (and a functional model's ``keras.ops``
@@ -500,7 +500,7 @@ def _check_training_branches(model, fn, collected, inference):
     """
     found, composites, base = collected
     names = dict(base)
-    with (_calls_undone(model), _renamed(found, composites), _dissolving(composites, names),
+    with (calls_undone(model), _renamed(found, composites), _dissolving(composites, names),
           _training(True)):
         training = _retrace(model, fn)
     (ops, wiring), (t_ops, t_wiring) = _structure(*inference), _structure(training, names)
