@@ -13,7 +13,7 @@ given beside it. Goal (issue 60): at most 10% at the default frequency.
 
 Usage::
 
-    python benchmarks/bench_gradual_overhead.py              # ~4 min on 2 cores, quiet machine
+    python benchmarks/bench_gradual_overhead.py              # ~7 min on 2 cores, quiet machine
     python benchmarks/bench_gradual_overhead.py --quick      # smoke run, writes to a temp folder
 
 Writes ``gradual_overhead.json`` and ``gradual_overhead.md`` into ``--out``
@@ -90,12 +90,33 @@ def bench(model_name, steps, rounds, batch_size, frequency, seed=0):
     return seconds, timer.seconds[warm_updates:]
 
 
+def _estimates(seconds):
+    """The overhead three ways: the median same-round ratio, the ratio of the medians and of the
+    fastest epochs (the least disturbed by the load of a shared machine)."""
+    plain, gradual = seconds["plain"], seconds["gradual"]
+    return {"median same-round ratio": statistics.median(g / p for g, p in zip(gradual, plain)) - 1,
+            "ratio of the medians": statistics.median(gradual) / statistics.median(plain) - 1,
+            "ratio of the fastest": min(gradual) / min(plain) - 1}
+
+
+def _verdict(estimates):
+    """Met where every estimate is within the goal, not met where none is, else unsettled."""
+    if max(estimates.values()) <= GOAL:
+        return "met"
+    if min(estimates.values()) > GOAL:
+        return "not met"
+    return "not settled by this run (the estimates straddle it)"
+
+
 def _markdown(result):
     s = result["seconds"]
     ratios = [g / p for g, p in zip(s["gradual"], s["plain"])]
-    overhead = statistics.median(ratios) - 1
+    estimates = _estimates(s)
     updates = result["update_seconds"]
     per_update = f"{statistics.median(updates):.3f}" if updates else "n/a"
+    # The updates' own share of the measured epochs: the part of the overhead that does not
+    # depend on the same-round pairing (a load spike on one side of a pair moves the ratio).
+    update_share = sum(updates) / sum(s["plain"])
     lines = [
         f"# `GradualPruning`'s overhead per epoch ({result['model']})", "",
         f"{result['steps']} steps of batch {result['batch_size']} an epoch, frequency "
@@ -103,21 +124,23 @@ def _markdown(result):
         f"warm-up epoch each; machine: {result['machine']['cpu']}, "
         f"{result['machine']['usable_cpus']} usable CPUs, backend {result['machine']['backend']}.",
         "",
-        "| fit | median s / epoch |", "|---|---:|",
-        f"| plain `fit` | {statistics.median(s['plain']):.2f} |",
-        f"| `fit` + `GradualPruning` | {statistics.median(s['gradual']):.2f} |", "",
-        f"Overhead: median over rounds of the same-round ratio - 1 = **{overhead:+.1%}** "
-        f"(rounds: {', '.join(f'{r - 1:+.1%}' for r in ratios)}); {len(updates)} mask updates "
-        f"in the measured epochs, median {per_update} s each.", "",
-        f"Goal (issue 60) at most {GOAL:.0%}: {'met' if overhead <= GOAL else 'not met'}.", ""]
-    return "\n".join(lines), overhead
+        "| fit | median s / epoch | fastest s / epoch |", "|---|---:|---:|",
+        f"| plain `fit` | {statistics.median(s['plain']):.2f} | {min(s['plain']):.2f} |",
+        f"| `fit` + `GradualPruning` | {statistics.median(s['gradual']):.2f} | "
+        f"{min(s['gradual']):.2f} |", "",
+        "Overhead: " + ", ".join(f"{name} **{value:+.1%}**" for name, value in estimates.items())
+        + f" (same-round ratios: {', '.join(f'{r - 1:+.1%}' for r in ratios)}); {len(updates)} "
+        f"mask updates in the measured epochs, median {per_update} s each: {update_share:.1%} of "
+        "the plain epochs' time.", "",
+        f"Goal (issue 60) at most {GOAL:.0%}: {_verdict(estimates)}.", ""]
+    return "\n".join(lines), estimates, update_share
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet20")
-    parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="steps per epoch")
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--frequency", type=int, default=50)
     parser.add_argument("--out", type=pathlib.Path, default=None,
@@ -131,7 +154,7 @@ def main(argv=None):
     result = {"model": args.model, "steps": args.steps, "rounds": args.rounds,
               "batch_size": args.batch_size, "frequency": args.frequency,
               "machine": _timing.machine_info(), "seconds": seconds, "update_seconds": updates}
-    text, result["overhead"] = _markdown(result)
+    text, result["overhead"], result["update_share"] = _markdown(result)  # overhead: 3 ways
     out.mkdir(parents=True, exist_ok=True)
     (out / "gradual_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "gradual_overhead.md").write_text(text)

@@ -53,8 +53,10 @@ class Comparison(_json.JsonDataclass):
         timing: what was timed, or None.
         recommendation: ``{"mode", "basis", "reason"}``: the row to use for
             these budgets (``basis`` ``"measured"``: the fastest measured
-            within the budgets; ``"auto"``: ``mode="auto"``'s pick) and why,
-            in words. None in comparisons saved before it was made.
+            within the budgets; ``"tie"``: ``mode="auto"``'s pick, measured
+            level with the fastest (their spreads over the rounds overlap);
+            ``"auto"``: ``mode="auto"``'s pick, unmeasured) and why, in words.
+            None in comparisons saved before it was made.
     """
 
     model_name: str
@@ -245,27 +247,41 @@ def _speed(row):
 
 def _by_speed(rows, pick, why):
     """The recommendation by measured speed: the row within the budgets with the highest median
-    speedup, whether a runner-up's spread overlaps it, and how it relates to auto's pick
-    (``pick``, picked for reason ``why``)."""
+    speedup, and how it relates to auto's pick (``pick``, picked for reason ``why``).
+
+    Where auto's pick is not the fastest but its spread over the rounds overlaps the fastest's,
+    the two are a tie (the order may be noise, and two runs of ``--measure`` can order them
+    apart): then auto's pick is recommended, for what its rule follows (what trained best).
+    """
     within = [r for r in rows if r["within_budgets"]]  # auto's plan always is
     best = max(within, key=lambda r: r["speedup"])
-    notes = [f"The fastest measured plan within the budgets: {_speed(best)}, median [min-max] "
-             "over the rounds."]
-    runner_up = max((r for r in within if r is not best), key=lambda r: r["speedup"], default=None)
-    if runner_up is not None and runner_up["speedup_max"] >= best["speedup_min"]:
-        notes.append(f"{runner_up['mode']}'s {_speed(runner_up)} overlaps it: the order may be "
-                     "noise; more rounds tell.")
+    tied = [r for r in within if r is not best and r["speedup_max"] >= best["speedup_min"]]
+    if pick is not best and pick in tied:
+        notes = [f"Measured, {best['mode']} {_speed(best)} and {pick['mode']} {_speed(pick)} "
+                 "(median [min-max] over the rounds) tie: their spreads overlap, so which is "
+                 f'faster may be noise. Of the two, mode="auto"\'s pick is recommended: {why}.']
+        chosen, basis = pick, "tie"
+    else:
+        notes = [f"The fastest measured plan within the budgets: {_speed(best)}, median [min-max] "
+                 "over the rounds."]
+        runner_up = max(tied, key=lambda r: r["speedup"], default=None)
+        if runner_up is not None:
+            notes.append(f"{runner_up['mode']}'s {_speed(runner_up)} overlaps it: the order may be "
+                         "noise; more rounds tell.")
+        if best is pick:
+            notes.append('It is also mode="auto"\'s pick.')
+        else:
+            notes.append(f'mode="auto" picks {pick["mode"]} ({_speed(pick)}) for another reason: '
+                         f"{why}.")
+        chosen, basis = best, "measured"
     if best["speedup"] < 1:
-        notes.append("Even it runs slower than the original here: these budgets buy no speed on "
-                     "this machine; a latency budget (latency=) asks for time.")
+        notes.append(f"Even {'the fastest' if basis == 'tie' else 'it'} runs slower than the "
+                     "original here: these budgets buy no speed on this machine; a latency budget "
+                     "(latency=) asks for time.")
     over = [r["mode"] for r in rows if not r["within_budgets"] and r["speedup"] > best["speedup"]]
     if over:
         notes.append(f"{', '.join(over)} measured faster but exceed the budgets.")
-    if best is pick:
-        notes.append('It is also mode="auto"\'s pick.')
-    else:
-        notes.append(f'mode="auto" picks {pick["mode"]} ({_speed(pick)}) for another reason: {why}.')
-    return {"mode": best["mode"], "basis": "measured", "reason": " ".join(notes)}
+    return {"mode": chosen["mode"], "basis": basis, "reason": " ".join(notes)}
 
 
 def _by_auto(rows, pick, why):

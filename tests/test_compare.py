@@ -158,9 +158,42 @@ def test_measured_speedups_are_per_round_ratios_and_the_fastest_within_budget_is
     assert not any(line.startswith("Recommended") for line in lines)
 
 
+@pytest.mark.parametrize("uniform, tie", [(0.38, True), (0.2, False)])
+def test_auto_s_pick_measured_level_with_the_fastest_is_a_tie_and_is_recommended(monkeypatch, uniform,
+                                                                                tie):
+    """A fake clock: uniform is the fastest by median; where layerwise (auto's pick at flops=0.4)
+    overlaps it over the rounds (0.38 against 0.40 s with 5% jitter) the two tie and auto's pick
+    is recommended; twice as fast (0.2 s), uniform is recommended as measured."""
+    model = _chain()
+    base = {"original": 1.0, "exact": 0.5, "layerwise": 0.4, "uniform": uniform}
+    jitter = [1.0, 1.05, 0.95]
+
+    def samples(fns, rounds, log=None):
+        return {name: [base[name] * (jitter[(r + i) % 3] if name != "original" else 1.0)
+                       for r in range(rounds)] for i, name in enumerate(fns)}
+
+    monkeypatch.setattr(kp.latency, "runner", lambda m, **kw: (lambda: m))
+    monkeypatch.setattr(kp.latency, "interleaved", samples)
+    comparison = kp.compare(model, flops=0.4, modes=["exact", "layerwise", "uniform"], measure=True,
+                            rounds=3, verbose=0)
+    assert comparison.auto_mode == "layerwise"
+    pick, fastest = comparison.row("layerwise"), comparison.row("uniform")
+    assert fastest["speedup"] == max(r["speedup"] for r in comparison.rows)
+    assert (pick["speedup_max"] >= fastest["speedup_min"]) == tie  # the reference: the spreads
+    rec = comparison.recommendation
+    if tie:
+        assert (rec["mode"], rec["basis"]) == ("layerwise", "tie")
+        assert rec["reason"].startswith("Measured, uniform ") and " tie: their spreads overlap" \
+            in rec["reason"]
+    else:
+        assert (rec["mode"], rec["basis"]) == ("uniform", "measured")
+        assert 'mode="auto" picks layerwise' in rec["reason"]
+
+
 def test_the_command_line_measures_recommends_the_fastest_and_writes_it_to_json(tmp_path, capsys):
     """Timed for real (tiny model, 2 rounds, batch 2): the JSON's recommendation is its fastest
-    row by median speedup, each spread holds its median, and progress says what is timed."""
+    row by median speedup (or auto's pick where its spread overlaps the fastest's: a tie), each
+    spread holds its median, and progress says what is timed."""
     path, json_path = tmp_path / "chain.keras", tmp_path / "compare.json"
     _chain().save(path)
     assert cli_main(["compare", str(path), "--flops", "0.4", "--measure", "--rounds", "2",
@@ -168,9 +201,13 @@ def test_the_command_line_measures_recommends_the_fastest_and_writes_it_to_json(
     captured = capsys.readouterr()
     data = json.loads(json_path.read_text())
     rows, rec = data["rows"], data["recommendation"]
-    assert rec["mode"] == max(rows, key=lambda r: r["speedup"])["mode"] and rec["basis"] == "measured"
+    fastest = max(rows, key=lambda r: r["speedup"])
+    auto = next(r for r in rows if r["mode"] == data["auto_mode"])
+    tie = auto is not fastest and auto["speedup_max"] >= fastest["speedup_min"]
+    assert (rec["mode"], rec["basis"]) == ((auto["mode"], "tie") if tie else (fastest["mode"], "measured"))
     for row in rows:
         assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
-    assert f"Recommended: {rec['mode']}. The fastest measured plan" in captured.out
+    opening = "Measured, " if tie else "The fastest measured plan"
+    assert f"Recommended: {rec['mode']}. {opening}" in captured.out
     assert "timing plans: round 2/2" in captured.err and "latency model" not in captured.err
     assert kp.Comparison.from_json(str(json_path)).recommendation == rec
