@@ -73,7 +73,7 @@ def git_init(repo):
 
 _COUNTED_OPS = {
     "Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-    "MatMul", "BatchMatMulV2", "BatchMatMulV3",
+    "MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
 }
 
 
@@ -109,12 +109,25 @@ def _op_macs(op):
     if op.type == "Conv2DBackpropInput":  # a transposed conv: work per *input* pixel
         k_h, k_w, c_out, _ = op.inputs[1].shape.as_list()
         return math.prod(op.inputs[2].shape.as_list()) * k_h * k_w * c_out
+    if op.type == "Einsum":  # one MAC per combination of every index of the operands
+        return _einsum_macs(op)
     a = op.inputs[0].shape.as_list()
     if op.type == "MatMul":
         inner = a[0] if op.get_attr("transpose_a") else a[1]
     else:
         inner = a[-2] if op.get_attr("adj_x") else a[-1]
     return math.prod(out) * inner
+
+
+def _einsum_macs(op):
+    """A two-operand einsum's MACs: the product of the sizes of every index letter it names."""
+    inputs = op.get_attr("equation").decode().replace(" ", "").split("->")[0].split(",")
+    assert len(inputs) == 2 and "." not in "".join(inputs), op.get_attr("equation")
+    sizes = {}
+    for letters, tensor in zip(inputs, op.inputs):
+        for letter, size in zip(letters, tensor.shape.as_list()):
+            sizes[letter] = max(sizes.get(letter, 1), size)
+    return math.prod(sizes.values())
 
 
 def graph_macs(graph, macs=None):

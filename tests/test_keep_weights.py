@@ -555,3 +555,18 @@ def test_kept_weights_of_an_application_sample():
 @pytest.mark.parametrize("name", CONSTRUCTORS)
 def test_kept_weights_of_every_application(name):
     _check_application(name)
+
+
+def test_an_ignored_reader_of_a_residual_stream_reads_it_whole():
+    """An ignored layer keeps its channels: no view narrows the stream it reads (it did under
+    residual='prefix': its input was sliced, and its kept weights were cut to the slice)."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((12,))
+    h = keras.layers.Dense(16, name="stem")(x)
+    for i in range(3):
+        h = keras.layers.Add()([h, keras.layers.Dense(16, name=f"w{i}")(h)])
+    model = keras.Model(x, keras.layers.Dense(4, name="head")(h))
+    plan = kp.plan(model, params=0.75, ignore=["w1", "head"])
+    assert {v["name"]: v["new"] for v in plan.variables}.get("w1:in", 16) == 16
+    small = kp.apply_plan(model, plan, weights="keep")
+    assert small.get_layer("w1").kernel.shape[0] == small.get_layer("stem").units

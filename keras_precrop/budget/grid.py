@@ -41,6 +41,10 @@ def infeasible_at_minimum(grid, cost, budgets, arguments):
 class WidthGrid:
     """Allowed integer widths per variable: multiples of ``round_to`` in [lo, hi].
 
+    Attention heads (variables of kind ``"heads"``) are whole units: they
+    step by one and keep at least one head, whatever ``round_to`` and
+    ``min_channels`` say of channels.
+
     A variable that must stay a multiple of ``m`` (grouped convolutions,
     group normalization) steps by ``lcm(round_to, m)``. With a ``balance``
     factor, the integer repair only takes steps that keep adjacent width
@@ -53,10 +57,12 @@ class WidthGrid:
         self.balance = balance
         self.pairs = cm.balance_pairs()
         # A grouped conv's channels move in multiples of its groups as well.
-        step = np.lcm(round_to, [v.multiple for v in cm.variables]).astype(np.float64)
+        heads = np.array([v.kind == "heads" for v in cm.variables], bool)
+        step = np.lcm(np.where(heads, 1, round_to),
+                      [v.multiple for v in cm.variables]).astype(np.float64)
         self.step = np.where(cm.fixed, 0, step)
         c = cm.widths
-        base = np.ceil(max(round_to, min_channels) / step) * step
+        base = np.ceil(np.where(heads, 1, max(round_to, min_channels)) / step) * step
         self.lo = np.where(cm.fixed, c, np.minimum(c, base))
         cap = np.inf if upper is None else upper
         hi = np.maximum(np.floor(c * cap / step) * step, self.lo)

@@ -100,6 +100,7 @@ class _Segment:
     name: str
     depth: int
     fixed: bool = False
+    kind: str = "channels"  # what its width counts: "channels", or "heads" (attention heads)
 
 
 class WalkContext:
@@ -234,15 +235,18 @@ class WalkContext:
         """Record a decision the user should know about (shown under the profile)."""
         self.notes.append(text)
 
-    def new_output(self, rec, width) -> Channels:
+    def new_output(self, rec, width, kind="channels") -> Channels:
         """The channels layer ``rec`` creates: ``width`` new channels named after it.
 
         The segment is created on the layer's first call and reused on later
         calls (a shared layer has one set of weights); it is
         ``rec.out_segment``, the segment ``Handler.configure`` rewrites.
+        ``kind="heads"`` counts attention heads (``attention.py``): whole
+        units that ``round_to`` and ``min_channels`` do not apply to.
         """
         if rec.out_segment is None:
             rec.out_segment = self.new_segment(width, rec.path)
+            self.segments[rec.out_segment].kind = kind
         return (Part(rec.out_segment),)
 
     def add_term(self, rec, params, macs, a=None, b=None):
@@ -265,7 +269,7 @@ class WalkContext:
         rec.terms.append(Term(params * coef, macs * coef, segs[0], segs[1]))
 
     def add_kernel(self, rec, ins: Channels, out: Channels | None = None, *,
-                   params, macs, bias=False):
+                   params, macs, bias=False, view=True):
         """Declare a prunable kernel: its cost terms and its SynExp objective entry.
 
         With ``out`` the kernel joins every channel of ``ins`` to every channel
@@ -283,6 +287,10 @@ class WalkContext:
             params: weights per channel pair (depthwise: per channel).
             macs: multiply-accumulates per channel pair and call.
             bias: the layer adds one bias per output channel.
+            view: under ``residual="prefix"`` a layer reading a residual stream
+                may read a narrower view of it; ``False`` reads it whole (an
+                attention layer, whose output keeps its query's channels and
+                whose other inputs no slice reaches).
         """
         outs = ins if out is None else out
         for p in ins:
@@ -293,7 +301,7 @@ class WalkContext:
                 self.add_term(rec, 1, 0, q)
         if rec.calls == 0:
             self._add_objective(rec, ins, *(() if out is None else (out,)))
-            if out is not None:
+            if out is not None and view:
                 rec.read_segments.extend(p.segment for p in ins)
 
     def _add_objective(self, rec, *factors: Channels):

@@ -27,6 +27,7 @@ from keras.src.ops import numpy as _ops_np
 
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph import layers as _custom
+from keras_precrop.graph.attention import MultiHeadAttention
 from keras_precrop.graph.backend_macs import measured_macs
 from keras_precrop.graph.channels import (
     Part,
@@ -506,6 +507,7 @@ for _cls in (L.Add, _custom.PrefixAdd):
 for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
+register_handler(L.MultiHeadAttention, MultiHeadAttention())
 register_handler(L.GroupNormalization, GroupNorm())
 # Layers of keras.applications and keras_hub, by name (nothing is imported):
 # ConvNeXt's per-channel LayerScale, InceptionResNetV2's ``x + scale * r`` (a

@@ -369,7 +369,8 @@ class Variable:
         fixed: the width may not change (model inputs and outputs, ignored layers,
             a concatenated part that a grouped conv reads and that is no multiple
             of its groups).
-        kind: ``"channels"``, ``"stream"`` or ``"view"``.
+        kind: ``"channels"``, ``"stream"``, ``"view"`` or ``"heads"`` (attention heads,
+            whole units: ``round_to`` and ``min_channels`` do not apply).
         bound: index of the variable this one may never be wider than.
         multiple: the width stays a multiple of this (grouped convolutions,
             group normalization keep their group count).
@@ -379,7 +380,7 @@ class Variable:
     name: str
     width: int
     fixed: bool
-    kind: str  # "channels", "stream" or "view"
+    kind: str  # "channels", "stream", "view" or "heads"
     bound: int | None = None  # a view/writer is never wider than this variable
     multiple: int = 1  # widths move in multiples of this (grouped convs, GroupNorm)
     layers: list = dataclasses.field(default_factory=list)
@@ -426,7 +427,7 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
         root = ctx.find(s)
         if root not in group_var:
             seg = ctx.segments[root]
-            kind = "stream" if root in streams else "channels"
+            kind = "stream" if root in streams else seg.kind
             group_var[root] = len(variables)
             name = seg.name if seg.width == units[root] else f"{seg.name}:1/{seg.width // units[root]}"
             variables.append(Variable(name, units[root], seg.fixed, kind))
@@ -452,8 +453,8 @@ def _resolve(ctx: WalkContext, residual) -> _Structure:
                     continue
                 views[(rec.path, root)] = len(variables)
                 stream = variables[group_var[root]]
-                variables.append(Variable(
-                    f"{rec.path}:in", stream.width, False, "view",
+                variables.append(Variable(  # an ignored reader reads its stream whole
+                    f"{rec.path}:in", stream.width, rec.ignored, "view",
                     bound=group_var[root]))
     _resolve_multiples(ctx, variables, group_var, views, units)
     for rec in ctx.order:

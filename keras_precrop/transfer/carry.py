@@ -124,19 +124,21 @@ def carried(graph, new_graph, widths, selection, values):
     old_calls = flow.indexed_calls(graph)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
     grows = any(w > v.width for w, v in zip(widths, graph.variables))
-    for path, (_, in_sel, out_sel) in _tensor_selections(graph, new_graph, selection, old_calls).items():
+    for path, (_, ins, out_sel) in _tensor_selections(graph, new_graph, selection, old_calls).items():
         old = old_calls.get((path, 0))
         if old is None or not getattr(old.record.layer, "weights", None):
             continue
-        if not grows and min(in_sel.min(initial=0), out_sel.min(initial=0)) < 0:
+        if not grows and min(a.min(initial=0) for a in (*ins, out_sel)) < 0:
             raise UnsupportedLayerError(  # a channel lost on the way: never carry a guess
                 f"{path}: cannot follow the kept channels to carry its weights. Keep its "
                 "channels with {ignore}.", ignore=[old.record.layer.name])
-        yield from _carried_layer(old, new_layers[path], values, in_sel, out_sel)
+        unit = flow.unit_variable(graph, old.record)
+        selections = (ins, out_sel, None if unit is None else selection[unit])
+        yield from _carried_layer(old, new_layers[path], values, selections)
 
 
 def _tensor_selections(graph, new_graph, selection, old_calls):
-    """Each rebuilt layer's first call, with the original channels of its first input and output."""
+    """Each rebuilt layer's first call, with the original channels of its inputs and first output."""
 
     def outputs(call, index, ins):
         rec = call.record
@@ -207,13 +209,17 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
             "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.layer.name])
 
 
-def _carried_layer(old, new_layer, values, in_sel, out_sel):
-    """Each weight of ``new_layer`` with the kept slices of the original layer's."""
+def _carried_layer(old, new_layer, values, selections):
+    """Each weight of ``new_layer`` with the kept slices of the original layer's.
+
+    ``selections`` holds the original channels of the call's inputs (a list),
+    of its first output, and of the units the layer creates (``None`` if none).
+    """
     rec = old.record
     width = input_shape(old.node)[-1]
     axes = rec.handler.channel_axes(rec, old.node)
     for w, new_w, roles in zip(rec.layer.weights, new_layer.weights, axes, strict=True):
-        carried = _sliced(values[id(w)], new_w, roles, in_sel, out_sel, width)
+        carried = _sliced(values[id(w)], new_w, roles, selections, width)
         if carried.shape != tuple(new_w.shape):
             raise UnsupportedLayerError(
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
@@ -222,10 +228,11 @@ def _carried_layer(old, new_layer, values, in_sel, out_sel):
         yield w, new_w, carried
 
 
-def _sliced(value, new_w, roles, in_sel, out_sel, width):
+def _sliced(value, new_w, roles, selections, width):
     """``value`` sliced along its channel axes (``roles``) for weight ``new_w``.
 
-    New channels (``-1``) take ``new_w``'s initial value, or zero where they are read.
+    New channels (``-1``) take ``new_w``'s initial value, or zero where they
+    are read (a kernel's input rows, an attention output's rows of a new head).
     """
     if not roles:
         return value
@@ -234,15 +241,15 @@ def _sliced(value, new_w, roles, in_sel, out_sel, width):
         value = spec.block_diagonal(value)
     zero = fresh = np.zeros((1,) * value.ndim, bool)
     for axis, role in roles.items():
-        index = out_sel if role == "out" else in_sel
+        index = flow.role_array(role, *selections)
         if role == "mid":  # each input channel's depth_multiplier channels in turn
             m = value.shape[axis] // width
-            index = np.where(in_sel[:, None] >= 0, in_sel[:, None] * m + np.arange(m), -1).ravel()
+            index = np.where(index[:, None] >= 0, index[:, None] * m + np.arange(m), -1).ravel()
         value = np.take(value, np.maximum(index, 0), axis=axis)
         shape = [1] * value.ndim
         shape[axis] = len(index)
         new = (index < 0).reshape(shape)
-        if role in ("out", "channel"):
+        if role in ("out", "channel", "unit"):
             fresh = fresh | new
         else:
             zero = zero | new

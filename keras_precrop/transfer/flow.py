@@ -27,7 +27,7 @@ def propagate(graph, start, outputs):
             the layer's earlier calls.
 
     Returns:
-        ``{layer path: (first call, array of its first input, of its first
+        ``{layer path: (first call, arrays of its inputs, array of its first
         output)}``: each layer's first call, where its weights are read.
     """
     arrays = {key: start(key) for key in graph.inputs}
@@ -37,8 +37,45 @@ def propagate(graph, start, outputs):
         outs = outputs(call, index, ins)
         arrays.update(zip(call.outputs, outs))
         if index == 0:
-            first[path] = (call, ins[0], outs[0])
+            first[path] = (call, ins, outs[0])
     return first
+
+
+# Which array a weight axis of each role (``Handler.channel_axes``) is indexed by.
+_UNIT_ROLES = ("unit", "unit_in")
+
+
+def role_array(role, ins, out, unit):
+    """The channels along a weight axis of ``role``: of an input, the output or the layer's units.
+
+    Args:
+        role: ``"out"``; ``"in"``, ``"group_in"``, ``"mid"``, ``"channel"``
+            (the first input's channels); ``"in:<i>"`` (input ``i``'s, e.g.
+            an attention layer's key and value); ``"unit"``/``"unit_in"``
+            (the units the layer creates inside, e.g. attention heads,
+            written and read).
+        ins, out: the arrays of the call's inputs and first output.
+        unit: the array of the layer's own units (``None`` if it has none).
+    """
+    if role == "out":
+        return out
+    if role in _UNIT_ROLES:
+        return unit
+    if role.startswith("in:"):
+        return ins[int(role[3:])]
+    return ins[0]
+
+
+def side(role):
+    """Whether an axis of ``role`` writes (``"out"``), reads (``"in"``) or is the layer's units."""
+    return "unit" if role in _UNIT_ROLES else "out" if role == "out" else "in"
+
+
+def unit_variable(graph, rec):
+    """The width variable of the units layer ``rec`` creates (attention heads), or ``None``."""
+    if rec.out_segment is None:
+        return None
+    return graph.group_variable(rec.out_segment)
 
 
 def indexed_calls(graph):

@@ -77,8 +77,11 @@ def channel_scores(graph, values, importance, gradients=None, seed=0, widths=Non
         flat = _checked(ranking, ranking(np.random.default_rng(seed), total), total)[0]
         return _split(flat, variables, groups, offsets)
     scores, covered = np.zeros(total), np.zeros(total, bool)
-    for call, origin_in, origin_out in _origins(graph, offsets).values():
-        _score_layer(call, origin_in, origin_out, values, (ranking, gradients), (scores, covered))
+    for call, origin_ins, origin_out in _origins(graph, offsets).values():
+        unit = flow.unit_variable(graph, call.record)
+        origins = (origin_ins, origin_out,
+                   None if unit is None else offsets[unit] + np.arange(variables[unit].width))
+        _score_layer(call, origins, values, (ranking, gradients), (scores, covered))
     if ranking.covers is not None and widths is not None:
         _refuse_uncovered(graph, widths, _split(covered, variables, groups, offsets), ranking)
     return _split(scores, variables, groups, offsets)
@@ -114,7 +117,7 @@ def _refuse_uncovered(graph, widths, covered, ranking):
 
 
 def _origins(graph, offsets):
-    """Each layer's first call with the global ids of its first input's and output's channels.
+    """Each layer's first call with the global ids of its inputs' and first output's channels.
 
     A channel's id is ``offsets[v] + c``: channel ``c`` of width variable ``v``.
     """
@@ -141,12 +144,15 @@ def _origins(graph, offsets):
     return flow.propagate(graph, lambda key: ids(graph.tensor_channels[key]), outputs)
 
 
-def _score_layer(call, origin_in, origin_out, values, method, scores):
+def _score_layer(call, origins, values, method, scores):
     """Add one layer's share to the scores of the channels it reads and writes.
 
     The layer's weights on the channels it writes (kernel filters, bias,
     gamma and beta) add up to one share, those on the channels it reads to
-    another, each weight scored by the ranking (``method[0]``), which may
+    another, those on the units it creates inside (attention heads) to a
+    third; ``origins`` holds the global ids of the call's inputs' channels
+    (a list), of its first output's and of its units' (see
+    ``flow.role_array``). Each weight is scored by the ranking (``method[0]``), which may
     pass over some (``weighs``: ``"bn_scale"`` takes a normalization's
     ``gamma`` alone); the channels of the weights it scores are marked in
     ``scores[1]``. A ranking that needs data scores only the weights that
@@ -156,7 +162,7 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
     ranking, gradients = method
     scores, covered = scores
     width = input_shape(call.node)[-1]
-    sides = {"in": [], "out": []}
+    sides = {"in": [], "out": [], "unit": []}
     weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
     for w, roles in zip(weights, rec.handler.channel_axes(rec, call.node)):
         if not w.trainable or not roles or not ranking.weighs(rec.layer, w):
@@ -167,13 +173,12 @@ def _score_layer(call, origin_in, origin_out, values, method, scores):
             spec = grouped(width, value)
             value, grads = spec.block_diagonal(value), [spec.block_diagonal(g) for g in grads]
         for axis, role in roles.items():
-            ids = origin_out if role == "out" else origin_in
+            ids = flow.role_array(role, *origins)
             if role == "mid":
-                ids = np.repeat(origin_in, value.shape[axis] // width)
+                ids = np.repeat(ids, value.shape[axis] // width)
             covered[np.ravel(ids)] = True
             if ranking.needs != "data" or grads:
-                sides["out" if role == "out" else "in"].append(
-                    (ids, _per_index(ranking, value, grads, axis)))
+                sides[flow.side(role)].append((ids, _per_index(ranking, value, grads, axis)))
     for parts in sides.values():
         if parts:
             _accumulate(scores, parts)

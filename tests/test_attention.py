@@ -1,0 +1,202 @@
+"""MultiHeadAttention pruned by whole heads (issue 61): exact costs, rebuilds, kept weights.
+
+References: Keras' ``count_params()``, TensorFlow's own MAC count of the traced
+graph (its ``Einsum`` ops included), the rebuilt layer's config, a
+``.keras`` round trip, and for kept weights the original model's outputs
+(an identity plan) and the original with the dropped heads' output rows
+zeroed (a head contributes to the output only through those rows).
+"""
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import keras_precrop as kp
+from tests.conftest import assert_matches_plan, tf_macs
+
+_SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+def _attention_model(heads=4, key_dim=6, value_dim=None, width=24, tokens=9, cross=False,
+                     separate_key=False, output_shape=None, use_gate=False, use_bias=True,
+                     mask=False, blocks=1, seed=0):
+    """A pre-norm transformer: ``blocks`` x (LN -> MHA -> add, LN -> MLP -> add), then a head."""
+    keras.utils.set_random_seed(seed)
+    inputs = [keras.Input((tokens, width), name="tokens")]
+    x = keras.layers.Dense(width, name="embed")(inputs[0])
+    context = key = None
+    if cross:
+        inputs.append(keras.Input((tokens + 3, width + 4), name="context"))
+        context = keras.layers.Dense(width + 2, name="context_proj")(inputs[-1])
+        if separate_key:
+            key = keras.layers.Dense(width - 2, name="key_proj")(inputs[-1])
+    kwargs = {}
+    if mask:
+        inputs.append(keras.Input((tokens, tokens + 3 if cross else tokens), name="mask"))
+        kwargs["attention_mask"] = inputs[-1]
+    for b in range(blocks):
+        h = keras.layers.LayerNormalization(name=f"b{b}_ln1")(x)
+        mha = keras.layers.MultiHeadAttention(
+            heads, key_dim, value_dim=value_dim, output_shape=output_shape, use_gate=use_gate,
+            use_bias=use_bias, name=f"b{b}_mha")
+        h = mha(h, context if cross else h, key=key, **kwargs)
+        if output_shape is not None:
+            h = keras.layers.Dense(width, name=f"b{b}_back")(h)
+        x = keras.layers.Add(name=f"b{b}_add1")([x, h])
+        h = keras.layers.LayerNormalization(name=f"b{b}_ln2")(x)
+        h = keras.layers.Dense(2 * width, activation="gelu", name=f"b{b}_fc1")(h)
+        x = keras.layers.Add(name=f"b{b}_add2")([x, keras.layers.Dense(width, name=f"b{b}_fc2")(h)])
+    pooled = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(5, name="head")(pooled))
+
+
+def _batch(model, n=3, seed=1):
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in model.inputs:
+        shape = (n, *t.shape[1:])
+        out.append((rng.random(shape) > 0.3).astype("float32") if t.name.startswith("mask")
+                   else rng.normal(size=shape).astype("float32"))
+    return out if len(out) > 1 else out[0]
+
+
+VARIANTS = {
+    "self": {},
+    "value_dim": {"value_dim": 4},
+    "cross": {"cross": True},
+    "cross_key": {"cross": True, "separate_key": True},
+    "output_shape": {"output_shape": 20},
+    "gate": {"use_gate": True},
+    "no_bias": {"use_bias": False},
+    "mask": {"mask": True},
+    "two_blocks": {"blocks": 2},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_profile_is_exact(variant):
+    model = _attention_model(**VARIANTS[variant])
+    prof = kp.profile(model)
+    assert prof.total_params == model.count_params()
+    assert prof.total_macs == tf_macs(model)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_precrop_rebuilds_with_fewer_heads(variant, tmp_path):
+    model = _attention_model(**VARIANTS[variant])
+    plan = kp.plan(model, params=0.5)
+    small = kp.apply_plan(model, plan)
+    assert_matches_plan(model, plan, small)
+    heads = {v["name"]: v["new"] for v in plan.variables if v["kind"] == "heads"}
+    assert heads and all(1 <= n <= 4 for n in heads.values())
+    for name, n in heads.items():
+        assert small.get_layer(name).num_heads == n == small.get_layer(name).get_config()["num_heads"]
+    path = tmp_path / "small.keras"
+    small.save(path)
+    again = keras.models.load_model(path)
+    x = _batch(model)
+    np.testing.assert_allclose(again(x), small(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_identity_plan_keeps_outputs(variant):
+    model = _attention_model(**VARIANTS[variant])
+    same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep")
+    x = _batch(model)
+    np.testing.assert_allclose(same(x), model(x), atol=1e-5)
+
+
+def _heads_only_plan(model, params):
+    """A plan under ``params`` where only attention heads may change (every other layer ignored)."""
+    others = [layer.name for layer in model.layers if "mha" not in layer.name
+              and not isinstance(layer, keras.layers.InputLayer)]
+    return kp.plan(model, params=params, ignore=others)
+
+
+@pytest.mark.parametrize("variant", ["self", "cross_key", "gate", "output_shape"])
+def test_dropping_heads_equals_zeroing_their_output_rows(variant):
+    """Against an independent reference: the original with the dropped heads' rows zeroed."""
+    model = _attention_model(**VARIANTS[variant])
+    small = kp.apply_plan(model, _heads_only_plan(model, 0.8), weights="keep")
+    mha, pruned = model.get_layer("b0_mha"), small.get_layer("b0_mha")
+    assert 1 <= pruned.num_heads < 4
+    kept = [h for h in range(4) if any(np.allclose(mha._query_dense.kernel.numpy()[:, h],
+                                                   pruned._query_dense.kernel.numpy()[:, j])
+                                       for j in range(pruned.num_heads))]
+    assert len(kept) == pruned.num_heads
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    out_kernel = reference.get_layer("b0_mha")._output_dense.kernel
+    rows = out_kernel.numpy()
+    rows[[h for h in range(4) if h not in kept]] = 0
+    out_kernel.assign(rows)
+    x = _batch(model)
+    np.testing.assert_allclose(small(x), reference(x), atol=1e-5)
+
+
+def test_heads_are_not_rounded_to_channel_multiples():
+    model = _attention_model(heads=3, key_dim=8, width=32)
+    plan = kp.plan(model, params=0.6, round_to=8, min_channels=8)
+    heads = [v for v in plan.variables if v["kind"] == "heads"]
+    assert heads and all(1 <= v["new"] <= 3 for v in heads)
+    assert all(v["new"] % 8 == 0 for v in plan.variables if v["kind"] == "channels" and not v["fixed"])
+    assert_matches_plan(model, plan, kp.apply_plan(model, plan))
+
+
+def test_attention_over_two_axes_is_exact():
+    keras.utils.set_random_seed(0)
+    x = keras.Input((4, 5, 16))
+    h = keras.layers.Conv2D(16, 1, name="proj")(x)
+    for axes, name in (((1, 2), "both"), ((2,), "rows")):
+        h = keras.layers.Add()([h, keras.layers.MultiHeadAttention(
+            2, 4, attention_axes=axes, name=name)(h, h)])
+    model = keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h)))
+    prof = kp.profile(model)
+    assert (prof.total_params, prof.total_macs) == (model.count_params(), tf_macs(model))
+    plan = kp.plan(model, params=0.5)
+    assert_matches_plan(model, plan, kp.apply_plan(model, plan))
+
+
+class _Block(keras.layers.Layer):
+    """A user's transformer block, traced through (its attention and dense layers walked)."""
+
+    def __init__(self, width, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = keras.layers.LayerNormalization()
+        self.attention = keras.layers.MultiHeadAttention(4, width // 4)
+        self.fc = keras.layers.Dense(width)
+
+    def call(self, x):
+        h = self.norm(x)
+        x = x + self.attention(h, h)
+        return x + self.fc(x)
+
+
+def test_attention_inside_a_composite_layer():
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6, 16))
+    h = _Block(16, name="block")(keras.layers.Dense(16)(x))
+    model = keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h)))
+    prof = kp.profile(model)
+    assert (prof.total_params, prof.total_macs) == (model.count_params(), tf_macs(model))
+    same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep")
+    batch = _batch(model)
+    np.testing.assert_allclose(same(batch), model(batch), atol=1e-5)
+
+
+@settings(max_examples=10, **_SETTINGS)
+@given(heads=st.integers(1, 5), key_dim=st.integers(1, 6), value_dim=st.sampled_from([None, 3]),
+       cross=st.booleans(), gate=st.booleans(), budget=st.floats(0.2, 1.0))
+def test_random_attention_models_prune_exactly(heads, key_dim, value_dim, cross, gate, budget):
+    """Random attention layers x budgets: the rebuilt model is the plan, or a library error names it."""
+    model = _attention_model(heads=heads, key_dim=key_dim, value_dim=value_dim, cross=cross,
+                             use_gate=gate, width=12, tokens=5)
+    try:
+        plan = kp.plan(model, params=budget)
+    except kp.InfeasibleBudgetError as err:
+        assert "params" in str(err)
+        return
+    small = kp.apply_plan(model, plan, weights="keep")
+    assert_matches_plan(model, plan, small)
