@@ -33,7 +33,11 @@ import os
 import keras
 
 from keras_precrop import planning
-from keras_precrop.errors import UnsupportedModelError
+from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.graph.replay import topological_nodes
+from keras_precrop.graph.walker import ignore_names
+from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths
+from keras_precrop.subject import Subject
 from keras_precrop.transfer.criteria import criterion
 
 
@@ -69,13 +73,24 @@ class PrunedBackbone(keras.Model):
         return {**super().get_config(), "attributes": dict(self._attributes)}
 
 
-def precrop(model, params=None, flops=None, **options):
+def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
     """:func:`keras_precrop.precrop` of a keras_hub task's backbone; the task rebuilt around it.
 
     Args:
         model: a keras_hub task (a model with a ``backbone``), or a backbone.
-        params: parameter budget as a ratio of the backbone's parameters.
-        flops: MAC budget as a ratio of the backbone's MACs.
+        params: parameter budget as a ratio of the backbone's parameters
+            (with ``homogeneous=True``: of the task's, head included).
+        flops: MAC budget as a ratio of the backbone's MACs (likewise).
+        homogeneous: ``True``: the same widths in every block, which the
+            backbone's own config can say (``hub_configs.CONFIG_WIDTHS``:
+            keras_hub's ``ViTBackbone``), so the result is a task of the same
+            classes built from a new config (``hidden_dim``, ``num_heads``,
+            ``mlp_dim``); it saves and loads with keras_hub alone, and the
+            head is re-created on the new hidden width. A ViT keeps its head
+            size, so its heads and hidden width shrink together. ``False``:
+            per-block widths, the backbone a functional
+            :class:`PrunedBackbone` whose output width (the head's input) is
+            kept. ``None``: ``True`` for a task of a backbone in that table.
         **options: as for :func:`keras_precrop.precrop` (``mode``,
             ``round_to``, ``ignore``: names of the backbone's layers, ...).
             With ``weights="keep"`` the backbone's surviving channels and
@@ -86,22 +101,90 @@ def precrop(model, params=None, flops=None, **options):
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
         defaults, as its constructor does), whose ``backbone`` is a
-        :class:`PrunedBackbone`; or, for a backbone, the
-        :class:`PrunedBackbone`. Its ``.precrop_plan`` is the backbone's plan.
+        :class:`PrunedBackbone` (or, homogeneous, of the backbone's class);
+        or, for a backbone, the :class:`PrunedBackbone`. Its
+        ``.precrop_plan`` is the plan (of the backbone; homogeneous: of the task).
     """
-    return _pruned(planning.precrop, model, params, flops, options)
+    options.setdefault("upper", 1.0)
+    return _pruned(planning.precrop, model, params, flops, homogeneous, options)
 
 
-def reconfigure(model, params=None, flops=None, **options):
+def reconfigure(model, params=None, flops=None, *, homogeneous=None, **options):
     """:func:`keras_precrop.reconfigure` of a task's backbone (layers may widen); see :func:`precrop`."""
-    return _pruned(planning.reconfigure, model, params, flops, options)
+    options.setdefault("upper", None)
+    return _pruned(planning.reconfigure, model, params, flops, homogeneous, options)
 
 
-def _pruned(method, model, params, flops, options):
+def _pruned(method, model, params, flops, homogeneous, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
     _check_importance(options.get("importance"))
+    widths = _config_widths(model, homogeneous)
+    if widths is not None:
+        return _homogeneous(model, params, flops, widths, options)
     new = method(backbone_of(model), params, flops, **options)
     return _rewrapped(model, new, options.get("weights"))
+
+
+def _config_widths(model, homogeneous):
+    """The backbone's :class:`~keras_precrop.hub_configs.ConfigWidths` if the plan is homogeneous."""
+    if homogeneous not in (None, True, False):
+        raise ArgumentError("{homogeneous} must be True, False or None.", homogeneous=homogeneous)
+    backbone = backbone_of(model)
+    widths = config_widths(backbone)
+    if homogeneous and widths is None:
+        raise ArgumentError(
+            f"{{homogeneous}}: the config of {type(backbone).__name__} cannot say a pruned model's "
+            f"widths (the backbones whose can: {sorted(n.rsplit('.', 1)[-1] for n in CONFIG_WIDTHS)});"
+            " use homogeneous=False.", homogeneous=homogeneous)
+    if homogeneous is False or widths is None or (homogeneous is None and backbone is model):
+        return None
+    return widths
+
+
+def _homogeneous(model, params, flops, widths, options):
+    """The task planned with the same widths in every block and re-created from a new config."""
+    applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed")
+               if key in options}
+    if applied.get("seed") is not None:
+        raise ArgumentError("{seed} cannot seed a keras_hub model made from its config; call "
+                            "keras.utils.set_random_seed first, or pass homogeneous=False.",
+                            seed=applied["seed"])
+    subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
+    graph = subject.profile(ignore_names(options.get("ignore", ())),
+                            options.get("residual", "prefix"), {}).graph
+    the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
+
+    def build(graph, new_widths, seed=None):
+        named = {v.name: w for v, w in zip(graph.variables, new_widths)}
+        return _from_config(model, widths.config(graph.variables, named))
+
+    new = planning.apply_with(subject, the_plan, build, **applied)
+    new.precrop_plan = the_plan
+    return new
+
+
+def _from_config(model, values):
+    """``model`` (a task or a backbone) re-created with its backbone's config keys set to ``values``."""
+    backbone = backbone_of(model)
+    new_backbone = type(backbone).from_config({**backbone.get_config(), **values})
+    new = new_backbone if backbone is model else type(model).from_config(
+        {**model.get_config(), "backbone": new_backbone, "preprocessor": model.preprocessor})
+    for old_fn, new_fn in ((model, new), (backbone, new_backbone)):
+        _same_op_names(old_fn, new_fn)
+    return new
+
+
+def _same_op_names(old, new):
+    """Give the ``keras.ops`` operations of ``new``'s graph the names of ``old``'s.
+
+    The same config builds the same graph, but an operation (a task's
+    ``x[:, 0]``) is named by a global counter; the plan names it as the
+    original model does, and the check of the new model against the plan
+    compares by name.
+    """
+    for a, b in zip(topological_nodes(old), topological_nodes(new), strict=True):
+        if not isinstance(a.operation, keras.layers.Layer) and type(a.operation) is type(b.operation):
+            b.operation.name = a.operation.name
 
 
 def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):

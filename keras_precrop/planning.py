@@ -28,6 +28,7 @@ from keras_precrop import latency as _latency
 from keras_precrop import transfer as _transfer
 from keras_precrop.budget import costs as _costs
 from keras_precrop.budget import kinds as _kinds
+from keras_precrop.budget import tied as _tied
 from keras_precrop.budget.modes import FLOOR_ON, MODES, solve
 from keras_precrop.errors import ArgumentError, PlanMismatchError, RebuildMismatchError
 from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
@@ -45,7 +46,7 @@ __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "p
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
          residual="prefix", latency=None, latency_model=None, balance=None, floor=None,
-         floor_on=None, calibrate=None):
+         floor_on=None, calibrate=None, tie=None):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -108,6 +109,13 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             2 when the latency model is measured in this call (on this
             machine, with its ``timer``), else 0: a latency model loaded
             from a file may describe another device.
+        tie: lists of width variable names (as ``plan.variables`` and the
+            profile name them) whose widths keep one ratio (new / original)
+            between them: every block's MLP equally wide, a transformer's
+            heads and hidden width in the ratio of its fixed head size (what
+            a config of one width per kind of layer can say; ``kp.hub``
+            ties keras_hub backbones so). Exact or uniform mode (``"auto"``
+            takes exact).
 
     Returns:
         A :class:`Plan`.
@@ -150,11 +158,16 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     budgets = {row: value for row, (value, _) in given.items()}
     arguments = {row: argument for row, (_, argument) in given.items()}
 
+    ties = _ties(cm, tie, mode)
+
     def solve_for(b):
         with _latency.floor_said(lm):  # a latency budget below it names it, with remedies
-            return solve(prof, cm, b, mode=mode, upper=upper, round_to=round_to,
-                         min_channels=min_channels, balance=balance, floor=floor,
-                         floor_on=floor_on, arguments=arguments)
+            widths, info, chosen = solve(
+                prof, cm if ties is None else ties.cm, b, mode=mode if ties is None else
+                ("exact" if mode == "auto" else mode), upper=upper, round_to=round_to,
+                min_channels=min_channels, balance=balance, floor=floor, floor_on=floor_on,
+                arguments=arguments)
+        return (widths, info, chosen) if ties is None else (ties.expand(widths), info, chosen)
 
     if calibrate:
         options = latency_model if isinstance(latency_model, dict) else {}
@@ -194,6 +207,16 @@ def _counted_budgets(prof, budget_arguments, can_grow, timed):
         wanted = _kinds.either("{" + name + ":=}" for name in _kinds.arguments())
         raise ArgumentError(f"Give at least one budget: {wanted}.")
     return given
+
+
+def _ties(cm, tie, mode):
+    """The reduced cost model of ``tie`` (see ``budget/tied.py``), or ``None`` without one."""
+    if tie is None:
+        return None
+    if mode not in ("auto", "exact", "uniform"):
+        raise ArgumentError("{tie} needs mode='exact' or 'uniform' (or 'auto'), got {mode}: the "
+                            "paper's layerwise rule sizes each layer on its own.", tie=tie, mode=mode)
+    return _tied.tied(cm, _tied.tie_classes(cm.variables, tie))
 
 
 def _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on):
@@ -326,6 +349,16 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             kept weights ranked by ``"l1"``, ``"l2"`` or ``"taylor"``, with no
             channel gained and no random layer (``Dropout``, noise).
     """
+    return apply_with(model, plan, rebuild, weights, importance, data, seed)
+
+
+def apply_with(model, plan, build, weights=None, importance=None, data=None, seed=None):
+    """:func:`apply_plan`, the new model made by ``build(graph, widths, seed=seed)``.
+
+    ``kp.hub`` re-creates a keras_hub task from a config of the plan's widths
+    with it; the model is checked against the plan and takes its kept
+    weights as a rebuild does.
+    """
     importance = _transfer.check_options(weights, importance, data)
     plan = plan_argument(plan)
     subject = Subject.of(model)
@@ -340,7 +373,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     plan = named_for(plan, graph)
     widths = planned_widths(graph, plan, model)
     _check_seed_use(seed, importance, graph, widths)
-    new, rebuilt = build_checked(graph, widths, plan, seed)
+    new, rebuilt = build_checked(graph, widths, plan, seed, build)
     if importance:
         gradients = taylor_gradients(model, data, defined) if importance.needs == "data" else None
         _transfer.carry_weights(graph, new, widths, importance, gradients,

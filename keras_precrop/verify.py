@@ -24,14 +24,17 @@ def _planned_width(graph, widths, rec):
     return channels_width(rec.outputs[0][0], lambda s: graph.new_width(s, widths))
 
 
-def build_checked(graph, widths, plan, seed=None):
+def build_checked(graph, widths, plan, seed=None, build=rebuild):
     """``graph``'s model rebuilt at ``widths`` (fresh weights) and its walk, checked against ``plan``.
+
+    ``build(graph, widths, seed=seed)`` makes the model: the graph's rebuild
+    by default; ``kp.hub`` re-creates a keras_hub task from its config instead.
 
     Raises:
         RebuildMismatchError: the rebuilt model's costs disagree with the plan
             (a model that disagrees is never returned).
     """
-    new = rebuild(graph, widths, seed=seed)
+    new = build(graph, widths, seed=seed)
     rebuilt, mismatch = check(new, graph, widths, plan)  # the one walk of the new model
     if mismatch is not None:
         raise RebuildMismatchError(

@@ -120,13 +120,18 @@ def _op_macs(op):
 
 
 def _einsum_macs(op):
-    """A two-operand einsum's MACs: the product of the sizes of every index letter it names."""
+    """A two-operand einsum's MACs: the product of the sizes of every index it names, an
+    ellipsis's axes aligned from the right as einsum broadcasts them (``"...a,ab->...b"``)."""
     inputs = op.get_attr("equation").decode().replace(" ", "").split("->")[0].split(",")
-    assert len(inputs) == 2 and "." not in "".join(inputs), op.get_attr("equation")
+    assert len(inputs) == 2 and all("..." not in s.strip(".") for s in inputs), inputs
     sizes = {}
-    for letters, tensor in zip(inputs, op.inputs):
-        for letter, size in zip(letters, tensor.shape.as_list()):
-            sizes[letter] = max(sizes.get(letter, 1), size)
+    for spec, tensor in zip(inputs, op.inputs):
+        shape = tensor.shape.as_list()
+        named = spec.replace("...", "")
+        elided = [f"...{i}" for i in range(len(shape) - len(named), 0, -1)]
+        for label, size in zip(elided + list(named) if spec.startswith("...") else
+                               list(named) + elided, shape):
+            sizes[label] = max(sizes.get(label, 1), size)
     return math.prod(sizes.values())
 
 

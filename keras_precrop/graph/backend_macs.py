@@ -94,6 +94,8 @@ def _tf_graph_macs(graph, tf_ops):
             return None  # a loop's trip count or a branch taken is not in the graph
         elif op.type in _TF_TRANSPOSED:
             total += _tf_transposed_macs(op)
+        elif op.type == "Einsum":  # TensorFlow registers no flops for it
+            total += _tf_einsum_macs(op)
         elif _COSTLY.search(op.type):
             flops = tf_ops.get_stats_for_node_def(graph, op.node_def, "flops").value
             if flops is None:
@@ -107,6 +109,19 @@ def _tf_transposed_macs(op):
     kernel, pixels = op.inputs[1].shape, op.inputs[2].shape
     channels = 1 if op.get_attr("data_format").decode().startswith("NC") else -1
     return math.prod(pixels) // pixels[channels] * math.prod(kernel)
+
+
+def _tf_einsum_macs(op):
+    """MACs of an ``Einsum`` op: the product of every label's size (an ellipsis's axes aligned
+    from the right, as einsum broadcasts them)."""
+    sizes = {}
+    for spec, tensor in zip(op.get_attr("equation").decode().split("->")[0].split(","), op.inputs):
+        shape = tensor.shape.as_list()
+        named = spec.replace("...", "")
+        elided = [f"...{i}" for i in range(len(shape) - len(named), 0, -1)]
+        sizes.update(zip(elided + list(named) if spec.startswith("...") else list(named) + elided,
+                         shape))
+    return math.prod(sizes.values())
 
 
 def _jax_macs(call, specs):

@@ -36,6 +36,8 @@ from keras_precrop.graph.channels import (
     output_shape,
     width_of,
 )
+from keras_precrop.graph.einsum import EinsumDense
+from keras_precrop.graph.embedding import VIT_EMBEDDINGS
 from keras_precrop.graph.handler_base import (
     BIAS,
     Handler,
@@ -47,6 +49,7 @@ from keras_precrop.graph.handler_base import (
 from keras_precrop.graph.shape_handlers import (
     Flatten,
     OpAxes,
+    OpGetItem,
     OpPad,
     OpReshape,
     OpSplit,
@@ -170,9 +173,22 @@ class Fixed(Handler):
     one call on inputs of the recorded shapes (``backend_macs``). When the
     backend cannot count them, ``rec.macs_unknown`` is set and the budgets
     that count MACs or time refuse the model, naming the layer.
+
+    An output whose channel (last) axis has no size in the graph (a layer
+    whose ``compute_output_shape`` or symbolic ``call`` leaves it ``None``)
+    is refused by name: its channels would be fixed at a width nobody knows,
+    and keeping the layer whole is then no remedy.
     """
 
     def walk(self, ctx, rec, node, ins):
+        for t in node.outputs:
+            if t.shape[-1] is None:
+                raise UnsupportedLayerError(
+                    f"Layer {rec.path!r} of class {type(rec.layer).__name__} outputs a tensor "
+                    f"of shape {tuple(t.shape)}, whose channel (last) axis has no size: a block "
+                    "kept whole keeps its channels at a fixed width, and this width is unknown. "
+                    "Give the layer a compute_output_shape() that returns that size (inside "
+                    "a composite layer: keep the composite whole with ignore=[its name]).")
         for ch in ins:
             ctx.fix(ch)
         const_weights(ctx, rec)
@@ -498,6 +514,7 @@ for _cls in (L.Conv1D, L.Conv2D, L.Conv3D):
 for _cls in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
     register_handler(_cls, ConvTranspose())
 register_handler(L.Dense, Dense())
+register_handler(L.EinsumDense, EinsumDense())
 for _cls in (L.DepthwiseConv1D, L.DepthwiseConv2D):
     register_handler(_cls, Depthwise())
 for _cls in (L.SeparableConv1D, L.SeparableConv2D):
@@ -520,6 +537,14 @@ for _name, _rule in (
     ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.LayerScale2d", Tie("dim")),
     ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.RmsNorm2d", Normalize("dim")),
     ("keras_hub.src.models.mobilenetv5.mobilenetv5_layers.DropPath", Tie()),
+    # Vision transformers' per-channel layer scale and per-example drop path.
+    ("keras_hub.src.models.dinov2.dinov2_layers.DINOV2LayerScale", Tie("hidden_dim")),
+    ("keras_hub.src.models.dinov3.dinov3_layers.DINOV3LayerScale", Tie("hidden_dim")),
+    ("keras_hub.src.models.dinov2.dinov2_layers.DINOV2DropPath", Tie()),
+    ("keras_hub.src.models.dinov3.dinov3_layers.DINOV3DropPath", Tie()),
+    ("keras_hub.src.models.mit.mit_layers.DropPath", Tie()),
+    ("keras_hub.src.models.swin_transformer.swin_transformer_layers.DropPath", Tie()),
+    *VIT_EMBEDDINGS,  # patch embeddings that create a vision transformer's stream (embedding.py)
 ):
     register_handler(_name, _rule)
 register_handler(L.Flatten, Flatten())
@@ -550,7 +575,7 @@ for _name in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Maximum",
 for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate", Concat()),
                      ("Mean", OpAxes()), ("Sum", OpAxes()), ("Max", OpAxes()),
                      ("Min", OpAxes()), ("Squeeze", OpAxes()), ("ExpandDims", OpAxes()),
-                     ("Split", OpSplit())):
+                     ("Split", OpSplit()), ("GetItem", OpGetItem())):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), _rule)
 # A nested model that a trace dissolves converts its inputs (``Functional.call``).

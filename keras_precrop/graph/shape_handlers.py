@@ -110,11 +110,15 @@ class OpReshape(Handler):
     spells out the channel count last (``(-1, 1, 1, C)`` in a
     squeeze-and-excitation block) is rebuilt with the new count. A flatten
     (``(-1, H * W * C)``) is replayed as recorded, so one that spells out its
-    size keeps its channels fixed.
+    size keeps its channels fixed. Sizes left open (``None`` past the
+    batch axis) are refused by name.
     """
 
     def walk(self, ctx, rec, node, ins):
         shape_in, shape_out = input_shape(node), output_shape(node)
+        if None in shape_in[1:] + shape_out[1:]:
+            _refuse_op(rec, node, "reshapes sizes it leaves open (None), which neither its "
+                       "channels nor the costs after it can be read from")
         flatten = len(shape_out) == 2
         if not flatten and not (shape_in[-1] == shape_out[-1] and math.prod(
                 shape_in[1:-1]) == math.prod(shape_out[1:-1])):
@@ -182,3 +186,36 @@ class OpSplit(Handler):
     def channel_map(self, rec, node):
         """Channel to channel: the pieces together are the input's channels in order."""
         return [np.arange(input_shape(node)[-1])]
+
+
+class OpGetItem(Handler):
+    """``x[...]`` on a symbolic tensor that leaves the channel axis last and whole.
+
+    A vision transformer's classifier takes its class token with
+    ``x[:, 0, :]``: the channels flow through. An index that selects
+    channels (``x[..., :8]``) is refused by name.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        if not _channel_entry_whole(node.arguments.args[1], len(input_shape(node))):
+            _refuse_op(rec, node, "indexes the channel axis")
+        return [ins[0]]
+
+    def channel_map(self, rec, node):
+        return [np.arange(input_shape(node)[-1])]
+
+
+def _channel_entry_whole(key, rank):
+    """Whether index ``key`` on a tensor of ``rank`` axes takes the last axis whole."""
+    key = tuple(key) if isinstance(key, tuple) else (key,)
+    if Ellipsis in key:
+        after = key[key.index(Ellipsis) + 1:]
+        consumed = [k for k in after if k is not None]
+        return not consumed or _whole(consumed[-1])
+    consumed = [k for k in key if k is not None]
+    return len(consumed) < rank or _whole(consumed[rank - 1])
+
+
+def _whole(entry):
+    """Whether one index entry takes its axis whole (``:``)."""
+    return isinstance(entry, slice) and entry == slice(None)

@@ -1,0 +1,92 @@
+"""keras_hub backbones whose config says their widths: pruned into a config of the same class.
+
+A keras_hub transformer backbone saves its constructor's arguments, one
+width per kind of layer (``ViTBackbone``: ``hidden_dim``, ``num_heads``,
+``mlp_dim``, the same in every block). A plan with the same widths in every
+block (*homogeneous*) is such a config, so the pruned task comes back as the
+same keras_hub class built from a new config: it saves, loads and fine-tunes
+with keras_hub alone, and the task's head is re-created on the new hidden
+width. :data:`CONFIG_WIDTHS` is the table of such backbones: which config key
+each width variable of the task's walk stands for (by the variable's name),
+and which keys keep one ratio (a ViT's heads and hidden width: its head size
+``hidden_dim // num_heads`` stays). Nothing here imports keras_hub.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from keras_precrop.errors import ArgumentError, UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigWidths:
+    """How a backbone class's config says the widths of its task's width variables.
+
+    Attributes:
+        keys: ``{config key: pattern}``: the free width variables whose name
+            ends in the pattern (a regular expression) are that key's.
+        ratios: tuples of keys whose widths keep one ratio (new / original).
+    """
+
+    keys: dict
+    ratios: tuple = ()
+
+    def classes(self, variables):
+        """``{config key: [variable names]}``, every free variable in exactly one key.
+
+        A key's variables may be fixed (a bare backbone's output keeps its
+        hidden width); tied to it by a ratio, the others stay as they are.
+
+        Raises:
+            UnsupportedModelError: a free variable no key claims (the config
+                cannot say its width), or a key that claims none.
+        """
+        found = {key: [v.name for v in variables if re.search(pattern + "$", v.name)]
+                 for key, pattern in self.keys.items()}
+        claimed = {name for names in found.values() for name in names}
+        loose = [v.name for v in variables if not v.fixed and v.name not in claimed]
+        empty = [key for key, names in found.items() if not names]
+        if loose or empty:
+            raise UnsupportedModelError(
+                "homogeneous=True cannot say these widths in the backbone's config: "
+                + (f"no config key for {loose[:4]}" if loose else f"no width for {empty}")
+                + ". Use homogeneous=False (a functional model with per-block widths).")
+        return found
+
+    def tie(self, variables):
+        """``plan(tie=...)``: each key's variables, the keys of a ratio together."""
+        found = self.classes(variables)
+        joined = {key for keys in self.ratios for key in keys}
+        groups = [[name for key in keys for name in found[key]] for keys in self.ratios]
+        return [g for g in groups + [found[k] for k in found if k not in joined] if len(g) > 1]
+
+    def config(self, variables, widths):
+        """``{config key: new width}`` from the planned ``widths`` (``{variable name: width}``)."""
+        out = {}
+        for key, names in self.classes(variables).items():
+            values = {widths[name] for name in names}
+            if len(values) != 1:
+                raise ArgumentError(f"{{plan}} gives {key} several widths ({sorted(values)}); a "
+                                    "homogeneous plan gives one (plan with tie=...).", plan=key)
+            out[key] = int(values.pop())
+        return out
+
+
+# keras_hub backbones, by qualified class name.
+CONFIG_WIDTHS = {
+    "keras_hub.src.models.vit.vit_backbone.ViTBackbone": ConfigWidths(
+        keys={"hidden_dim": r"_patching_and_embedding", "num_heads": r"_mha",
+              "mlp_dim": r"_mlp_dense"},
+        ratios=(("hidden_dim", "num_heads"),)),
+}
+
+
+def config_widths(backbone):
+    """The :class:`ConfigWidths` of ``backbone``'s class (or a base class), or ``None``."""
+    for cls in type(backbone).__mro__:
+        found = CONFIG_WIDTHS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,163 @@
+"""keras_hub vision transformers through kp.hub (issue 61): homogeneous plans as new configs.
+
+References: Keras' ``count_params()``, TensorFlow's MAC count, the keras_hub
+class and config of the result, a ``.keras`` round trip with keras_hub
+alone, the original's outputs (identity plans) and its weights (kept slices).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_precrop as kp
+from tests.conftest import tf_macs
+
+keras_hub = pytest.importorskip("keras_hub")
+
+
+def _vit(layers=3, heads=4, hidden=32, mlp=64, task=True, seed=0):
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=layers, num_heads=heads,
+        hidden_dim=hidden, mlp_dim=mlp)
+    if not task:
+        return backbone
+    return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=10,
+                                               preprocessor=None, activation=None)
+
+
+def _images(n=2, seed=1):
+    return np.random.default_rng(seed).random((n, 32, 32, 3)).astype("float32")
+
+
+@pytest.mark.parametrize("budget", [{"params": 0.5}, {"flops": 0.4}])
+def test_a_vit_task_comes_back_as_keras_hub_classes_with_a_new_config(budget, tmp_path):
+    model = _vit()
+    small = kp.hub.precrop(model, **budget)
+    backbone = small.backbone
+    assert type(small) is type(model) and type(backbone) is type(model.backbone)
+    plan = small.precrop_plan
+    assert small.count_params() == plan.params and tf_macs(small) == plan.macs
+    kind, ratio = next(iter(budget.items()))
+    original = model.count_params() if kind == "params" else tf_macs(model)
+    assert (plan.params if kind == "params" else plan.macs) <= ratio * original
+    assert backbone.hidden_dim // backbone.num_heads == 32 // 4  # the head size is kept
+    assert backbone.hidden_dim < 32 or backbone.mlp_dim < 64
+    path = tmp_path / "small.keras"
+    small.save(path)
+    again = keras.models.load_model(path)  # keras_hub's own classes: nothing of this package
+    assert type(again) is type(model)
+    np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
+
+
+def test_an_identity_plan_keeps_the_outputs():
+    model = _vit()
+    same = kp.hub.precrop(model, params=1.0, weights="keep")
+    assert type(same.backbone) is type(model.backbone)
+    np.testing.assert_allclose(same(_images()), model(_images()), atol=1e-5)
+
+
+def _positions(new, old):
+    """Where each of ``new``'s (distinct, random) values sits in ``old``."""
+    where = [np.flatnonzero(old == value) for value in new]
+    assert all(len(w) == 1 for w in where)
+    return np.concatenate(where)
+
+
+def test_kept_weights_are_slices_of_the_original():
+    """Against the original's arrays: the class token says which hidden channels stay, each
+    MLP's first bias which neurons; its kernel is the original's at those rows and columns."""
+    model = _vit()
+    small = kp.hub.precrop(model, params=0.5, weights="keep")
+    old = {w.path: keras.ops.convert_to_numpy(w) for w in model.weights}
+    new = {w.path: keras.ops.convert_to_numpy(w) for w in small.weights}
+    token = next(path for path in old if path.endswith("class_token"))
+    rows = _positions(new[token].ravel(), old[token].ravel())
+    assert len(rows) == small.backbone.hidden_dim and (np.diff(rows) > 0).all()
+    checked = 0
+    for path in new:
+        if path.endswith("mlp/dense_1/bias"):
+            columns = _positions(new[path], old[path])
+            kernel = path[:-len("bias")] + "kernel"
+            np.testing.assert_array_equal(new[kernel], old[kernel][np.ix_(rows, columns)])
+            checked += 1
+    assert checked == 3
+
+
+def test_per_block_widths_on_request_keep_the_heads_input():
+    model = _vit()
+    small = kp.hub.precrop(model, params=0.6, homogeneous=False)
+    assert isinstance(small.backbone, kp.hub.PrunedBackbone)
+    assert small.count_params() <= 0.6 * model.count_params() + model.count_params() * 0.02
+    assert small.backbone.output.shape[-1] == 32  # the head reads the backbone's output widths
+
+
+def test_homogeneous_on_a_bare_backbone_prunes_what_its_output_allows():
+    backbone = _vit(task=False)
+    small = kp.hub.precrop(backbone, params=0.8, homogeneous=True)
+    assert type(small) is type(backbone)
+    assert small.hidden_dim == 32 and small.num_heads == 4 and small.mlp_dim < 64
+
+
+def test_homogeneous_refusals_name_the_argument():
+    resnet = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64],
+        stackwise_num_blocks=[1], stackwise_num_strides=[1], block_type="basic_block",
+        use_pre_activation=False, image_shape=(32, 32, 3))
+    with pytest.raises(kp.ArgumentError, match="homogeneous.*ViTBackbone"):
+        kp.hub.precrop(resnet, params=0.5, homogeneous=True)
+    with pytest.raises(kp.ArgumentError, match="seed"):
+        kp.hub.precrop(_vit(), params=0.5, seed=3)
+    with pytest.raises(kp.ArgumentError, match="homogeneous"):
+        kp.hub.precrop(_vit(), params=0.5, homogeneous="yes")
+
+
+def _mlp_blocks(blocks=3, width=16, mlp=32):
+    keras.utils.set_random_seed(0)
+    x = keras.Input((5, width))
+    h = keras.layers.Dense(width, name="embed")(x)
+    for b in range(blocks):
+        u = keras.layers.Dense(mlp, activation="gelu", name=f"up{b}")(h)
+        h = keras.layers.Add()([h, keras.layers.Dense(width, name=f"down{b}")(u)])
+    return keras.Model(x, keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def test_tie_keeps_one_width_ratio_per_class():
+    model = _mlp_blocks()
+    plan = kp.plan(model, params=0.5, residual="tie", tie=[["up0", "up1", "up2"]])
+    widths = plan.widths
+    assert widths["up0"] == widths["up1"] == widths["up2"] < 32
+    small = kp.apply_plan(model, plan)
+    assert small.count_params() == plan.params and tf_macs(small) == plan.macs
+    assert plan.params <= 0.5 * model.count_params()
+
+
+@pytest.mark.parametrize("tie, match", [
+    ([["up0", "nope"]], "'nope'"),
+    ([["up0", "up1"], ["up1", "up2"]], "two lists"),
+    ([["up0"]], "two or more"),
+])
+def test_tie_refusals_name_the_argument(tie, match):
+    with pytest.raises(kp.ArgumentError, match=match):
+        kp.plan(_mlp_blocks(), params=0.5, residual="tie", tie=tie)
+
+
+def test_tie_refuses_a_mode_that_sizes_layers_alone():
+    with pytest.raises(kp.ArgumentError, match="mode"):
+        kp.plan(_mlp_blocks(), params=0.5, residual="tie", tie=[["up0", "up1"]], mode="layerwise")
+
+
+def test_an_index_that_keeps_the_channels_flows_one_that_takes_them_is_refused():
+    keras.utils.set_random_seed(0)
+    x = keras.Input((5, 8))
+    h = keras.layers.Dense(8, name="embed")(x)
+    token = h[:, 0, :]
+    model = keras.Model(x, keras.layers.Dense(3, name="head")(token))
+    prof = kp.profile(model)
+    assert (prof.total_params, prof.total_macs) == (model.count_params(), tf_macs(model))
+    plan = kp.plan(model, params=0.6)
+    assert kp.apply_plan(model, plan).count_params() == plan.params
+    half = keras.Model(x, keras.layers.Dense(3)(keras.layers.Dense(8)(x)[..., :4]))
+    with pytest.raises(kp.UnsupportedLayerError, match="indexes the channel axis") as err:
+        kp.profile(half)
+    assert kp.profile(half, ignore=err.value.arguments["ignore"]).total_params == half.count_params()
