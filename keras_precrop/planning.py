@@ -290,6 +290,9 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_sh
         })
     total = cm.totals(widths)
     info = dict(info, objective=float(cm.objective(widths)))
+    renormalized = _renormalized(prof.graph, layers)
+    if renormalized:
+        info["renormalized"] = renormalized
     extra = cm.row_names[2:]  # e.g. latency: seconds, not counts
     return Plan(
         model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,
@@ -304,6 +307,22 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_sh
         budgets={row: budgets.get(row) for row in cm.row_names},
         solver=info, input_shapes=input_shapes,
     )
+
+
+def _renormalized(graph, layers):
+    """The layers that compute statistics across channels (LayerNormalization) and lose some.
+
+    Cutting the stream a norm reads is allowed (Minitron and Torch-Pruning
+    prune transformers' hidden width so), but the kept channels are then
+    normalized by other statistics: the plan says where, so a user who keeps
+    trained weights knows why the outputs moved and fine-tunes.
+    """
+    first = {}
+    for call in graph.calls:
+        first.setdefault(call.record.path, call)
+    cut = {row["name"] for row in layers if row["channels_in"] != row["channels_in_new"]}
+    return [path for path, call in first.items()
+            if path in cut and call.record.handler.mixes_statistics(call.record, call.node)]
 
 
 def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):

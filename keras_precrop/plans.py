@@ -192,6 +192,13 @@ class Plan(_json.JsonDataclass):
                      f"(target {calibration['target']:.1%}, {len(calibration['rounds'])} "
                      f"round{'s' * (len(calibration['rounds']) > 1)}"
                      f"{'' if calibration['met'] else '; NOT met'})")
+        renormalized = self.solver.get("renormalized")
+        if renormalized:
+            print_fn(f"Note: {len(renormalized)} layer{'s' * (len(renormalized) > 1)} that "
+                     f"normalize across channels lose some ({', '.join(renormalized[:3])}"
+                     f"{', ...' if len(renormalized) > 3 else ''}): the channels kept are "
+                     "normalized by other statistics, so kept weights compute something new "
+                     "there until fine-tuned.")
 
 
 def _change(before, after):

@@ -200,3 +200,18 @@ def test_random_attention_models_prune_exactly(heads, key_dim, value_dim, cross,
         return
     small = kp.apply_plan(model, plan, weights="keep")
     assert_matches_plan(model, plan, small)
+
+
+def test_the_plan_says_which_norms_lose_channels():
+    model = _attention_model(blocks=2)
+    plan = kp.plan(model, params=0.5)
+    cut = {row["name"] for row in plan.layers if row["class_name"] == "LayerNormalization"
+           and row["channels_in"] != row["channels_in_new"]}
+    assert cut and set(plan.solver["renormalized"]) == cut
+    lines = []
+    plan.summary(print_fn=lines.append)
+    assert any(line.startswith(f"Note: {len(cut)} layers that normalize across channels")
+               for line in lines)
+    heads_only = kp.plan(model, params=0.9, ignore=[layer.name for layer in model.layers
+                                                   if "mha" not in layer.name])
+    assert "renormalized" not in heads_only.solver

@@ -189,6 +189,16 @@ class Handler:
         """
         return op
 
+    def mixes_statistics(self, rec, node):
+        """Whether the layer computes statistics across its channels (a LayerNormalization).
+
+        Cutting such a layer's channels changes what it computes for the
+        channels that stay; a plan's summary says where it does (``node``:
+        the layer's first call). ``False`` by default (BatchNormalization's
+        statistics are per channel).
+        """
+        return False
+
     def channel_map(self, rec, node):
         """Which input channel each output channel of a call comes from.
 
@@ -219,7 +229,12 @@ class Handler:
           kernels, each input channel's ``depth_multiplier`` channels in turn
           (new ones start at zero);
         * ``"channel"``: a depthwise kernel's slab of each input channel;
-        * ``"out"``: the output channels (kernels, biases, per-channel scales).
+        * ``"out"``: the output channels (kernels, biases, per-channel scales);
+        * ``"in:<i>"``: the channels of the call's input ``i`` (an attention
+          layer's key and value; new ones start at zero);
+        * ``"unit"`` / ``"unit_in"``: the units the layer creates inside and
+          writes / reads (attention heads: a projection's head axis / the
+          output projection's; new ones start from the initializer / at zero).
 
         The default reads :meth:`specs_of`: a kernel's ``in_axis`` and
         ``out_axis``, a depthwise kernel's ``in_axis``, the last axis of

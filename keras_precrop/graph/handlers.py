@@ -156,6 +156,9 @@ class Normalize(Tie):
             return None
         return elementwise_map(node)
 
+    def mixes_statistics(self, rec, node):
+        return _acts_on_channels(rec.layer, len(input_shape(node)))
+
 
 def _acts_on_channels(layer, rank):
     """Whether a layer's weights follow the channel axis (its ``axis`` says)."""
