@@ -62,11 +62,12 @@ def build(seed):
 
 
 def compile_teacher(model, steps_per_epoch, epochs):
-    """AdamW with a linear warm-up and cosine decay to 0 over ``epochs``."""
-    warmup = RECIPE["warmup_epochs"] * steps_per_epoch
+    """AdamW with a linear warm-up (of fewer epochs in a shorter run) and cosine decay to 0."""
+    warmup = min(RECIPE["warmup_epochs"], epochs - 1) * steps_per_epoch
+    rate = RECIPE["learning_rate"]
     schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0, decay_steps=epochs * steps_per_epoch - warmup,
-        warmup_target=RECIPE["learning_rate"], warmup_steps=warmup)
+        initial_learning_rate=0.0 if warmup else rate, decay_steps=epochs * steps_per_epoch - warmup,
+        warmup_target=rate if warmup else None, warmup_steps=warmup)
     model.compile(
         optimizer=keras.optimizers.AdamW(schedule, weight_decay=RECIPE["weight_decay"]),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -1,0 +1,105 @@
+"""Issue 61's evidence at initialization: the CIFAR-10 ViT pruned before training, trained from scratch.
+
+The model is the teacher's architecture (``train_vit_teacher.py``: keras_hub's
+``ViTImageClassifier``, 32x32, patch 4, 6 x 4 heads, hidden 128, MLP 256),
+freshly initialized from ``--seed``, then cut to a budget before any training
+by one of:
+
+* ``precrop``: ``kp.precrop`` of the whole task (the solver's widths per block:
+  heads, MLP neurons and the hidden stream), a functional model;
+* ``uniform``: the same with ``mode="uniform"``, one width factor for every
+  width (the width-multiplier baseline);
+* ``homogeneous``: ``kp.hub.precrop`` with ``homogeneous=True``, the same
+  widths in every block, a ``ViTImageClassifier`` of a new config.
+
+It trains with the teacher's recipe (AdamW, warm-up and cosine) for
+``--epochs`` and writes ``results.json`` (test accuracy, parameters, MACs,
+the plan's widths) into ``experiments/runs/<run name>``; a killed run resumes
+after its last finished epoch (``kp.train.fit``). Timing the arms against
+each other is ``benchmarks``' job (interleaved, on a quiet machine).
+
+Example::
+
+  setsid nohup nice -n 19 python experiments/vit_at_init.py --method precrop \\
+      --params 0.5 --seed 0 > /tmp/vit_precrop_s0.log 2>&1 &
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import keras
+
+import keras_precrop as kp
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+import train_vit_teacher as _teacher  # noqa: E402  (the architecture and recipe)
+
+METHODS = ("precrop", "uniform", "homogeneous")
+
+
+def run_name(args):
+    """The run's directory name: ``vit_cifar-precrop-params0.5-ep10-s0``."""
+    budget = "".join(f"{kind}{getattr(args, kind)}" for kind in ("params", "flops", "latency")
+                     if getattr(args, kind) is not None)
+    return f"vit_cifar-{args.method}-{budget}-ep{args.epochs}-s{args.seed}"
+
+
+def pruned(model, args):
+    """``model`` cut at initialization by ``args.method`` to ``args``' budget."""
+    budgets = {kind: getattr(args, kind) for kind in ("params", "flops", "latency")
+               if getattr(args, kind) is not None}
+    if args.latency is not None:
+        budgets["latency_model"] = {"batch_size": _teacher.RECIPE["batch_size"], "verbose": 0}
+    if args.method == "homogeneous":
+        return kp.hub.precrop(model, homogeneous=True, **budgets)
+    return kp.precrop(model, mode="uniform" if args.method == "uniform" else "auto",
+                      seed=args.seed, **budgets)
+
+
+def main(argv=None):
+    """Prunes, trains (or resumes) one run and writes its results."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--method", choices=METHODS, required=True)
+    for kind in ("params", "flops", "latency"):
+        parser.add_argument(f"--{kind}", type=float, help=f"{kind} budget, a ratio")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--data_dir", default=str(ROOT.parent.parent / "shared" / "tfds"))
+    parser.add_argument("--steps_per_epoch", type=int, help="a smoke test's short epochs")
+    parser.add_argument("--model_dir", help="default: experiments/runs/<run name>")
+    args = parser.parse_args(argv)
+    model_dir = pathlib.Path(args.model_dir or ROOT / "runs" / run_name(args))
+    train = kp.data.load("cifar10", "train", _teacher.RECIPE["batch_size"],
+                         data_dir=args.data_dir, seed=args.seed)
+    test = kp.data.load("cifar10", "test", 500, data_dir=args.data_dir)
+    original = _teacher.build(args.seed)
+    model = pruned(original, args)
+    plan = model.precrop_plan
+    _teacher.compile_teacher(model, args.steps_per_epoch or int(train.cardinality()), args.epochs)
+    start = time.time()
+    result = kp.train.fit(model, train, test, model_dir=str(model_dir), epochs=args.epochs,
+                          steps_per_epoch=args.steps_per_epoch,
+                          eval_steps=args.steps_per_epoch and 2, tensorboard=False)
+    accuracy = 100 * result.model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
+    record = {
+        "method": args.method, "budgets": {k: getattr(args, k) for k in ("params", "flops", "latency")},
+        "epochs": args.epochs, "seed": args.seed, "test_accuracy": accuracy,
+        "params": result.model.count_params(), "original_params": original.count_params(),
+        "macs": plan.macs, "original_macs": plan.original["macs"], "mode": plan.mode,
+        "widths": plan.widths, "train_seconds_this_call": time.time() - start,
+        "command": " ".join(["python", "experiments/vit_at_init.py", *sys.argv[1:]]),
+        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                     text=True, cwd=ROOT).stdout.strip(),
+        "backend": keras.backend.backend(), "keras": keras.__version__,
+    }
+    (model_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
