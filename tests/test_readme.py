@@ -518,6 +518,22 @@ def _check_keras_hub_task(namespace, printed, cwd):
     assert f"ResNetImageClassifier {small.backbone.count_params():,} / {backbone.count_params():,}" in printed
 
 
+def _check_vit_task(namespace, printed, cwd):
+    """The pruned ViT is a ``ViTImageClassifier`` of a new config (the head size kept: hidden width
+    = heads x 16), at most half the parameters by Keras' count, with the original's kept weights in
+    place (its class token's values are among the original's), and the summary notes the norms."""
+    task, small = namespace["task"], namespace["small"]
+    backbone = small.backbone
+    assert type(small) is type(task) and type(backbone) is type(task.backbone)
+    assert backbone.hidden_dim == 16 * backbone.num_heads and backbone.hidden_dim < 64
+    assert small.count_params() == small.precrop_plan.params <= 0.5 * task.count_params()
+    assert f"{backbone.hidden_dim} {backbone.num_heads} {backbone.mlp_dim}" in printed
+    token = [w for w in small.weights if w.path.endswith("class_token")][0].numpy().ravel()
+    original = [w for w in task.weights if w.path.endswith("class_token")][0].numpy().ravel()
+    assert set(token.tolist()) <= set(original.tolist())
+    assert "normalize across channels" in printed
+
+
 # A distinctive line of each runnable block -> its check (see the module docstring).
 BLOCK_CHECKS = {
     # README.md
@@ -527,6 +543,7 @@ BLOCK_CHECKS = {
     "pruning = kp.GradualPruning(plan, end_step=4, frequency=2,": _check_gradual,
     "lm = kp.latency_model(model, batch_size=64, variants=8, rounds=3)": _check_latency_budgets,
     'small.export("small.onnx", format="onnx", verbose=False)': _check_deployment,
+    'small = kp.hub.precrop(task, params=0.5, weights="keep")  # a ViTImageClassifier': _check_vit_task,
     "keras-precrop precrop resnet20 --flops 0.5 --round_to 8 --out small.keras --plan plan.json":
         _check_quick_command_line,
     # docs/guide.md

@@ -40,6 +40,7 @@ import warnings
 import keras
 from keras.src.backend.common import global_state
 from keras.src.layers.layer import CallContext
+from keras.src.ops.numpy import Reshape as _Reshape
 from keras.src.utils.naming import to_snake_case
 
 from keras_precrop.errors import UnsupportedLayerError, UnsupportedModelError
@@ -114,11 +115,23 @@ def traced(model, ignore=(), refused=None) -> Traced:
                 raise
             collected.append(err)
             ignore |= names
+    collected = _outermost(collected, result)
     if refused is None and collected:
         raise UnsupportedLayerError.together(collected, model.name)
     if refused is not None:
         refused.extend(collected)
     return result
+
+
+def _outermost(refusals, result):
+    """The refusals whose layers are in the traced graph ``result``.
+
+    A layer refused inside a composite that was refused later is no layer of
+    the graph (the composite is kept whole), so ``ignore`` would not take its
+    name: the composite's own refusal stands for it.
+    """
+    names = {result.name(op) for op in result.functional.operations}
+    return [err for err in refusals if names & set(err.arguments["ignore"])]
 
 
 def input_specs(model):
@@ -156,6 +169,7 @@ def _trace(model, ignore) -> Traced:
     base = dict(names)
     with calls_undone(model), _renamed(found, composites), _dissolving(composites, names):
         functional = _retrace(model, fn)
+    _close_reshapes(functional, fn, names, (found, composites, model))
     _check_training_branches(model, fn, (found, composites, base), (functional, names))
     return Traced(functional, {i: name for i, name in names.items() if i not in composites})
 
@@ -468,6 +482,46 @@ def _retrace(model, fn):
     return keras.Model(x, model(x), name=model.name)
 
 
+def _close_reshapes(functional, fn, names, owners):
+    """Make the reshapes a dissolved ``call`` recorded replayable, or refuse their composite.
+
+    A ``call`` that reshapes by sizes it reads from a symbolic tensor
+    (``B = ops.shape(x)[0]``; ``ops.reshape(x, (B, H, W, C))``) records the
+    open batch size as ``None``, which no backend reshapes by: the traced
+    graph would fail on data. One open size is what ``-1`` means, and becomes
+    ``-1``. Two or more (``(B, -1, C)``) leave the sizes undetermined (which
+    tensor's batch ``B`` was is not recorded), so the composite whose
+    ``call`` holds the reshape is refused by name and kept whole.
+
+    Args:
+        functional, fn: the traced graph and the model's own (``None``:
+            subclassed); the model's own operations are left as they are.
+        names: ``id -> name by place`` of the traced operations.
+        owners: ``(found, composites, model)`` of the trace (see :func:`_owner`).
+    """
+    own = {id(op) for op in fn.operations} if fn is not None else set()
+    for op in functional.operations:
+        newshape = getattr(op, "newshape", None)
+        if id(op) in own or not isinstance(op, _Reshape) or None not in newshape:
+            continue
+        if sum(d is None or d == -1 for d in newshape) == 1:
+            op.newshape = tuple(-1 if d is None else d for d in newshape)
+            continue
+        name = names.get(id(op), op.name)
+        owner = _owner(name, *owners)
+        why = (f"reshapes sizes it leaves open ({name!r}: to {tuple(newshape)}, sizes "
+               "read with ops.shape() on a symbolic tensor, whose batch size is None), so "
+               "its trace cannot be replayed")
+        if owner is None:
+            raise UnsupportedModelError(f"Model {owners[2].name!r} {why}. Reshape with one "
+                                        "open size (-1) or with sizes known in advance.")
+        layer = next(layer for layer, n in owners[0].values() if n == owner)
+        raise UnsupportedLayerError(
+            f"Layer {owner!r} of class {type(layer).__name__} {why}. Keep the layer whole with "
+            f"{{ignore}} (its channels then stay fixed) or describe it with "
+            f"keras_precrop.register_handler({type(layer).__name__}, ...).", ignore=[owner])
+
+
 @contextlib.contextmanager
 def _training(mode):
     """Call layers as ``model(x, training=mode)`` does: Keras' call context holds ``mode``."""
@@ -479,6 +533,44 @@ def _training(mode):
         yield
     finally:
         global_state.set_global_attribute("current_call_ctx", previous)
+
+
+@contextlib.contextmanager
+def _specs_without_training(model):
+    """Let layers whose ``compute_output_spec`` takes no ``training`` be called when training.
+
+    Keras passes a training call's ``training`` on to a layer's symbolic
+    call, ``compute_output_spec(x, training=True)``; a layer that overrides
+    it without that argument (keras_hub 0.32's ``DINOV2Embedding``) raises
+    ``TypeError`` there, though it computes the same shapes in either mode.
+    While the graph is traced for training, such classes get a
+    ``compute_output_spec`` that drops ``training``; the classes get theirs
+    back afterwards.
+    """
+    classes = {type(layer) for layer in model._flatten_layers(include_self=True, recursive=True)
+               if "training" in inspect.signature(type(layer).call).parameters
+               and not _takes(type(layer).compute_output_spec, "training")}
+    saved = {cls: cls.__dict__.get("compute_output_spec") for cls in classes}
+
+    def spec_without_training(original):
+        return lambda self, *args, training=None, **kwargs: original(self, *args, **kwargs)
+
+    for cls in classes:
+        cls.compute_output_spec = spec_without_training(cls.compute_output_spec)
+    try:
+        yield
+    finally:
+        for cls, method in saved.items():
+            if method is None:
+                del cls.compute_output_spec
+            else:
+                cls.compute_output_spec = method
+
+
+def _takes(function, name):
+    """Whether ``function`` takes the keyword argument ``name`` (by name or as ``**kwargs``)."""
+    parameters = inspect.signature(function).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _check_training_branches(model, fn, collected, inference):
@@ -501,7 +593,7 @@ def _check_training_branches(model, fn, collected, inference):
     found, composites, base = collected
     names = dict(base)
     with (calls_undone(model), _renamed(found, composites), _dissolving(composites, names),
-          _training(True)):
+          _training(True), _specs_without_training(model)):
         training = _retrace(model, fn)
     (ops, wiring), (t_ops, t_wiring) = _structure(*inference), _structure(training, names)
     if wiring == t_wiring:
