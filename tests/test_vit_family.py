@@ -8,6 +8,8 @@ fails it (the survey, experiments/results/vit_hub_survey.md, met four).
 DINOv2 walks whole and is pruned end to end.
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -227,3 +229,14 @@ def test_dinov2_precrop_rebuilds_as_planned_and_keeps_weights():
     assert small(x).shape == (2, 10)
     same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep")
     assert_same_function(model, same, x, tol=1e-5)
+
+
+def test_a_layer_kept_whole_that_its_config_cannot_recreate_is_refused_by_name():
+    """keras_hub's SegFormerMultiheadAttention's get_config has no ``trainable`` its constructor
+    takes: a plan that keeps it whole could not rebuild (a raw TypeError from from_config); the
+    refusal names the layer and the remedy."""
+    model = _mit()
+    _, refusals = _profile_past_refusals(model)
+    ignore = [name for message in refusals for name in re.findall(r"Layer '([^']+)'", message)]
+    with pytest.raises(kp.UnsupportedModelError, match=r"cannot be re-created from its own config"):
+        kp.apply_plan(model, kp.plan(model, params=1.0, ignore=ignore))

@@ -25,7 +25,7 @@ import copy
 import keras
 import numpy as np
 
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph import layers as _layers
 from keras_precrop.graph import replay as _replay
 from keras_precrop.graph.channels import channels_width
@@ -45,7 +45,15 @@ def layer_from_config(layer, config):
         config = {**config, "function": layer.function, "output_shape": layer._output_shape,
                   "mask": layer.mask, "arguments": layer.arguments}
         return super(keras.layers.Lambda, type(layer)).from_config(config)
-    return type(layer).from_config(config)
+    try:
+        return type(layer).from_config(config)
+    except (TypeError, ValueError) as err:  # a class whose get_config does not re-create it
+        raise UnsupportedModelError(
+            f"Layer {layer.name!r} of class {type(layer).__name__} cannot be re-created from its "
+            f"own config ({type(err).__name__}: {str(err).splitlines()[0][:200]}), and a pruned "
+            "model is built from its layers' configs, the layers kept whole too. Give the class "
+            "a get_config() that its constructor takes (the keras.layers.Layer contract), or keep "
+            "the composite layer around it whole with ignore=[its name].") from err
 
 
 class _Rebuilder:
