@@ -83,7 +83,7 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
         flops: MAC budget as a ratio of the backbone's MACs (likewise).
         homogeneous: ``True``: the same widths in every block, which the
             backbone's own config can say (``hub_configs.CONFIG_WIDTHS``:
-            keras_hub's ``ViTBackbone``), so the result is a task of the same
+            keras_hub's ``ViTBackbone`` and ``DeiTBackbone``), so the result is a task of the same
             classes built from a new config (``hidden_dim``, ``num_heads``,
             ``mlp_dim``); it saves and loads with keras_hub alone, and the
             head is re-created on the new hidden width. A ViT keeps its head

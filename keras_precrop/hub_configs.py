@@ -74,11 +74,14 @@ class ConfigWidths:
         return out
 
 
-# keras_hub backbones, by qualified class name.
+# keras_hub backbones, by qualified class name. ViT and DeiT blocks give each head
+# hidden_dim // num_heads channels, so heads and hidden width keep their ratio.
+_VIT_LIKE = {"hidden_dim": r"_patching_and_embedding", "num_heads": r"_mha"}
 CONFIG_WIDTHS = {
     "keras_hub.src.models.vit.vit_backbone.ViTBackbone": ConfigWidths(
-        keys={"hidden_dim": r"_patching_and_embedding", "num_heads": r"_mha",
-              "mlp_dim": r"_mlp_dense"},
+        keys={**_VIT_LIKE, "mlp_dim": r"_mlp_dense"}, ratios=(("hidden_dim", "num_heads"),)),
+    "keras_hub.src.models.deit.deit_backbone.DeiTBackbone": ConfigWidths(
+        keys={**_VIT_LIKE, "intermediate_dim": r"_mlp_dense"},
         ratios=(("hidden_dim", "num_heads"),)),
 }
 

@@ -161,3 +161,21 @@ def test_an_index_that_keeps_the_channels_flows_one_that_takes_them_is_refused()
     with pytest.raises(kp.UnsupportedLayerError, match="indexes the channel axis") as err:
         kp.profile(half)
     assert kp.profile(half, ignore=err.value.arguments["ignore"]).total_params == half.count_params()
+
+
+def test_a_deit_task_prunes_into_a_new_config_too(tmp_path):
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.DeiTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+        intermediate_dim=32)
+    task = keras_hub.models.DeiTImageClassifier(backbone=backbone, num_classes=10, preprocessor=None)
+    same = kp.hub.precrop(task, params=1.0, weights="keep")
+    np.testing.assert_allclose(same(_images()), task(_images()), atol=1e-5)
+    small = kp.hub.precrop(task, params=0.6, weights="keep")
+    assert type(small) is type(task) and type(small.backbone) is type(backbone)
+    assert small.count_params() == small.precrop_plan.params <= 0.6 * task.count_params()
+    assert tf_macs(small) == small.precrop_plan.macs
+    assert small.backbone.hidden_dim // small.backbone.num_heads == 8
+    small.save(tmp_path / "deit.keras")
+    again = keras.models.load_model(tmp_path / "deit.keras")
+    np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
