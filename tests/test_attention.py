@@ -52,6 +52,11 @@ def _attention_model(heads=4, key_dim=6, value_dim=None, width=24, tokens=9, cro
     return keras.Model(inputs, keras.layers.Dense(5, name="head")(pooled))
 
 
+def _np(outputs):
+    """A model's outputs as numpy (torch's carry gradients)."""
+    return keras.ops.convert_to_numpy(outputs)
+
+
 def _batch(model, n=3, seed=1):
     rng = np.random.default_rng(seed)
     out = []
@@ -83,8 +88,24 @@ def test_profile_is_exact(variant):
     assert prof.total_macs == tf_macs(model)
 
 
+def _assert_exact(model):
+    """Profile == Keras' parameter count, and TensorFlow's MAC count on TensorFlow."""
+    prof = kp.profile(model)
+    assert prof.total_params == model.count_params()
+    if keras.backend.backend() == "tensorflow":
+        assert prof.total_macs == tf_macs(model)
+
+
+def _runs_here(variant):
+    """Keras 3.15's own MultiHeadAttention cannot run value_dim != key_dim on JAX (its dot-product
+    attention reshapes the values by key_dim): such a model fails before any pruning."""
+    if variant == "value_dim" and keras.backend.backend() == "jax":
+        pytest.skip("Keras' MultiHeadAttention with value_dim != key_dim fails on JAX")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_precrop_rebuilds_with_fewer_heads(variant, tmp_path):
+    _runs_here(variant)
     model = _attention_model(**VARIANTS[variant])
     plan = kp.plan(model, params=0.5)
     small = kp.apply_plan(model, plan)
@@ -97,15 +118,16 @@ def test_precrop_rebuilds_with_fewer_heads(variant, tmp_path):
     small.save(path)
     again = keras.models.load_model(path)
     x = _batch(model)
-    np.testing.assert_allclose(again(x), small(x), atol=1e-6)
+    np.testing.assert_allclose(_np(again(x)), _np(small(x)), atol=1e-6)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_identity_plan_keeps_outputs(variant):
+    _runs_here(variant)
     model = _attention_model(**VARIANTS[variant])
     same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep")
     x = _batch(model)
-    np.testing.assert_allclose(same(x), model(x), atol=1e-5)
+    np.testing.assert_allclose(_np(same(x)), _np(model(x)), atol=1e-5)
 
 
 def _heads_only_plan(model, params):
@@ -122,18 +144,18 @@ def test_dropping_heads_equals_zeroing_their_output_rows(variant):
     small = kp.apply_plan(model, _heads_only_plan(model, 0.8), weights="keep")
     mha, pruned = model.get_layer("b0_mha"), small.get_layer("b0_mha")
     assert 1 <= pruned.num_heads < 4
-    kept = [h for h in range(4) if any(np.allclose(mha._query_dense.kernel.numpy()[:, h],
-                                                   pruned._query_dense.kernel.numpy()[:, j])
+    kept = [h for h in range(4) if any(np.allclose(_np(mha._query_dense.kernel)[:, h],
+                                                   _np(pruned._query_dense.kernel)[:, j])
                                        for j in range(pruned.num_heads))]
     assert len(kept) == pruned.num_heads
     reference = keras.models.clone_model(model)
     reference.set_weights(model.get_weights())
     out_kernel = reference.get_layer("b0_mha")._output_dense.kernel
-    rows = out_kernel.numpy()
+    rows = _np(out_kernel)
     rows[[h for h in range(4) if h not in kept]] = 0
     out_kernel.assign(rows)
     x = _batch(model)
-    np.testing.assert_allclose(small(x), reference(x), atol=1e-5)
+    np.testing.assert_allclose(_np(small(x)), _np(reference(x)), atol=1e-5)
 
 
 def test_heads_are_not_rounded_to_channel_multiples():
@@ -153,8 +175,7 @@ def test_attention_over_two_axes_is_exact():
         h = keras.layers.Add()([h, keras.layers.MultiHeadAttention(
             2, 4, attention_axes=axes, name=name)(h, h)])
     model = keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h)))
-    prof = kp.profile(model)
-    assert (prof.total_params, prof.total_macs) == (model.count_params(), tf_macs(model))
+    _assert_exact(model)
     plan = kp.plan(model, params=0.5)
     assert_matches_plan(model, plan, kp.apply_plan(model, plan))
 
@@ -179,11 +200,10 @@ def test_attention_inside_a_composite_layer():
     x = keras.Input((6, 16))
     h = _Block(16, name="block")(keras.layers.Dense(16)(x))
     model = keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h)))
-    prof = kp.profile(model)
-    assert (prof.total_params, prof.total_macs) == (model.count_params(), tf_macs(model))
+    _assert_exact(model)
     same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep")
     batch = _batch(model)
-    np.testing.assert_allclose(same(batch), model(batch), atol=1e-5)
+    np.testing.assert_allclose(_np(same(batch)), _np(model(batch)), atol=1e-5)
 
 
 @settings(max_examples=10, **_SETTINGS)

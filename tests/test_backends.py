@@ -54,6 +54,7 @@ CORE_REST = [
     "tests/test_solver.py",
     "tests/test_solve_models.py",
     "tests/test_trace.py",
+    "tests/test_attention.py",
 ]
 
 
