@@ -146,7 +146,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     cm, timed, lm = prof.cost, {}, None
     if latency_budget is not None or latency_model is not None:
         lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore),
-                              graph=prof.graph)  # the plan's walk: not walked again
+                              graph=prof.graph, round_to=round_to)  # the plan's walk and grid
         named = ({"subject": "{latency_model}", "latency_model": os.fspath(latency_model)}
                  if isinstance(latency_model, (str, os.PathLike)) else {})
         cm = cm.with_rows([lm.cost_row(prof.graph, **named)])
@@ -181,7 +181,8 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
 
         widths, info = _latency.calibrated(
             solve_widths, lambda w: ratio(rebuild(prof.graph, w.astype(int))),
-            lambda w: cm.totals(w)[cm.row_names.index(_latency.ROW)], budgets, latency, calibrate)
+            lambda w: cm.totals(w)[cm.row_names.index(_latency.ROW)], budgets, latency, calibrate,
+            runtime=lm.runtime)
         mode = chosen["mode"]
     else:
         widths, info, mode = solve_for(budgets)

@@ -26,7 +26,7 @@ import importlib
 # Public name -> the module of this wing that defines it.
 _PUBLIC = {
     **dict.fromkeys(("CalibrationWarning", "calibrated"), "calibrate"),
-    **dict.fromkeys(("latency_model", "resolve"), "fit"),
+    **dict.fromkeys(("LatencyModelWarning", "latency_model", "resolve"), "fit"),
     **dict.fromkeys(("ROW", "LatencyModel", "LatencyModelMismatchError", "UnusableLatencyModel",
                      "floor_said"), "model"),  # the mismatch error: keras_precrop.errors' own
     **dict.fromkeys(("RUNTIMES", "Runtime", "register_runtime"), "runtimes"),
@@ -53,5 +53,5 @@ def __dir__():
 
 
 __all__ = ["ROW", "RUNTIMES", "CalibrationWarning", "LatencyModel", "LatencyModelMismatchError",
-           "Runtime", "UnusableLatencyModel", "calibrated", "floor_said", "interleaved",
-           "latency_model", "register_runtime", "resolve", "runner", "time_ratio", "to_tflite"]
+           "LatencyModelWarning", "Runtime", "UnusableLatencyModel", "calibrated", "floor_said",
+           "interleaved", "latency_model", "register_runtime", "resolve", "runner", "time_ratio", "to_tflite"]

@@ -6,7 +6,9 @@ latency budget by the measured ratio of each round's plan, and once a plan
 under the target and one over it are known, searches between them. A budget
 is a ceiling, not a licence to return a model far below it: a kept plan that
 measures far under the target, or that cuts a layer to a few channels, is
-kept with a :class:`CalibrationWarning` saying so.
+kept with a :class:`CalibrationWarning` saying so, and so is a search whose
+rounds measured slower at a lower budget (the runtime's time does not fall
+with width here: it names the runtime and the likely cause).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import numpy as np
 
 from keras_precrop.errors import InfeasibleBudgetError
 from keras_precrop.latency.model import ROW
+from keras_precrop.latency.runtimes import not_monotone
 
 CALIBRATION_SLACK = 0.03  # a measured time ratio this far above the budget meets it (timing noise)
 FAR_UNDER = 0.7  # a kept plan measuring under this share of the target is far under it
 _CONVERGED = 1e-3  # bracketing budgets closer than this (relative) are one budget
+NOT_MONOTONE = 0.1  # a round at a lower budget measuring this much slower: time is not monotone
 
 
 class CalibrationWarning(UserWarning):
@@ -29,7 +33,7 @@ class CalibrationWarning(UserWarning):
     channels: the latency model mispredicts this model's plans."""
 
 
-def calibrated(solve, measure, predicted, budgets, target, rounds):
+def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None):
     """Widths whose *measured* time ratio meets the latency budget ``target``.
 
     ``solve(budgets)`` plans, ``measure(widths)`` times the rebuilt model
@@ -50,15 +54,24 @@ def calibrated(solve, measure, predicted, budgets, target, rounds):
     plan the latency model makes may still measure within ``target``; in
     the first round, the error is raised if it does not.
 
+    Where a round at a lower budget measures more than
+    :data:`NOT_MONOTONE` slower than one at a higher budget, the runtime's
+    time does not fall with width here: the calibration says so (naming
+    ``runtime``, the latency model's runtime, and the likely cause), since
+    no search over one budget can be trusted to converge then.
+
     Returns:
         The plan meeting ``target`` with the largest measured ratio (the
-        least pruned), else the fastest one, and its info with
-        ``latency_calibration``: ``target``, ``measured``, ``met``, ``rounds``
-        (each round's ``budget``, as a ratio of the original's predicted
-        time, and ``measured`` ratio; ``same_plan_as``: the round, counted
-        from 1, whose plan a round repeats, which is not timed again) and, where the kept plan measures under
-        ``FAR_UNDER`` times ``target`` or cuts a layer to a few channels,
-        ``warning`` (also issued as a :class:`CalibrationWarning`).
+        least pruned), preferring plans that cut no layer to a few channels,
+        else the fastest one, and its info with ``latency_calibration``:
+        ``target``, ``measured``, ``met``, ``rounds`` (each round's
+        ``budget``, as a ratio of the original's predicted time, and
+        ``measured`` ratio; ``same_plan_as``: the round, counted from 1,
+        whose plan a round repeats, which is not timed again),
+        ``not_monotone`` (pairs of rounds whose measured ratios rose as the
+        budget fell) and, where the kept plan measures under ``FAR_UNDER``
+        times ``target``, cuts a layer to a few channels or the rounds are
+        not monotone, ``warning`` (also issued as a :class:`CalibrationWarning`).
     """
     budget, history, plans = dict(budgets), [], []
     original = budgets[ROW] / target
@@ -83,15 +96,39 @@ def calibrated(solve, measure, predicted, budgets, target, rounds):
                 or following is None:
             break
         budget[ROW] = following * original
-    meeting = [p for p in plans if p[0] <= target * (1 + CALIBRATION_SLACK)]
-    ratio, widths, info = max(meeting, key=lambda p: p[0]) if meeting else min(plans, key=lambda p: p[0])
-    calibration = {"target": float(target), "measured": float(ratio), "met": bool(meeting),
-                   "rounds": history}
-    warning = _far_below(ratio, target, getattr(ratio, "narrowed", ())) if meeting else None
+    ratio, widths, info, met = _kept(plans, target)
+    calibration = {"target": float(target), "measured": float(ratio), "met": met,
+                   "rounds": history, "not_monotone": _rising(history)}
+    warning = _warning(ratio, target, getattr(ratio, "narrowed", ()) if met else (),
+                       calibration["not_monotone"], runtime)
     if warning:
         calibration["warning"] = warning
         warnings.warn(CalibrationWarning(warning), stacklevel=3)
     return widths, {**info, "latency_calibration": calibration}
+
+
+def _kept(plans, target):
+    """The plan calibration keeps, ``(ratio, widths, info, met)``: of the ``(ratio, widths,
+    info)`` measured within ``target`` (slack included), the least pruned of those that cut no
+    layer to a few channels, else the least pruned; else the fastest."""
+    meeting = [p for p in plans if p[0] <= target * (1 + CALIBRATION_SLACK)]
+    if not meeting:
+        return (*min(plans, key=lambda p: p[0]), False)
+    whole = [p for p in meeting if not getattr(p[0], "narrowed", ())]
+    return (*max(whole or meeting, key=lambda p: p[0]), True)
+
+
+def _rising(history):
+    """Pairs of rounds (counted from 1) where the one at the lower budget measured more than
+    :data:`NOT_MONOTONE` slower: ``{"lower", "higher"}`` each, with their budgets and ratios."""
+    found = []
+    for i, low in enumerate(history):
+        for j, high in enumerate(history):
+            if low["budget"] < high["budget"] and low["measured"] > high["measured"] * (1 + NOT_MONOTONE):
+                found.append({"lower": i + 1, "higher": j + 1,
+                              "budgets": [low["budget"], high["budget"]],
+                              "measured": [low["measured"], high["measured"]]})
+    return found
 
 
 def _next_budget(history, target):
@@ -114,11 +151,18 @@ def _next_budget(history, target):
     return closest["budget"] * target / closest["measured"]
 
 
-def _far_below(ratio, target, narrowed):
+def _warning(ratio, target, narrowed, rising, runtime):
     """What is wrong with a kept plan measuring ``ratio`` of the original's time for the
     budget ``target``, whose measurement names the ``narrowed`` layers ``(name, kept,
-    original)``; None if nothing is."""
+    original)``, after rounds that measured ``rising`` (:func:`_rising`) on ``runtime``;
+    None if nothing is."""
     problems = []
+    if rising:
+        pairs = ", ".join(f"budget {p['budgets'][0]:.3g} measured {p['measured'][0]:.3f} but budget "
+                          f"{p['budgets'][1]:.3g} measured {p['measured'][1]:.3f}" for p in rising[:2])
+        problems.append(f"the rounds' measured time did not fall with the budget ({pairs}), "
+                        f"so no budget search converges on runtime {runtime!r} here: "
+                        f"{not_monotone(runtime)}")
     if ratio < FAR_UNDER * target:
         problems.append(f"it measures {ratio:.3f} of the original's time, far under the target "
                         f"latency={target:g} ({ratio / target:.0%} of it)")
@@ -129,10 +173,10 @@ def _far_below(ratio, target, narrowed):
                         f"channels: {cut}{more}")
     if not problems:
         return None
-    return ("The calibrated latency plan is kept, but " + "; ".join(problems) + ". The latency "
-            "model mispredicts this model's plans: fit it with more variants and refinement "
-            "(kp.latency_model(model, variants=20, refine_rounds=2)), or give more calibrate= "
-            "rounds.")
+    refit = (" The latency model mispredicts this model's plans: fit it with more variants and "
+             "refinement (kp.latency_model(model, variants=20, refine_rounds=2)), or give more "
+             "calibrate= rounds." if len(problems) > bool(rising) else "")
+    return "The calibrated latency plan is kept, but " + "; ".join(problems) + "." + refit
 
 
 def _solve_at_least_narrowest(solve, budget, lowest):

@@ -49,6 +49,25 @@ def cpu_name():
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def cpu_flags():
+    """This machine's CPU feature flags (``/proc/cpuinfo``'s ``flags``; empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def nchwc_block():
+    """The channel block of ONNX Runtime's blocked (NCHWc) CPU convolutions here: 16 with
+    AVX-512, 8 with AVX2, 1 (no blocked layout) otherwise, as its MLAS library picks it."""
+    flags = cpu_flags()
+    return 16 if "avx512f" in flags else 8 if "avx2" in flags else 1
+
+
 def host_cpu():
     """The host CPU: the batch stays a NumPy array, and a call's work is done when it returns
     (LiteRT, ONNX Runtime, and a registered runtime unless it names another device)."""

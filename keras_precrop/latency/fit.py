@@ -43,6 +43,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -66,15 +67,23 @@ from keras_precrop.latency.model import (
 
 _RIDGE = (0.0, 1e-4, 1e-3, 1e-2)  # candidate penalties on the columns' time shares
 _SAME_SCORE = 1e-6  # cross-validated errors closer than this tie (the simpler fit wins)
+NOT_MONOTONE = 0.1  # a narrower uniform variant timed this much slower than a wider one: not monotone
 
 
-def _variant_widths(cm, count, scale_range, seed):
+class LatencyModelWarning(UserWarning):
+    """A latency model whose runtime timed a narrower copy of the model slower than a wider
+    one: its plans may measure far off their prediction here."""
+
+
+def _variant_widths(cm, count, scale_range, seed, round_to=1):
     """Integer widths of the variants to time, with labels.
 
     The original, uniform scalings of every free width down to
     ``scale_range[0]``, then random ones: a random level per variant times a
-    log-normal factor per width, clipped to ``scale_range``. Views and
-    writers of a residual stream are clipped to the stream's width.
+    log-normal factor per width, clipped to ``scale_range``; each free width
+    rounded to a multiple of ``round_to`` (at least one multiple, at most the
+    original width). Views and writers of a residual stream are clipped to
+    the stream's width.
     """
     lo, hi = scale_range
     rng = np.random.default_rng(seed)
@@ -85,7 +94,9 @@ def _variant_widths(cm, count, scale_range, seed):
         level = rng.uniform(lo, hi)
         factors.append(np.clip(level * rng.lognormal(0.0, 0.35, len(cm.widths)), lo, hi))
         labels.append(f"random{i + 1}")
-    widths = np.where(cm.fixed, cm.widths, np.maximum(1, np.round(np.array(factors) * cm.widths)))
+    scaled = np.round(np.array(factors) * cm.widths / round_to) * round_to
+    widths = np.where(cm.fixed, cm.widths, np.minimum(cm.widths, np.maximum(round_to, scaled)))
+    widths = np.maximum(1, widths)
     bound = np.where(cm.bound >= 0, cm.bound, np.arange(len(cm.bound)))
     for _ in range(len(bound)):  # a bound may itself be bounded
         widths = np.minimum(widths, widths[:, bound])
@@ -133,13 +144,43 @@ def _choose(design, t, blocks):
     return best
 
 
-def solve_plan(prof, cm, budgets):
+def solve_plan(prof, cm, budgets, round_to=1):
     """The default ``planner`` of :func:`latency_model`: ``mode="auto"`` widths of the budget wing.
 
-    The same widths as ``kp.plan(model, latency=r, latency_model=...)`` with
-    its defaults, without going through the planning floor.
+    The same widths as ``kp.plan(model, latency=r, latency_model=...,
+    round_to=round_to)`` with its other defaults, without going through the
+    planning floor.
     """
-    return solve(prof, cm, budgets)[0]
+    return solve(prof, cm, budgets, round_to=round_to)[0]
+
+
+def _not_monotone(labels, seconds):
+    """The uniform variants (nested: each narrower in every width) timed slower than a wider
+    one by more than :data:`NOT_MONOTONE`: ``{"narrower", "wider", "ratio"}`` each, the ratio
+    being the narrower's time over the wider's."""
+    uniform = [(label, s) for label, s in zip(labels, seconds)
+               if label == "original" or (label.startswith("x") and "/" not in label)]
+    found = []
+    for i, (wide, t_wide) in enumerate(uniform):
+        for narrow, t_narrow in uniform[i + 1:]:
+            if t_narrow > t_wide * (1 + NOT_MONOTONE):
+                found.append({"narrower": narrow, "wider": wide, "ratio": float(t_narrow / t_wide)})
+    return found
+
+
+def _warn_not_monotone(result):
+    """Warns (:class:`LatencyModelWarning`) where ``result``'s runtime timed a narrower uniform
+    variant slower than a wider one, naming the runtime, the variants and the likely cause."""
+    found = result.error.get("not_monotone") or []
+    if not found:
+        return
+    pairs = ", ".join(f"{p['narrower']} at {p['ratio']:.2f}x the time of {p['wider']}"
+                      for p in found[:3])
+    warnings.warn(LatencyModelWarning(
+        f"Runtime {result.runtime!r} timed narrower copies of {result.model_name!r} slower than "
+        f"wider ones ({pairs}; {result.device()}): its time does not fall with width here, so "
+        "plans may measure far off their prediction and calibration may not converge. "
+        f"{_runtimes.not_monotone(result.runtime)}."), stacklevel=3)
 
 
 def _plan_widths(planner, prof, preliminary, ratios, known, log):
@@ -172,7 +213,7 @@ def _checked_times(seconds, labels):
 def latency_model(model, batch_size=32, runtime="tf", training=False, *, variants=20, rounds=5,
                   holdout=0.25, blocks=(1, 8, 16), scale_range=(0.25, 1.0),
                   refine=(0.3, 0.5, 0.7), refine_rounds=2, residual="prefix", ignore=(), seed=0,
-                  verbose=1, timer=None, planner=None, graph=None):
+                  verbose=1, timer=None, planner=None, graph=None, round_to=1):
     """Measure how long ``model`` and width-scaled copies of it take; fit a latency model.
 
     Builds ``variants`` copies of the model with other channel widths (the
@@ -187,7 +228,11 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     again, which put the rounds on one scale), and the model is fitted again
     on all variants. Random variants held out of every fit measure its
     error; the last round's plans, predicted before they were timed,
-    measure its error where plans live.
+    measure its error where plans live. Where the runtime times a narrower
+    uniform copy more than 10% slower than a wider one (ONNX Runtime's
+    blocked convolutions at widths off their block, PyTorch's spinning
+    threads on a loaded machine), a :class:`LatencyModelWarning` names the
+    runtime, the copies and the remedy, and ``error["not_monotone"]`` lists them.
 
     Defaults take about a minute for resnet20 and three for MobileNetV2 at
     224x224 on a quiet 2-core CPU; fewer ``variants`` and ``rounds`` are
@@ -239,12 +284,16 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             default :func:`solve_plan` (the budget wing's ``mode="auto"``).
         graph: the walk of ``model`` with these ``residual`` and ``ignore``
             (``kp.plan`` hands down the one it made); None walks the model here.
+        round_to: every free width of the variants and of the refinement
+            plans is a multiple of this, as the plan's ``round_to=`` makes them
+            (``kp.plan`` hands its own down): a runtime whose kernels need
+            channel multiples is then fitted on the widths its plans take.
 
     Returns:
         A :class:`LatencyModel`.
     """
     _check_fit_options(batch_size, runtime, training, variants, rounds, holdout, scale_range,
-                       blocks, refine, refine_rounds)
+                       blocks, refine, refine_rounds, round_to)
     log = _timing.logger(verbose)
     start = time.perf_counter()
     _timing.input_shape(model)
@@ -256,12 +305,15 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     fitter = _Fitter(model, graph, measure, blocks, log,
                      dict(batch_size=int(batch_size), runtime=_timing.runtime_of(runtime).name,
                           training=bool(training), residual=residual,
-                          ignore=_graph.ignore_names(ignore), **_timed_on(model, device)))
+                          ignore=_graph.ignore_names(ignore), round_to=int(round_to),
+                          **_timed_on(model, device)))
     fitter.time_variants(variants, scale_range, seed, holdout)
+    planner = planner or (lambda prof, cm, budgets: solve_plan(prof, cm, budgets, round_to))
     for k in range(1, refine_rounds + 1 if refine else 1):
-        if not fitter.refine(k, refine, planner or solve_plan):
+        if not fitter.refine(k, refine, planner):
             break
     result = fitter.result(time.perf_counter() - start)
+    _warn_not_monotone(result)
     plans_text = (f"; on its last plans before refitting median "
                   f"{result.error['plans_median']:.1%}, worst {result.error['plans_worst']:.1%}"
                   if result.error["plans_median"] is not None else "")
@@ -299,7 +351,7 @@ def _timed_on(model, device):
 
 
 def _check_fit_options(batch_size, runtime, training, variants, rounds, holdout, scale_range,
-                       blocks, refine, refine_rounds):
+                       blocks, refine, refine_rounds, round_to):
     """Raises ``ValueError`` naming the first of :func:`latency_model`'s options that is off."""
     _timing.check_settings(batch_size, runtime, training)
     if isinstance(variants, bool) or not isinstance(variants, (int, np.integer)) or variants < 6:
@@ -320,6 +372,8 @@ def _check_fit_options(batch_size, runtime, training, variants, rounds, holdout,
             or refine_rounds < 0:
         raise ArgumentError("{refine_rounds:subject} must be a non-negative integer{got}",
                             refine_rounds=refine_rounds)
+    if isinstance(round_to, bool) or not isinstance(round_to, (int, np.integer)) or round_to < 1:
+        raise ArgumentError("{round_to:subject} must be a positive integer{got}", round_to=round_to)
 
 
 class _Fitter:
@@ -339,7 +393,8 @@ class _Fitter:
 
     def time_variants(self, count, scale_range, seed, holdout):
         """Times the first round's variants, holds some random ones out, and fits."""
-        self.labels, self.widths = _variant_widths(self.cm, count, scale_range, seed)
+        self.labels, self.widths = _variant_widths(self.cm, count, scale_range, seed,
+                                                   self.settings["round_to"])
         self.log(f"building {len(self.labels)} variants of {self.model.name!r}")
         self.models = {label: rebuild(self.graph, w.astype(int), timing=True)
                        for label, w in zip(self.labels, self.widths)}
@@ -404,6 +459,7 @@ class _Fitter:
         errors, held, plans = _relative_errors(self.X, self.t, self.beta), self.held, self.plan_errors
         return self.assemble(
             error={**_held_out_error(errors[held]),
+                   "not_monotone": _not_monotone(self.labels, self.t),
                    "train_median": float(np.median(errors[~held])),
                    "train_worst": float(errors[~held].max()),
                    "cross_validated_rms": float(self.cv),

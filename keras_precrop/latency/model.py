@@ -76,7 +76,10 @@ class LatencyModel(_json.JsonDataclass):
             the fitted ones (``train_median``,
             ``train_worst``) and on the last refinement round's plans as
             the fit that made them predicted them, before they were timed
-            (``plans_median``, ``plans_worst``; None without refinement).
+            (``plans_median``, ``plans_worst``; None without refinement);
+            ``not_monotone``: the uniform variants timed more than 10% slower
+            than a wider one (``narrower``, ``wider``, ``ratio``; empty where
+            time fell with width, absent in files written before).
         variants: label, measured and predicted seconds of every variant,
             whether it was held out and whether it is a refinement plan.
         template: the fitted model's width variables and feature terms, so
@@ -88,6 +91,9 @@ class LatencyModel(_json.JsonDataclass):
             model's dtype policy (``"float32"``, ``"mixed_float16"``); None
             where unknown (a custom ``timer``, files written before they were
             recorded).
+        round_to: the free widths of the variants (and of the refinement
+            plans) were multiples of this (1: any width; files written before
+            it was recorded say 1).
     """
 
     model_name: str
@@ -110,6 +116,7 @@ class LatencyModel(_json.JsonDataclass):
     device_kind: str | None = None
     device_name: str | None = None
     precision: str | None = None
+    round_to: int = 1
     format: int = _FORMAT
 
     @property
@@ -123,7 +130,7 @@ class LatencyModel(_json.JsonDataclass):
                 "batch_size": self.batch_size, "runtime": self.runtime,
                 "training": self.training, "block": self.block, "backend": self.backend,
                 "device_kind": self.device_kind, "device_name": self.device_name,
-                "precision": self.precision,
+                "precision": self.precision, "round_to": self.round_to,
                 "error": {k: self.error[k] for k in ("median", "worst")},
                 "units": "seconds per batch"}
 
@@ -261,6 +268,8 @@ class LatencyModel(_json.JsonDataclass):
         if self.error.get("plans_median") is not None:
             print_fn(f"Error on the last refinement round's plans, before refitting: median "
                      f"{self.error['plans_median']:.1%}, worst {self.error['plans_worst']:.1%}")
+        for p in self.error.get("not_monotone") or ():
+            print_fn(f"Not monotone: {p['narrower']} timed {p['ratio']:.2f}x {p['wider']}'s time")
         share = self._seconds_per_column()
         rows = [("Feature", "Coefficient (s/unit)", "Share of time")]
         for group in sorted(self._proportional_groups(), key=lambda g: -share[g].sum()):
@@ -312,12 +321,14 @@ class LatencyModel(_json.JsonDataclass):
         ratio = math.ceil(floor / self.seconds * 1e3) / 1e3  # rounded up: a budget that plans
         constant = sum(s for c, s in zip(self.columns, self._seconds_per_column()) if c == "const")
         bigger = 4 * self.batch_size
+        grid = (f" Its widths are multiples of round_to={self.round_to}, which keeps narrow "
+                "layers wider than the runtime could run them." if self.round_to > 1 else "")
         return InfeasibleBudgetError(
             f"{err.template} The smallest reachable latency ratio is {ratio:g}: the narrowest "
             f"plan is predicted at {floor * 1e3:.4g} ms per batch of {self.batch_size}, the "
             f"original at {self.seconds * 1e3:.4g} ms, and {constant / floor:.0%} of the "
             "narrowest plan's time is a constant per layer call that no channel count removes "
-            f"(launches and call overhead; timed on {self.device()}). Ask for a ratio of at "
+            f"(launches and call overhead; timed on {self.device()}).{grid} Ask for a ratio of at "
             f"least {ratio:g}, or fit the latency model with a larger batch size or another "
             "runtime: {remedy}.", limit=err.limit, **err.arguments,
             remedy={"python": f"kp.latency_model(model, batch_size={bigger}), or another "

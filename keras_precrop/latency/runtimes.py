@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable, Mapping
 
 from keras_precrop._views import NameView
-from keras_precrop.latency.devices import backend_device, host_cpu
+from keras_precrop.latency.devices import backend_device, host_cpu, nchwc_block
 
 _CXX = ("g++", "clang++", "c++")  # compilers torch.compile's inductor can build kernels with
 _REGISTER = "kp.latency.register_runtime adds one"
@@ -58,6 +58,11 @@ class Runtime:
         other_backends: ``{backend: runtime}``: the runtime this name stands
             for under another Keras backend (``"tf"``, the backend's own
             compiled step, is ``"jax"`` under JAX and ``"torch"`` under torch).
+        multiple: ``multiple() -> int``: the channel multiple its kernels need on
+            this machine to run at full speed (ONNX Runtime's blocked
+            convolutions: 16 with AVX-512); None: any width.
+        caution: why its time may not fall with width here, in one sentence
+            (what a latency model or calibration that measured that says).
     """
 
     name: str
@@ -71,6 +76,8 @@ class Runtime:
     aliases: tuple = ()
     check: Callable | None = None
     other_backends: Mapping = dataclasses.field(default_factory=dict)
+    multiple: Callable | None = None
+    caution: str = ""
 
     def missing(self):
         """What it lacks here, ``"<modules>: pip install <what installs them>"``, or None."""
@@ -113,6 +120,15 @@ def _check_compiler(name):
 
 
 _BACKEND_STEP = dict(device=backend_device, training=True)
+_TORCH_SPINS = ("PyTorch's OpenMP threads spin-wait, and while other processes load the cores "
+                "a call can take many times longer (a 2-thread convolution ran 45x slower on a "
+                "loaded 2-core CPU): time on a quiet machine, or start Python with "
+                "OMP_WAIT_POLICY=PASSIVE")
+_NCHWC = ("ONNX Runtime runs a convolution in its blocked layout (NCHWc) only where its output "
+          "channels are a multiple of the CPU's block (16 with AVX-512, 8 with AVX2); other "
+          "widths run slower kernels with layout copies around them (ResNet-20 at 3/4 of its "
+          "widths, 12/24/48 channels, measured 1.03-1.33x the original's time on an AVX-512 "
+          "CPU), and so do slices and pads of a residual stream")
 _LITERT = dict(backend="tensorflow")  # the converter calls the model on TensorFlow tensors
 _ONNX = dict(needs=("onnxruntime", "tf2onnx", "onnx"), extra="onnx")
 _TABLE = {runtime.name: runtime for runtime in (
@@ -123,16 +139,18 @@ _TABLE = {runtime.name: runtime for runtime in (
     Runtime("jax", _builtin("jax_step"), "`jax.jit` of the model's `stateless_call`",
             needs=("jax",), extra="jax", backend="jax", **_BACKEND_STEP),
     Runtime("torch", _builtin("torch_step"), "the model called eagerly on torch tensors",
-            needs=("torch",), extra="torch", backend="torch", **_BACKEND_STEP),
+            needs=("torch",), extra="torch", backend="torch", caution=_TORCH_SPINS,
+            **_BACKEND_STEP),
     Runtime("torch_compile", _builtin("torch_step", compiled=True),
             "`torch.compile` of the model's torch module, as torch users serve (inference; "
             "needs a C++ compiler, and the first compile takes a minute on a CPU)",
             needs=("torch",), extra="torch", backend="torch", device=backend_device,
-            check=_check_compiler),
+            check=_check_compiler, caution=_TORCH_SPINS),
     Runtime("litert", _builtin("litert_step"), "the LiteRT interpreter (`ai_edge_litert`'s "
             "where installed) on the converted model, weights frozen", aliases=("tflite",),
             **_LITERT),
-    Runtime("onnx", _builtin("onnx_step"), "ONNX Runtime on Keras' own ONNX export", **_ONNX),
+    Runtime("onnx", _builtin("onnx_step"), "ONNX Runtime on Keras' own ONNX export", **_ONNX,
+            multiple=nchwc_block, caution=_NCHWC),
     Runtime("litert_int8", _builtin("litert_step", int8=True), "LiteRT on the full-integer "
             "post-training quantization, calibrated on random batches (ranges for timing, not "
             "for accuracy)", **_LITERT),
@@ -205,6 +223,23 @@ def missing(name):
     ask about ``"jax"`` or ``"torch"`` without loading that backend).
     """
     return lookup(name).missing()
+
+
+def not_monotone(name):
+    """What may make runtime ``name``'s time not fall with width here, and the remedy, in words.
+
+    For a name the table lacks (a runtime registered in another process), what is true of
+    any runtime.
+    """
+    runtime = _named(name) if isinstance(name, str) else None
+    cause = (runtime.caution if runtime is not None and runtime.caution else
+             f"runtime {name!r} may switch kernels at some widths, or other processes loaded "
+             "the machine while it was timed")
+    multiple = runtime.multiple() if runtime is not None and runtime.multiple else 1
+    if multiple > 1:
+        cause += (f"; the multiple here is {multiple}: plan with round_to={multiple} "
+                  f"(kp.plan(..., round_to={multiple}) fits its latency model on that grid too)")
+    return cause
 
 
 def check_installed(name):
