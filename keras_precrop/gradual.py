@@ -24,7 +24,15 @@ structured and ending in a really smaller model:
   kept, or a restored model's channels that are not zero, rank above the
   others at the next) or only at the next update
   (``regrow=True``: soft filter pruning, a masked channel may train back and
-  win its place again);
+  win its place again). The optimizer's compiled update applies them, as a
+  constraint lent to each weight for the length of the fit (the weights'
+  own constraints apply first, and are given back when the fit ends), so
+  between the updates a step needs nothing from the host; under JAX, whose
+  compiled step cannot read a factor the host changes, the host applies
+  them after each batch. At an update the step just trained has applied
+  the factors until then, and the new masks complete them. (A fit that
+  raises leaves the constraints lent, the masks in force, until the next
+  fit with the callback or ``finalize``);
 * optionally (``shrink``) the channels the plan's widths leave out, as ranked
   at the last update, fade towards zero before their masks come: their
   weights are multiplied by ``1 - shrink`` after every step, the proximal
@@ -60,6 +68,7 @@ from keras_precrop.graph.walker import walk
 from keras_precrop.plans import Plan, check_input_shapes, named_for, planned_widths
 from keras_precrop.subject import probe_specs, with_inputs
 from keras_precrop.training._user_data import check_data
+from keras_precrop.training.constraints import LentFactors, factors_in_step
 from keras_precrop.transfer.carry import carried, carry_weights, check_options, weight_values
 from keras_precrop.transfer.criteria import Names
 from keras_precrop.transfer.importance import channel_scores
@@ -181,9 +190,15 @@ class GradualPruning(keras.callbacks.Callback):
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
         self._graph = self._targets = self._masks = self._selection = self._widths = None
         self._fraction, self._fading, self._plan, self._ranked = None, [], plan, False
-        self._factors = self._fade_only = ()
+        self._combined = self._on_host = ()
+        self._each_step = {}  # id(weight): what the train step multiplies it by, since the last update
         self._updated_at = self._target_walk = self._final = self._bound = None
         self._data = data
+        # the constraints that apply the masks inside the train step (see _hold_steps), the weights
+        # they may mask, and the optimizer's count as far as the host knows it (see _next_read)
+        self._lent, self._maskable, self._trained = LentFactors(), None, ()
+        self._upper = self._read_at = 0
+        self._batch = -1
 
     @property
     def _fitted(self):
@@ -222,25 +237,74 @@ class GradualPruning(keras.callbacks.Callback):
             if self._ranking.covers is not None:  # its weights (bn_scale's scales) touch every cut
                 channel_scores(self._graph, weight_values(model), self._ranking, widths=self._targets)
             self._bound = model
-        self._ranked = False
+        self._ranked, self._batch = False, -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._batch = -1  # batches count from 0 in every epoch
 
     def on_train_batch_begin(self, batch, logs=None):
         if not self._ranked:  # after every on_train_begin: BackupAndRestore's may restore the step
             self._ranked = True
-            step = self._last_update(self._step())
+            step = self._step()
             if self._updated_at is None:
-                self._refuse_a_schedule_already_past(step)
-            self._update(step, force=True)
+                self._refuse_a_schedule_already_past(self._last_update(step))
+            self._hold_steps(step)  # after every refusal: a fit refused keeps its own constraints
+            self._update(self._last_update(step), force=True)
+            self._upper, self._read_at = step, self._next_read(step)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self._step()  # with steps_per_execution > 1 it moves by more than 1 between calls
+        """Update the masks where an update point is reached or passed; else apply on the host what
+        the train step does not (nothing, where the backend lets the step apply the masks).
+
+        The optimizer's count is read only where an update may be due: each batch steps it once at
+        most (``steps_per_execution > 1``: as many times as batches went by), so the count is at
+        most the last one read plus the batches since; one found ahead is read at every batch on.
+        """
+        self._upper += batch - self._batch
+        self._batch = batch
+        if self._upper < self._read_at:
+            self._apply(self._on_host)
+            return
+        step = self._step()
+        self._upper = step if step <= self._upper else math.inf
         due = self._last_update(min(step, self.end_step)) if step >= self.start_step else None
         if due is not None and due != self._updated_at:  # an update point reached or passed
             self._update(due)
-        elif not self.regrow or step > self.end_step:
-            self._apply()
-        elif self._fading:
-            self._apply(masked=False)
+        else:
+            self._apply(self._on_host)
+        self._read_at = self._next_read(step)
+
+    def on_train_end(self, logs=None):
+        self._release_steps()
+
+    def _next_read(self, step):
+        """The first optimizer step after ``step`` (read, and acted on) at which an update may be due."""
+        if step < self.start_step:
+            return self.start_step
+        if self._last_update(min(step + 1, self.end_step)) != self._updated_at:
+            return step + 1  # a fit resumed past end_step ranks again at end_step
+        if step >= self.end_step:
+            return math.inf
+        return min(self._last_update(step) + self.frequency, self.end_step)
+
+    def _hold_steps(self, step):
+        """Lend a :class:`StepFactor` to every weight the masks may cut that this fit trains, where
+        the backend's train step applies it (:func:`factors_in_step`): the masks and the fading
+        then need no host work between updates; else the host applies them after every batch.
+        ``step``: the optimizer's count, read."""
+        model = self.model
+        self._trained = {id(v) for v in model.trainable_variables}
+        if not factors_in_step(model):
+            return
+        if self._maskable is None:  # the weights any masks cut: those cut at the plan's widths
+            self._maskable = [w for w, _ in channel_masks(self._graph, self._targets, "l1",
+                                                          self._rebuilt(self._targets))[0]]
+        self._lent.hold(model, [w for w in self._maskable if id(w) in self._trained], step)
+
+    def _release_steps(self):
+        """Give the weights their own constraints back (see :class:`LentFactors`)."""
+        if self._lent.held:
+            self._lent.release(self.model, self._step())
 
     def _last_update(self, step):
         """The last update at or before ``step``: a resumed fit ranks at the widths it had then.
@@ -284,12 +348,17 @@ class GradualPruning(keras.callbacks.Callback):
             f"start_step={step}, end_step={step + span}.", start_step=self.start_step)
 
     def _update(self, step, force=False):
-        """Re-rank the channels and mask as many as the schedule says at ``step``."""
+        """Re-rank the channels and mask as many as the schedule says at ``step``.
+
+        ``force``: before any step of the fit (its first batch, or ``finalize``), so the masks and
+        the fading are applied whole; else the step just trained has applied the factors in force
+        until now where the train step applies them, and the new masks complete them.
+        """
         fraction = schedule_fraction(step, self.start_step, self.end_step, self.schedule)
         fading = self.shrink > 0 and fraction < 1 and step >= self.start_step
         self._updated_at = step
         if not force and fraction == self._fraction and not (self.regrow or fading):
-            self._apply()
+            self._apply(self._on_host)  # the masks stand: as at any other step
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
@@ -302,8 +371,7 @@ class GradualPruning(keras.callbacks.Callback):
             final, _ = channel_masks(self._graph, self._targets, ranking,
                                      self._rebuilt(self._targets))
             self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
-        self._set_factors()
-        self._apply()
+        self._apply(self._set_factors(step, force))
         if self.verbose:
             masked = sum(int(m.size - m.sum()) for _, m in self._masks)
             fading = sum(int((f < 1).sum()) for _, f in self._fading)
@@ -328,21 +396,41 @@ class GradualPruning(keras.callbacks.Callback):
             self._target_walk = _rebuilt_walk(self._graph, self._targets)
         return self._target_walk
 
-    def _set_factors(self):
-        """What a step multiplies each weight by, as tensors on the weights' device, made once per
-        update: the masks with the fading (``_factors``) and the fading alone (``_fade_only``,
-        between the updates of ``regrow=True``); no copy to the host at each step."""
+    def _set_factors(self, step, force):
+        """What multiplies each weight from the update at ``step`` on, made once per update; returns
+        what the update applies now.
+
+        ``_combined``: the masks with the fading. After every step: the same, or with
+        ``regrow=True`` before ``end_step`` the fading alone; set into the lent
+        :class:`StepFactor` s (1 where nothing applies), and for the other weights kept on the
+        device as tensors (``_on_host``, applied by the host after every batch; a frozen weight
+        does not change, so only where it fades). The update applies ``_combined``; where the step
+        just trained has applied the earlier factors (``force``: no step has), it completes them.
+        """
         combined = {id(w): (w, m) for w, m in self._masks}
         for w, f in self._fading:
             combined[id(w)] = (w, f * combined[id(w)][1] if id(w) in combined else f)
-        self._factors, self._fade_only = (
-            [(w, keras.ops.convert_to_tensor(f, dtype=w.dtype)) for w, f in pairs]
-            for pairs in (combined.values(), self._fading))
+        fading = {id(w): (w, f) for w, f in self._fading}
+        each_step = combined if not self.regrow or step >= self.end_step else fading
+        held = self._lent.held
+        now = [(w, f) if force or key not in held else (w, _completion(self._each_step.get(key), f))
+               for key, (w, f) in combined.items()]
+        now += [(w, _completion(self._each_step[key], None)) for key, (w, _) in held.items()
+                if not force and key in self._each_step and key not in combined]
+        self._each_step = {key: f for key, (_, f) in each_step.items()}
+        self._lent.set(self._each_step)
+        self._combined = list(combined.values())
+        self._on_host = [(w, keras.ops.convert_to_tensor(f, dtype=w.dtype))
+                         for key, (w, f) in each_step.items()
+                         if key not in held and (key in self._trained or key in fading)]
+        return now
 
-    def _apply(self, masked=True):
-        """Zero the masked weights of the pruned model (``masked``) and fade the doomed ones."""
-        for variable, factor in self._factors if masked else self._fade_only:
-            variable.assign(variable * factor)
+    def _apply(self, pairs):
+        """Multiply each weight of ``pairs`` by its factor, from the host. Reading ``self.model``
+        first puts JAX's training state into the variables (they are empty mid-fit)."""
+        if pairs and self.model is not None:
+            for variable, factor in pairs:
+                variable.assign(variable * keras.ops.convert_to_tensor(factor, dtype=variable.dtype))
 
     def finalize(self):
         """The dense smaller model: the plan's widths, with the surviving channels' weights.
@@ -368,6 +456,7 @@ class GradualPruning(keras.callbacks.Callback):
                 now would cut weights the model trained (it is not the masked
                 model its step implies).
         """
+        self._release_steps()  # where no on_train_end came (a fit raised): the weights' own constraints
         if self._graph is not None and self._fraction is None and self._step() >= self.end_step:
             self._update_unfitted()
         if self._graph is None or self._fraction != 1.0:
@@ -376,7 +465,7 @@ class GradualPruning(keras.callbacks.Callback):
                 f"gone {self._fraction:.0%} of the way") + f" (the optimizer is at step {self._step()})"
             raise ArgumentError(f"GradualPruning.finalize: pruning has {reached}; fit the model "
                                 "past {end_step} first.", end_step=self.end_step)
-        self._apply()
+        self._apply(self._combined)
         new, rebuilt = build_checked(self._graph, self._targets, self._plan)
         carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
         if self._graph.model is not self._bound:  # walked at a defined size: back to the model's own
@@ -543,6 +632,14 @@ def _rebuilt_walk(graph, widths):
     each weight's index (the same layers ignored, the same residual rule)."""
     new = rebuild(graph, widths, timing=True)
     return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
+
+
+def _completion(done, due):
+    """The factor that turns a weight a step multiplied by ``done`` into the weight multiplied by
+    ``due`` instead (``None``: 1): ``due / done``, exact where they are equal; where ``done`` is 0
+    the weight is zero and stays so (an update's masks keep within the last ones)."""
+    done, due = (np.float32(1.0) if f is None else f for f in (done, due))
+    return np.where(done != 0, due / np.where(done != 0, done, 1), due).astype(np.float32)
 
 
 def _refuse_another_model(bound, model):

@@ -11,23 +11,10 @@ saved as ``.keras`` reloads with its masks (``import keras_precrop`` registers
 ``MaskConstraint``, defined in ``keras_precrop.constraints``).
 """
 
-import contextlib
-
-import keras
 import numpy as np
 
 from keras_precrop.pai import common
-from keras_precrop.training.constraints import MaskConstraint
-
-
-def _distribution_scope(variable):
-    """The ``tf.distribute`` scope ``variable`` lives in, so its mask is mirrored alike."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        if isinstance(variable.value, tf.distribute.DistributedValues):
-            return variable.value.distribute_strategy.scope()
-    return contextlib.nullcontext()
+from keras_precrop.training.constraints import MaskConstraint, distribution_scope
 
 
 def check_masks(model, masks):
@@ -101,7 +88,7 @@ def apply_masks(model, masks):
         inner = getattr(layer, spec.constraint_attr, None)
         if isinstance(inner, MaskConstraint):
             inner = inner.inner
-        with _distribution_scope(var):
+        with distribution_scope(var):
             constraint = MaskConstraint(mask, inner=inner)
         setattr(layer, spec.constraint_attr, constraint)
         var.constraint = constraint

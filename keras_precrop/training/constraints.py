@@ -1,11 +1,13 @@
-"""``MaskConstraint``: the Keras constraint that keeps pruned weights at zero.
+"""``MaskConstraint``: the Keras constraint that keeps pruned weights at zero; ``StepFactor``:
+the one ``GradualPruning`` lends a weight during ``fit`` (``LentFactors``).
 
-It lives outside ``keras_precrop.pai`` so that ``import keras_precrop`` can
-register it for ``keras.saving.load_model`` without loading the pruners; see
-``keras_precrop.pai.masks`` for how masks are applied.
+They live outside ``keras_precrop.pai`` so that ``import keras_precrop`` can
+register ``MaskConstraint`` for ``keras.saving.load_model`` without loading the
+pruners; see ``keras_precrop.pai.masks`` for how masks are applied.
 """
 
 import base64
+import contextlib
 import math
 import zlib
 
@@ -87,3 +89,105 @@ class MaskConstraint(keras.constraints.Constraint):
             "shape": list(self._mask_array.shape),
             "inner": keras.constraints.serialize(self.inner) if self.inner else None,
         }
+
+
+def distribution_scope(variable):
+    """The ``tf.distribute`` scope ``variable`` lives in, so that a variable made beside it (a
+    mask, a factor) is mirrored alike and every replica reads a local copy; else no scope."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(variable.value, tf.distribute.DistributedValues):
+            return variable.value.distribute_strategy.scope()
+    return contextlib.nullcontext()
+
+
+class StepFactor(keras.constraints.Constraint):
+    """Multiplies a weight by a factor after every optimizer update, inside the train step.
+
+    ``GradualPruning`` lends one to each weight it may mask, for the length of
+    a ``fit`` (as ``variable.constraint``; never as the layer's attribute, so
+    ``get_config`` and a model saved mid-fit never see it), and gives the
+    weight its own constraint (``inner``, applied first) back when the fit
+    ends. The factor (0/1 masks, times ``1 - shrink`` where channels fade) is a
+    non-trainable variable that the host sets at mask updates only: the
+    compiled step reads it as it reads the weights (TensorFlow captures the
+    variable, not its value), so no step needs the host. Not for JAX, whose
+    compiled step would keep the value it was traced with.
+
+    Args:
+        variable: the weight it multiplies; the factor takes its shape, dtype
+            and ``tf.distribute`` scope, and starts at 1.
+    """
+
+    def __init__(self, variable):
+        self.inner = None
+        with distribution_scope(variable):
+            self.factor = keras.Variable(np.ones(variable.shape), dtype=variable.dtype,
+                                         trainable=False, name="step_factor")
+
+    def __call__(self, w):
+        if self.inner is not None:
+            w = self.inner(w)
+        return w * ops.cast(self.factor, w.dtype)
+
+    def set(self, factor):
+        """Make ``factor`` (an array of the weight's shape, or a number) what the steps multiply by."""
+        self.factor.assign(np.broadcast_to(np.asarray(factor, np.float32), self.factor.shape))
+
+
+def factors_in_step(model):
+    """Whether ``model``'s train step applies a :class:`StepFactor` at the factor's value now.
+
+    TensorFlow's traced step reads the factor variable itself; PyTorch runs its step eagerly
+    (unless ``jit_compile``). JAX's compiled step takes as state only the model's and the
+    optimizer's variables, and would keep the factors it was traced with.
+    """
+    backend = keras.backend.backend()
+    return backend == "tensorflow" or (backend == "torch" and not getattr(model, "jit_compile", False))
+
+
+class LentFactors:
+    """The :class:`StepFactor` s one ``GradualPruning`` lends to a model's weights, fit by fit.
+
+    Attributes:
+        held: ``{id(weight): (weight, factor)}`` lent now (during a fit).
+    """
+
+    def __init__(self):
+        self.held, self._factors, self._traced = {}, {}, None
+
+    def hold(self, model, weights, step):
+        """Lend a factor to each of ``weights`` (trained by ``model``'s fit, its optimizer's count
+        at ``step``); the weight's own constraint applies first. ``model``'s train function is made
+        anew unless it is the one the last :meth:`release` left, not run since (the count
+        unchanged), on the same weights: a function traced without the factors would skip them,
+        and tracing again costs more than an epoch of a small model."""
+        self.release(model, step)  # those a fit that raised (no on_train_end) left lent
+        for w in weights:
+            if id(w) not in self._factors:
+                self._factors[id(w)] = StepFactor(w)
+            factor, own = self._factors[id(w)], w.constraint
+            if own is not factor:  # (another callback's, where its fit raised: the one it holds)
+                factor.inner, w.constraint = own.inner if isinstance(own, StepFactor) else own, factor
+            self.held[id(w)] = (w, factor)
+        if self._traced != (model.train_function, step, frozenset(self.held)):
+            model.make_train_function(force=True)
+
+    def set(self, factors):
+        """Make ``factors`` (``{id(weight): array}``; 1 for a weight left out) what the steps
+        multiply the weights held by."""
+        for key, (_, factor) in self.held.items():
+            factor.set(factors[key] if key in factors else 1.0)
+
+    def release(self, model, step):
+        """Give the weights their own constraints back and set the factors to 1, so that the train
+        function traced with them (kept for the next :meth:`hold`) trains as if without them."""
+        if not self.held:
+            return
+        for w, factor in self.held.values():
+            if w.constraint is factor:
+                w.constraint = factor.inner
+            factor.set(1.0)
+        self._traced = (model.train_function, step, frozenset(self.held))
+        self.held = {}
