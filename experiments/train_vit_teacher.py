@@ -104,7 +104,15 @@ def main(argv=None):
         "model": "keras_hub.ViTImageClassifier", "config": CONFIG, "recipe": RECIPE,
         "epochs": args.epochs, "seed": args.seed, "test_accuracy": accuracy,
         "params": result.model.count_params(), "train_seconds_this_call": time.time() - start,
-        "command": " ".join(["python", "experiments/train_vit_teacher.py", *sys.argv[1:]]),
+    }
+    write_results(model_dir, "train_vit_teacher.py", record)
+
+
+def write_results(model_dir, script, record):
+    """``record`` with how to rerun it (command, commit, backend) as ``model_dir/results.json``."""
+    record = {
+        **record,
+        "command": " ".join(["python", f"experiments/{script}", *sys.argv[1:]]),
         "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                      text=True, cwd=ROOT).stdout.strip(),
         "backend": keras.backend.backend(), "keras": keras.__version__,

@@ -25,13 +25,9 @@ Example::
 """
 
 import argparse
-import json
 import pathlib
-import subprocess
 import sys
 import time
-
-import keras
 
 import keras_precrop as kp
 
@@ -92,13 +88,8 @@ def main(argv=None):
         "params": result.model.count_params(), "original_params": original.count_params(),
         "macs": plan.macs, "original_macs": plan.original["macs"], "mode": plan.mode,
         "widths": plan.widths, "train_seconds_this_call": time.time() - start,
-        "command": " ".join(["python", "experiments/vit_at_init.py", *sys.argv[1:]]),
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                     text=True, cwd=ROOT).stdout.strip(),
-        "backend": keras.backend.backend(), "keras": keras.__version__,
     }
-    (model_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    _teacher.write_results(model_dir, "vit_at_init.py", record)
 
 
 if __name__ == "__main__":
