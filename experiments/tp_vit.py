@@ -30,7 +30,7 @@ Example (the real run, low priority; the teacher must exist)::
 
   setsid nohup nice -n 19 python experiments/tp_vit.py \\
       --teacher experiments/runs/vit_cifar-teacher-ep15-s0/final_model.keras \\
-      --macs 0.5 --epochs 3 --distill --seed 0 > /tmp/tp_vit.log 2>&1 &
+      --macs 0.5 --epochs 3 --distill --seed 0 > tp_vit.log 2>&1 &
 
 Smoke test: ``--steps_per_epoch 2 --eval_batches 2`` on any small teacher.
 """

@@ -18,7 +18,7 @@ to commit (3 MB).
 Example (in the background, low priority so tests and timings come first)::
 
   setsid nohup nice -n 19 python experiments/train_vit_teacher.py --seed 0 \
-      > /tmp/vit_s0.log 2>&1 &
+      > vit_s0.log 2>&1 &
 """
 
 import argparse

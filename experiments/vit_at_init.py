@@ -21,7 +21,7 @@ each other is ``benchmarks``' job (interleaved, on a quiet machine).
 Example::
 
   setsid nohup nice -n 19 python experiments/vit_at_init.py --method precrop \\
-      --params 0.5 --seed 0 > /tmp/vit_precrop_s0.log 2>&1 &
+      --params 0.5 --seed 0 > vit_precrop_s0.log 2>&1 &
 """
 
 import argparse

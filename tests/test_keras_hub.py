@@ -166,10 +166,11 @@ UNCALLED_PARAMS = {"BASNetBackbone": lambda backbone: sum(
 
 # Backbones the walker refuses, with the operation it names.
 REFUSED = {
-    # Attention reshapes the channels into heads and transposes them (the gemma3n preset's
-    # blocks); the error names the first such operation by its place in the block.
+    # Attention reshapes by sizes read with ops.shape() on the symbolic batch (the gemma3n
+    # preset's blocks): the trace cannot replay it, and the error names the attention layer.
     "MobileNetV5Backbone_mqa": (lambda: _mobilenet_v5(("er", "uir", "mqa")),
-                                r"'mobile_attention_attn_transpose(_\d+)?' of class Transpose"),
+                                r"'mobile_attention_attn' of class MultiQueryAttention2d reshapes "
+                                r"sizes it leaves open"),
 }
 # keras_hub 0.32 itself cannot build these from constructor arguments (an error before any
 # pruning): MobileNetV5 with `se_ratios > 0` (its builder passes `filters=` to a lambda) or
