@@ -233,3 +233,18 @@ def test_the_plan_says_which_norms_lose_channels():
     heads_only = kp.plan(model, params=0.9, ignore=[layer.name for layer in model.layers
                                                    if "mha" not in layer.name])
     assert "renormalized" not in heads_only.solver
+
+
+def test_a_latency_rows_blocks_round_channels_not_heads():
+    """A latency model rounds channel widths up to its block (kernels compute in blocks of
+    channels); a head count is whole heads: rounding 3 heads up to 16 would price 16."""
+    from keras_precrop.budget.costs import CostRow
+
+    model = _attention_model(width=32, key_dim=8)  # every channel width a multiple of 16
+    cm = kp.profile(model).cost
+    timed = cm.with_rows([CostRow("latency", cm.coef[:, 1], cm.a, cm.b, cm.layer, block=16)])
+    widths = cm.widths.copy()
+    heads = [i for i, v in enumerate(cm.variables) if v.kind == "heads"]
+    widths[heads] = 3
+    params, macs, latency = timed.totals(widths)
+    assert latency == pytest.approx(macs) and macs < timed.totals(cm.widths)[1]

@@ -148,9 +148,15 @@ class CostModel:
         """Names of the columns of :meth:`totals`: params, MACs, then the extra rows."""
         return ("params", "macs", *(row.name for row in self.rows))
 
+    @property
+    def unrounded(self):
+        """The variables a row's blocks never round: fixed widths, and attention heads, which
+        are counted in whole heads, not in channels a kernel computes in blocks of."""
+        return self.fixed | np.array([v.kind == "heads" for v in self.variables], dtype=bool)
+
     def _row_factors(self, row, widths):
-        """``r(w)_a * r(w)_b`` of every term of an extra row (free widths rounded up)."""
-        return term_factors(widths, self.fixed, row.a, row.b, row.block)
+        """``r(w)_a * r(w)_b`` of every term of an extra row (free channel widths rounded up)."""
+        return term_factors(widths, self.unrounded, row.a, row.b, row.block)
 
     def _factors(self, widths):
         """``w_a * w_b`` of every term, for widths of shape (..., V)."""

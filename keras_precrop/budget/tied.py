@@ -82,10 +82,23 @@ def tied(cm, classes):
     reduced.widths = np.array([v.width for v in variables], dtype=np.float64)
     reduced.fixed = np.array([v.fixed for v in variables], dtype=bool)
     reduced.bound = np.array([-1 if v.bound is None else v.bound for v in variables], np.int64)
-    reduced.rows = tuple(dataclasses.replace(
-        row, a=full_index[row.a], b=full_index[row.b],
-        coef=row.coef * full_scale[row.a] * full_scale[row.b]) for row in cm.rows)
+    reduced.rows = tuple(_tied_row(row, full_index, full_scale) for row in cm.rows)
     return Ties(reduced, index, scale)
+
+
+def _tied_row(row, index, scale):
+    """An extra row (a latency model's) over the reduced variables.
+
+    A row rounds widths up to its block of channels; a class counted in
+    units of several channels (a ViT's heads and hidden width) cannot be
+    rounded so in its units, so its terms are not rounded: the solver sees
+    them continuous, and the plan's prediction, made on the widths spread
+    back, rounds as the row says.
+    """
+    in_units = (scale[row.a] != 1) | (scale[row.b] != 1)
+    block = np.where(in_units, 1, np.broadcast_to(row.block, np.shape(row.a)))
+    return dataclasses.replace(row, a=index[row.a], b=index[row.b],
+                               coef=row.coef * scale[row.a] * scale[row.b], block=block)
 
 
 def _merged(members, unit):

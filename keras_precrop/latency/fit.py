@@ -94,8 +94,9 @@ def _variant_widths(cm, count, scale_range, seed, round_to=1):
         level = rng.uniform(lo, hi)
         factors.append(np.clip(level * rng.lognormal(0.0, 0.35, len(cm.widths)), lo, hi))
         labels.append(f"random{i + 1}")
-    scaled = np.round(np.array(factors) * cm.widths / round_to) * round_to
-    widths = np.where(cm.fixed, cm.widths, np.minimum(cm.widths, np.maximum(round_to, scaled)))
+    step = np.where(cm.unrounded, 1, round_to)  # heads step by one head (and fixed widths stay)
+    scaled = np.round(np.array(factors) * cm.widths / step) * step
+    widths = np.where(cm.fixed, cm.widths, np.minimum(cm.widths, np.maximum(step, scaled)))
     widths = np.maximum(1, widths)
     bound = np.where(cm.bound >= 0, cm.bound, np.arange(len(cm.bound)))
     for _ in range(len(bound)):  # a bound may itself be bounded
@@ -384,10 +385,10 @@ class _Fitter:
         self.settings = settings
         self.prof = _costs.ModelProfile(graph)  # the refinement rounds' planner needs it too
         self.cm = self.prof.cost
-        if self.cm.fixed.all():
+        if self.cm.unrounded.all():
             raise ValueError(f"Model {model.name!r} has no prunable widths: nothing to vary.")
         features = Features.of(graph)
-        self.candidates = {b: features.with_block(b, self.cm.fixed)
+        self.candidates = {b: features.with_block(b, self.cm.unrounded)
                            for b in sorted({int(b) for b in blocks})}
         self.plan_errors = []  # the last round's plans, as the fit that made them predicted them
 
@@ -411,9 +412,9 @@ class _Fitter:
         """Block, ridge and coefficients fitted on the variants not held out."""
         rows = ~self.held
         self.cv, self.block, self.ridge = _choose(
-            lambda b: self.candidates[b].matrix(self.widths[rows], self.cm.fixed), self.t[rows],
+            lambda b: self.candidates[b].matrix(self.widths[rows], self.cm.unrounded), self.t[rows],
             tuple(self.candidates))
-        self.X = self.candidates[self.block].matrix(self.widths, self.cm.fixed)
+        self.X = self.candidates[self.block].matrix(self.widths, self.cm.unrounded)
         self.beta = _fit(self.X[rows], self.t[rows], self.ridge)
 
     def refine(self, k, ratios, planner):
@@ -432,7 +433,7 @@ class _Fitter:
         measured = _checked_times(again, new) * scale
         plan_widths = np.array(list(plans.values()))
         self.plan_errors = _relative_errors(
-            self.candidates[self.block].matrix(plan_widths, self.cm.fixed), measured, self.beta)
+            self.candidates[self.block].matrix(plan_widths, self.cm.unrounded), measured, self.beta)
         self.labels += new
         self.widths = np.vstack([self.widths, plan_widths])
         self.t = np.append(self.t, measured)
@@ -450,7 +451,7 @@ class _Fitter:
             block=int(self.block), ridge=float(self.ridge), columns=f.columns,
             coef=[float(c) for c in self.beta],
             template={"names": [v.name for v in cm.variables], "widths": cm.widths.tolist(),
-                      "fixed": cm.fixed.tolist(), "col": f.col.tolist(),
+                      "fixed": cm.unrounded.tolist(), "col": f.col.tolist(),
                       "mult": f.mult.tolist(), "a": f.a.tolist(), "b": f.b.tolist()},
             **fields)
 
