@@ -487,8 +487,32 @@ def _run_planner(args, model):
         the_plan.to_json(args.plan)
         print(f"Plan written to {args.plan}")
     if args.out:
-        new.save(args.out)
+        save_loadable(new, args.out)
         print(f"Model written to {args.out} ({new.count_params():,} params; {_which(options)})")
+
+
+def save_loadable(model, path):
+    """Save ``model`` to ``path`` and load it back: a file Keras cannot read is removed, not left.
+
+    A layer whose ``get_config`` its own constructor refuses (keras_hub 0.32's
+    ``ViTPatchingAndEmbedding`` writes ``num_patches``) saves, but no one can
+    load the file.
+
+    Raises:
+        ValueError: naming ``--out``, Keras' reason and the remedy.
+    """
+    import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
+
+    model.save(path)
+    try:
+        keras.models.load_model(path, compile=False)
+    except (ValueError, TypeError) as err:
+        os.remove(path)
+        raise ValueError(
+            f"--out {path}: the pruned model was saved, but Keras cannot load it back "
+            f"({str(err).splitlines()[0][:200]}), so no file is written. A layer's config does "
+            "not re-create it; for a keras_hub ViT or DeiT task prune it in Python with "
+            "kp.hub.precrop(task, ...), which rebuilds it from its own config.") from None
 
 
 def _print_plan(args, the_plan):
@@ -645,7 +669,7 @@ def _run_prune_trained(args):
 
         print(f"Test accuracy: {accuracy(original, test, args.batch_size):.4f} original, "
               f"{accuracy(small, test, args.batch_size):.4f} pruned")
-    small.save(args.out)
+    save_loadable(small, args.out)
     _trained.print_pruned(args, original, small)
 
 

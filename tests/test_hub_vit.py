@@ -179,3 +179,17 @@ def test_a_deit_task_prunes_into_a_new_config_too(tmp_path):
     small.save(tmp_path / "deit.keras")
     again = keras.models.load_model(tmp_path / "deit.keras")
     np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
+
+
+def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys):
+    """keras_hub 0.32's ViTPatchingAndEmbedding saves a config its constructor refuses: a pruned
+    functional copy saved fine and loaded nowhere. The command line loads what it wrote, removes
+    a file that does not load, and says what to do instead."""
+    from keras_precrop import cli
+
+    saved, out = tmp_path / "vit.keras", tmp_path / "small.keras"
+    _vit().save(saved)
+    assert cli.main(["precrop", str(saved), "--params", "0.5", "--out", str(out), "--quiet"]) == 1
+    assert not out.exists()
+    error = capsys.readouterr().err
+    assert f"--out {out}" in error and "cannot load it back" in error and "kp.hub.precrop" in error
