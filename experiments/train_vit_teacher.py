@@ -61,9 +61,11 @@ def build(seed):
         backbone=backbone, num_classes=10, preprocessor=None, activation=None)
 
 
-def compile_teacher(model, steps_per_epoch, epochs):
-    """AdamW with a linear warm-up (of fewer epochs in a shorter run) and cosine decay to 0."""
-    warmup = min(RECIPE["warmup_epochs"], epochs - 1) * steps_per_epoch
+def compile_teacher(model, steps_per_epoch, epochs, warmup_epochs=RECIPE["warmup_epochs"]):
+    """AdamW with a linear warm-up (of fewer epochs in a shorter run) and cosine decay to 0.
+
+    ``model`` may be a ``keras.distillation.Distiller``: the loss is its student's."""
+    warmup = min(warmup_epochs, epochs - 1) * steps_per_epoch
     rate = RECIPE["learning_rate"]
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else rate, decay_steps=epochs * steps_per_epoch - warmup,
@@ -77,35 +79,56 @@ def compile_teacher(model, steps_per_epoch, epochs):
 def main(argv=None):
     """Trains (or resumes) one seed's teacher and writes its results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--data_dir", default=str(ROOT.parent.parent / "shared" / "tfds"))
-    parser.add_argument("--steps_per_epoch", type=int, help="a smoke test's short epochs")
-    parser.add_argument("--model_dir", help="default: experiments/runs/<run name>")
+    add_run_arguments(parser, epochs=20)
     args = parser.parse_args(argv)
     model_dir = pathlib.Path(args.model_dir or ROOT / "runs" / run_name(args.epochs, args.seed))
-    train = kp.data.load("cifar10", "train", RECIPE["batch_size"], data_dir=args.data_dir,
-                         seed=args.seed)
-    test = kp.data.load("cifar10", "test", 500, data_dir=args.data_dir)
+    train, test = cifar10(args)
     model = build(args.seed)
     compile_teacher(model, args.steps_per_epoch or int(train.cardinality()), args.epochs)
     start = time.time()
-    result = kp.train.fit(model, train, test, model_dir=str(model_dir), epochs=args.epochs,
-                          steps_per_epoch=args.steps_per_epoch,
-                          eval_steps=args.steps_per_epoch and 2, tensorboard=False)
+    result = fit(model, train, test, model_dir, args)
     final = model_dir / "final_model.keras"
     result.model.save(final)
     sys.path.insert(0, str(ROOT))
     from run import slim_model  # the drivers' own slimming, as for the CNN teachers
 
     slim_model(final)
-    accuracy = 100 * result.model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
     record = {
         "model": "keras_hub.ViTImageClassifier", "config": CONFIG, "recipe": RECIPE,
-        "epochs": args.epochs, "seed": args.seed, "test_accuracy": accuracy,
+        "epochs": args.epochs, "seed": args.seed, "test_accuracy": accuracy(result.model, test),
         "params": result.model.count_params(), "train_seconds_this_call": time.time() - start,
     }
     write_results(model_dir, "train_vit_teacher.py", record)
+
+
+def add_run_arguments(parser, epochs):
+    """The arguments every ViT experiment script takes: seed, epochs, data, smoke-test steps, run folder."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--data_dir", default=str(ROOT.parent.parent / "shared" / "tfds"))
+    parser.add_argument("--steps_per_epoch", type=int, help="a smoke test's short epochs")
+    parser.add_argument("--model_dir", help="default: experiments/runs/<run name>")
+
+
+def cifar10(args):
+    """CIFAR-10's ``(train, test)`` as the recipe reads them: augmented batches of 128 in the
+    seed's order, and the test set in batches of 500."""
+    train = kp.data.load("cifar10", "train", RECIPE["batch_size"], data_dir=args.data_dir,
+                         seed=args.seed)
+    return train, kp.data.load("cifar10", "test", 500, data_dir=args.data_dir)
+
+
+def fit(model, train, test, model_dir, args, callbacks=()):
+    """``kp.train.fit`` of a compiled model for ``args.epochs`` (resumable; a smoke test's short
+    epochs evaluate on 2 batches)."""
+    return kp.train.fit(model, train, test, model_dir=str(model_dir), epochs=args.epochs,
+                        steps_per_epoch=args.steps_per_epoch, callbacks=callbacks,
+                        eval_steps=args.steps_per_epoch and 2, tensorboard=False)
+
+
+def accuracy(model, test):
+    """Test accuracy (%) of a compiled model."""
+    return 100 * model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
 
 
 def write_results(model_dir, script, record):

@@ -63,28 +63,20 @@ def main(argv=None):
     parser.add_argument("--method", choices=METHODS, required=True)
     for kind in ("params", "flops", "latency"):
         parser.add_argument(f"--{kind}", type=float, help=f"{kind} budget, a ratio")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--data_dir", default=str(ROOT.parent.parent / "shared" / "tfds"))
-    parser.add_argument("--steps_per_epoch", type=int, help="a smoke test's short epochs")
-    parser.add_argument("--model_dir", help="default: experiments/runs/<run name>")
+    _teacher.add_run_arguments(parser, epochs=10)
     args = parser.parse_args(argv)
     model_dir = pathlib.Path(args.model_dir or ROOT / "runs" / run_name(args))
-    train = kp.data.load("cifar10", "train", _teacher.RECIPE["batch_size"],
-                         data_dir=args.data_dir, seed=args.seed)
-    test = kp.data.load("cifar10", "test", 500, data_dir=args.data_dir)
+    train, test = _teacher.cifar10(args)
     original = _teacher.build(args.seed)
     model = pruned(original, args)
     plan = model.precrop_plan
     _teacher.compile_teacher(model, args.steps_per_epoch or int(train.cardinality()), args.epochs)
     start = time.time()
-    result = kp.train.fit(model, train, test, model_dir=str(model_dir), epochs=args.epochs,
-                          steps_per_epoch=args.steps_per_epoch,
-                          eval_steps=args.steps_per_epoch and 2, tensorboard=False)
-    accuracy = 100 * result.model.evaluate(test, verbose=0, return_dict=True)["accuracy"]
+    result = _teacher.fit(model, train, test, model_dir, args)
     record = {
         "method": args.method, "budgets": {k: getattr(args, k) for k in ("params", "flops", "latency")},
-        "epochs": args.epochs, "seed": args.seed, "test_accuracy": accuracy,
+        "epochs": args.epochs, "seed": args.seed,
+        "test_accuracy": _teacher.accuracy(result.model, test),
         "params": result.model.count_params(), "original_params": original.count_params(),
         "macs": plan.macs, "original_macs": plan.original["macs"], "mode": plan.mode,
         "widths": plan.widths, "train_seconds_this_call": time.time() - start,

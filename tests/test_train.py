@@ -537,3 +537,31 @@ def test_multiworker_resumes_after_kill_on_reshuffled_data(reference, tmp_path):
 
 if __name__ == "__main__":
     _worker_main(sys.argv[1:])
+
+
+def test_fit_builds_a_distiller_and_resumes_it(tmp_path):
+    """A ``keras.distillation.Distiller`` is not built until it sees data, and BackupAndRestore
+    refuses an unbuilt model: ``fit`` builds it from the data's spec, trains the student and a
+    second call with more epochs goes on from the first's backup (the student's weights as the
+    first call left them, not the starting ones)."""
+    from keras_precrop.training.finetune import distiller
+
+    keras.utils.set_random_seed(0)
+    student, teacher = _tiny_model(), _tiny_model()
+    model = distiller(student, teacher)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    assert not model.built
+    start = [w.numpy().copy() for w in student.weights]
+    first = train.fit(model, _batches(), model_dir=str(tmp_path), epochs=1, tensorboard=False,
+                      verbose=0)
+    after_one = [w.numpy().copy() for w in student.weights]
+    assert any(not np.array_equal(a, b) for a, b in zip(start, after_one))
+    assert [row["epoch"] for row in first.history] == [0]
+    for w, value in zip(student.weights, start):  # a new process would start from these
+        w.assign(value)
+    second = train.fit(model, _batches(), model_dir=str(tmp_path), epochs=2, tensorboard=False,
+                       verbose=0)
+    assert [row["epoch"] for row in second.history] == [0, 1]
+    assert second.history[0] == first.history[0]

@@ -691,7 +691,8 @@ def fit(
     nothing and returns its history.
 
     Args:
-        model: a model from ``compile_model``.
+        model: a model from ``compile_model``, or any compiled model; one not built yet
+            (a ``keras.distillation.Distiller``) is built for ``train_data``'s inputs.
         train_data: ``tf.data.Dataset`` of ``(images, labels)`` global batches.
         eval_data: evaluation dataset, or None.
         model_dir: output directory (local or ``gs://``).
@@ -721,6 +722,7 @@ def fit(
     """
     model_dir = _worker_dir(model_dir, model)
     _files(model_dir).makedirs(model_dir)
+    _build_for_backup(model, train_data)
     backed_up, history = _backed_up_epochs(os.path.join(model_dir, backup)), read_history(model_dir)
     _check_history_has_its_backup(model_dir, history, backup, backed_up, initial_epoch)
     skip_epochs(train_data, backed_up - initial_epoch, steps_per_epoch)
@@ -742,3 +744,14 @@ def fit(
         verbose=verbose,
     )
     return TrainResult(model=model, history=read_history(model_dir), model_dir=model_dir)
+
+
+def _build_for_backup(model, train_data):
+    """Build ``model`` for the inputs of ``train_data``'s batches if it is not built yet
+    (``BackupAndRestore`` refuses an unbuilt model, e.g. a ``Distiller``). Built from the
+    dataset's ``element_spec``, not a batch: reading one would move a seeded shuffle on."""
+    if model.built:
+        return
+    spec = train_data.element_spec
+    inputs = spec[0] if isinstance(spec, tuple) else spec
+    model.build(keras.tree.map_structure(lambda s: tuple(s.shape), inputs))
