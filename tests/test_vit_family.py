@@ -107,17 +107,26 @@ def test_segformer_on_mit_profiles_past_named_refusals():
     assert prof.total_macs == tf_macs(model)
 
 
+def _profile_past_one_refusal(model, phrases):
+    """The profile of ``model`` past one refusal that names every one of ``phrases`` at once;
+    its parameters are checked against ``count_params()``."""
+    prof, refusals = _profile_past_refusals(model)
+    assert len(refusals) == 1
+    for phrase in phrases:
+        assert phrase in refusals[0]
+    assert prof.total_params == model.count_params()
+    return prof
+
+
 @pytest.mark.slow  # 15 s
 def test_swin_profiles_past_named_refusals():
     """Swin's blocks cannot be traced (``None // n``), its patch embedding and merging reshape to
     open sizes: all named at once. A block after a merging kept whole sees open token counts, so
     its MACs are unknown and a note says so."""
     model = _swin()
-    prof, refusals = _profile_past_refusals(model)
-    assert len(refusals) == 1
-    assert "Layer 'patch_embedding' of class PatchEmbedding reshapes sizes" in refusals[0]
-    assert "Layer 'stage_0_downsample' of class PatchMerging reshapes sizes" in refusals[0]
-    assert prof.total_params == model.count_params()
+    prof = _profile_past_one_refusal(model, (
+        "Layer 'patch_embedding' of class PatchEmbedding reshapes sizes",
+        "Layer 'stage_0_downsample' of class PatchMerging reshapes sizes"))
     assert any(note.startswith("stage_1_blocks_0: its MACs are unknown") for note in prof.notes)
     assert prof.total_macs < tf_macs(model)
 
@@ -126,11 +135,9 @@ def test_dinov3_profiles_past_named_refusals():
     """DINOv3's attention reshapes its heads back with ``(B, N, -1)`` (before: its ignored
     reshape's open last axis crashed ``Fixed``); its RoPE layer has no handler."""
     model = _dinov3()
-    prof, refusals = _profile_past_refusals(model)
-    assert len(refusals) == 1
-    assert "Layer 'encoder_layers_0_attention' of class DINOV3Attention" in refusals[0]
-    assert "Layer 'rope_embedding' of class DINOV3RopePositionEmbedding" in refusals[0]
-    assert prof.total_params == model.count_params()
+    prof = _profile_past_one_refusal(model, (
+        "Layer 'encoder_layers_0_attention' of class DINOV3Attention",
+        "Layer 'rope_embedding' of class DINOV3RopePositionEmbedding"))
     assert prof.total_macs == tf_macs(model)
 
 

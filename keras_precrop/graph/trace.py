@@ -364,17 +364,8 @@ def _dissolving(composites, names):
         _name_ops(outputs, (args, kwargs), names.get(id(self)), names)
         return outputs
 
-    saved = {cls: cls.__dict__.get("__call__") for cls in classes}
-    for cls in classes:
-        cls.__call__ = call_in_place
-    try:
+    with _class_attributes(classes, "__call__", lambda cls: call_in_place):
         yield
-    finally:
-        for cls, method in saved.items():
-            if method is None:
-                del cls.__call__
-            else:
-                cls.__call__ = method
 
 
 def _run_call(layer, name, args, kwargs):
@@ -550,21 +541,30 @@ def _specs_without_training(model):
     classes = {type(layer) for layer in model._flatten_layers(include_self=True, recursive=True)
                if "training" in inspect.signature(type(layer).call).parameters
                and not _takes(type(layer).compute_output_spec, "training")}
-    saved = {cls: cls.__dict__.get("compute_output_spec") for cls in classes}
 
-    def spec_without_training(original):
+    def spec_without_training(cls):
+        original = cls.compute_output_spec
         return lambda self, *args, training=None, **kwargs: original(self, *args, **kwargs)
 
+    with _class_attributes(classes, "compute_output_spec", spec_without_training):
+        yield
+
+
+@contextlib.contextmanager
+def _class_attributes(classes, name, make):
+    """Set attribute ``name`` of each of ``classes`` to ``make(cls)`` for the block; each class
+    gets its own back after it (or none, where it inherited the attribute)."""
+    saved = {cls: cls.__dict__.get(name) for cls in classes}
     for cls in classes:
-        cls.compute_output_spec = spec_without_training(cls.compute_output_spec)
+        setattr(cls, name, make(cls))
     try:
         yield
     finally:
         for cls, method in saved.items():
             if method is None:
-                del cls.compute_output_spec
+                delattr(cls, name)
             else:
-                cls.compute_output_spec = method
+                setattr(cls, name, method)
 
 
 def _takes(function, name):
