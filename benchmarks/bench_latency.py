@@ -1,6 +1,8 @@
 """Benchmark: latency models and latency budgets (issues 11 and 31) on this CPU.
 
-For resnet20 (batch 64) and keras.applications MobileNetV2 (224x224, batch 16),
+For resnet20 (batch 64) and keras.applications MobileNetV2 (224x224, batch 16), and with
+``--models`` issue 61's ViTs (``vit_cifar``: the CIFAR-10 teacher, batch 64; ``vit_224``: a
+224x224 keras_hub ViT of ViT-Ti's size, batch 16),
 per runtime (``--runtimes``; default ``tf tflite train``, the issue 11 set):
 
 1. Fit a latency model for the runtime; report the fit time and the held-out
@@ -36,6 +38,8 @@ Usage::
     python benchmarks/bench_latency.py --models resnet20
     # issue 31: every runtime, no FLOPs sweep (~45-90 min on a quiet 2-core CPU)
     python benchmarks/bench_latency.py --runtimes tf jax torch litert onnx litert_int8 onnx_int8 --no_sweep
+    # issue 61: the ViTs in the float runtimes (writes latency_runtimes_vit_cifar_vit_224.*)
+    python benchmarks/bench_latency.py --models vit_cifar vit_224 --runtimes tf onnx litert --no_sweep
 
 Time it on a quiet machine: under other load PyTorch's OpenMP threads spin
 (a 2-thread convolution ran 45x slower on a loaded 2-core machine; setting
@@ -68,10 +72,35 @@ import keras_precrop as kp  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 # name -> (builder, inference batch, training batch or None)
+def _vit_cifar():
+    """Issue 61's CIFAR-10 ViT: the committed teacher (keras_hub ``ViTImageClassifier``, 32x32,
+    patch 4, 6 x 4 heads, hidden 128, MLP 256; ``experiments/train_vit_teacher.py``)."""
+    import keras_hub  # noqa: F401  (registers the teacher's classes for loading)
+
+    return keras.models.load_model(VIT_TEACHER, compile=False)
+
+
+def _vit_224():
+    """A 224x224 keras_hub ViT of ViT-Ti's size (patch 16, 12 x 3 heads, hidden 192, MLP 768),
+    1000 classes, freshly initialized (issue 61's 224x224 configuration)."""
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=3, hidden_dim=192,
+        mlp_dim=768)
+    return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=1000,
+                                               preprocessor=None)
+
+
+VIT_TEACHER = RESULTS.parents[1] / "experiments/runs/vit_cifar-teacher-ep15-s0/final_model.keras"
+# name -> (builder, inference batch, training batch or None)
 MODELS = {
     "resnet20": (lambda: kp.models.get("resnet20"), 64, 128),
     "mobilenet_v2": (lambda: keras.applications.MobileNetV2(weights=None), 16, None),
+    "vit_cifar": (_vit_cifar, 64, None),
+    "vit_224": (_vit_224, 16, None),
 }
+DEFAULT_MODELS = ("resnet20", "mobilenet_v2")  # issues 11 and 31; the ViTs (issue 61) by --models
 BUDGET = 0.5
 RUNTIMES = kp.latency.RUNTIMES + ("train",)  # "train": a TF training step
 DEFAULT_RUNTIMES = ("tf", "tflite", "train")
@@ -420,6 +449,8 @@ def _write(result, args, start):
     """Writes the JSON and markdown results (after every step: keeps partial runs)."""
     result["seconds"] = time.perf_counter() - start
     stem = "latency" if set(args.runtimes) == set(DEFAULT_RUNTIMES) else "latency_runtimes"
+    if not set(result["model_names"]) <= set(DEFAULT_MODELS):  # its own files, not the CNNs'
+        stem = "_".join([stem, *result["model_names"]])
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = _markdown(result)
     (args.out / f"{stem}.md").write_text(text)
@@ -428,7 +459,7 @@ def _write(result, args, start):
 
 def main():
     args = _parse()
-    names = args.models or (["resnet20"] if args.quick else list(MODELS))
+    names = args.models or (["resnet20"] if args.quick else list(DEFAULT_MODELS))
     if args.json_out:
         return _child_main(args, names)
     start, here = time.perf_counter(), keras.backend.backend()
@@ -438,7 +469,7 @@ def main():
         "quick": args.quick, "runtimes": args.runtimes, "sweep": not args.no_sweep,
         "command": " ".join(["python", "benchmarks/bench_latency.py"] + sys.argv[1:]),
         "machine": _timing.machine_info(), "machines": {},
-        "fit": FIT[args.quick], "rounds": ROUNDS[args.quick], "models": [],
+        "fit": FIT[args.quick], "rounds": ROUNDS[args.quick], "models": [], "model_names": names,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     local = [r for r in args.runtimes if _backend(r) == here]

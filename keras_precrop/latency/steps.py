@@ -22,6 +22,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_precrop.errors import UnsupportedModelError
 from keras_precrop.graph import trace as _trace
 
 _CALIBRATION = 16  # random examples that calibrate an int8 model's activation ranges
@@ -216,19 +217,83 @@ def to_onnx(model, path, int8=False):
     """Export ``model`` to an ONNX file at ``path`` with Keras' own exporter (``format="onnx"``).
 
     The exporter refuses a model that was never called (a freshly rebuilt
-    one), so it is called once on zeros first. With ``int8``, the export is
+    one), so it is called once on zeros first. TensorFlow's exact GELU (a
+    transformer's MLP) computes ``erfc``, which ``tf2onnx`` cannot convert
+    (tensorflow-onnx #2463): it is converted as ``1 - Erf``. A constant tensor
+    a layer keeps (keras_hub ViT's ``position_ids``) is exported as an extra
+    graph input, which every caller would have to feed: it is folded back
+    into the graph as the constant it is. With ``int8``, the export is
     quantized statically to int8 QDQ (per-channel weights, activation ranges
     calibrated on random normal examples) by ONNX Runtime's quantizer.
     """
     model(np.zeros((1,) + input_shape(model), "float32"), training=False)
+    _convert_erfc()
     if not int8:
         model.export(str(path), format="onnx", verbose=False)
+        _fold_captured_inputs(model, str(path))
         return path
     with tempfile.TemporaryDirectory() as folder:
         exported = os.path.join(folder, "float.onnx")
         model.export(exported, format="onnx", verbose=False)
+        _fold_captured_inputs(model, exported)
         _quantize_onnx(model, exported, folder, str(path))
     return path
+
+
+def _fold_captured_inputs(model, path):
+    """Make each graph input of the ONNX file at ``path`` that is not one of ``model``'s inputs
+    (a constant tensor a layer holds, captured by the traced function) an initializer holding
+    that tensor's value, found by shape and dtype among the constants ``model``'s layers hold.
+
+    Raises:
+        UnsupportedModelError: an extra input that no constant (or more than one) matches.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = onnx.load(path)
+    initialized = {i.name for i in graph.graph.initializer}
+    # the traced function's own inputs come first, its captures after them
+    extra = [i for i in graph.graph.input if i.name not in initialized][len(model.inputs):]
+    if not extra:
+        return
+    constants = [np.asarray(value) for layer in model._flatten_layers()
+                 for value in vars(layer).values()
+                 if keras.ops.is_tensor(value) and not isinstance(value, keras.Variable)]
+    for graph_input in extra:
+        kind = graph_input.type.tensor_type
+        shape = tuple(d.dim_value for d in kind.shape.dim)
+        dtype = helper.tensor_dtype_to_np_dtype(kind.elem_type)
+        found = [c for c in constants if c.shape == shape and c.dtype == dtype]
+        if len({c.tobytes() for c in found}) != 1:
+            raise UnsupportedModelError(
+                f"Keras' ONNX export of model {model.name!r} has an input {graph_input.name!r} "
+                f"({dtype} {shape}) besides the model's own, and {len(found)} constant tensors "
+                "of its layers match it: it cannot be folded back into the graph.")
+        graph.graph.initializer.append(numpy_helper.from_array(found[0], graph_input.name))
+        graph.graph.input.remove(graph_input)
+    onnx.save(graph, path)
+
+
+def _convert_erfc():
+    """Teach ``tf2onnx`` TensorFlow's ``Erfc`` as ONNX's ``1 - Erf(x)`` (ONNX has no ``Erfc``;
+    TensorFlow's GELU has used it since 2.16), unless it converts it already."""
+    from tf2onnx import handler, utils
+
+    if any("Erfc" in ops for ops in handler.tf_op.get_opsets().get("", [])):
+        return
+
+    class _Erfc:
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):  # ONNX's Erf is in opset 9
+            node.type = "Erf"
+            one = ctx.make_const(utils.make_name("erfc_one"),
+                                 np.array(1, utils.map_onnx_to_numpy_type(ctx.get_dtype(
+                                     node.output[0]))))
+            ctx.insert_new_node_on_output("Sub", node.output[0], inputs=[one.output[0],
+                                                                         node.output[0]])
+
+    handler.tf_op("Erfc")(_Erfc)
 
 
 def _quantize_onnx(model, path, folder, quantized):
