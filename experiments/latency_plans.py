@@ -22,6 +22,11 @@ latency model instead of fitting a new one (the ``floor`` plan of grid
 
 ``streamfloor`` (grid ``latency_stream_floor``) floors the residual streams alone
 (``floor=1.0, floor_on="streams"``).
+
+``--model vit_cifar`` plans issue 61's CIFAR-10 ViT teacher (``experiments/vit_trained.py --plan``
+trains them)::
+
+    python experiments/latency_plans.py --model vit_cifar --targets 0.5
 """
 
 import argparse
@@ -54,7 +59,7 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=PLANS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    model = kp.models.get(args.model)
+    model = _model(args.model)
     stem = f"{args.model}_tf_b{args.batch_size}"
     if args.latency_model:
         lm = kp.LatencyModel.from_json(args.latency_model)
@@ -77,6 +82,18 @@ def main(argv=None):
             print(f"{name}: measured {plan.solver['latency_calibration']['measured']:.3f} of the "
                   f"original's time, {plan.params:,} params, {plan.macs:,} MACs", flush=True)
     path.write_text(json.dumps(record, indent=1))
+
+
+def _model(name):
+    """A zoo model by name, or ``vit_cifar``: issue 61's CIFAR-10 ViT teacher (seed 0), whose plans
+    ``vit_trained.py --plan`` prunes it to."""
+    if name != "vit_cifar":
+        return kp.models.get(name)
+    import keras
+    import keras_hub  # noqa: F401  (registers the teacher's classes for loading)
+
+    return keras.models.load_model(HERE / "runs/vit_cifar-teacher-ep15-s0/final_model.keras",
+                                   compile=False)
 
 
 def plan_record(plan, target):

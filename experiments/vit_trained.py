@@ -1,7 +1,7 @@
 """Issue 61's evidence from a trained model: the CIFAR-10 ViT teacher pruned, then trained on.
 
-The teacher (``train_vit_teacher.py``) is pruned to a budget (``--flops`` or
-``--latency``, ratios) by one of these arms, then trained for ``--epochs``
+The teacher (``train_vit_teacher.py``) is pruned to a budget (``--flops``, a ratio, or
+``--plan``) by one of these arms, then trained for ``--epochs``
 with Torch-Pruning's arm's recipe (``tp_vit.py``'s defaults): AdamW (lr 1e-3,
 weight decay 0.05, epsilon 1e-7), cosine decay to 0 without warm-up, batch
 128, and with ``--distill`` a ``keras.distillation.Distiller`` of the
@@ -21,9 +21,9 @@ unpruned teacher (KL of the softmaxes at temperature 4 times T^2, weight
 ``--layout homogeneous`` prunes with one config for every block
 (``kp.hub.precrop``: a ``ViTImageClassifier`` again) in place of the
 solver's widths per block (``kp.plan`` of the whole task, a functional
-model). A latency budget reads a latency model from ``--latency_model``
-(fit it once on a quiet machine, ``kp.latency_model(...).save(path)``),
-so the arms prune to one plan.
+model). A latency budget is a calibrated plan made once on a quiet machine
+(``--plan``, a plan JSON of ``experiments/latency_plans.py --model vit_cifar``),
+so the arms prune to one plan, timed once.
 
 Writes ``results.json`` (test accuracy, accuracy right after pruning,
 parameters, MACs as the plan counts them (TensorFlow's count, attention
@@ -56,7 +56,7 @@ TEACHER = "experiments/runs/vit_cifar-teacher-ep15-s{seed}/final_model.keras"
 
 def run_name(args):
     """The run's directory name: ``vit_cifar-gradual-flops0.5-distill-ep3-s0``."""
-    budget = f"flops{args.flops}" if args.flops is not None else f"latency{args.latency}"
+    budget = f"flops{args.flops}" if args.flops is not None else pathlib.Path(args.plan).stem
     parts = [args.arm, budget, args.layout if args.layout != "per_block" else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
@@ -74,7 +74,7 @@ def plan_of(teacher, args):
     """The plan every per-block arm prunes to (``kp.plan`` of the whole task)."""
     if args.flops is not None:
         return kp.plan(teacher, flops=args.flops)
-    return kp.plan(teacher, latency=args.latency, latency_model=args.latency_model)
+    return kp.Plan.from_json(args.plan)
 
 
 def student_of(args, steps):
@@ -83,10 +83,10 @@ def student_of(args, steps):
     if args.layout == "homogeneous":
         if args.arm == "gradual":
             raise SystemExit("--arm gradual prunes to a per-block plan: use --layout per_block")
-        budget = ({"flops": args.flops} if args.flops is not None else
-                  {"latency": args.latency, "latency_model": args.latency_model})
-        small = kp.hub.precrop(teacher, homogeneous=True,
-                               weights="keep" if args.arm == "oneshot" else None, **budget)
+        if args.flops is None:
+            raise SystemExit("--layout homogeneous prunes to --flops (a --plan is per block)")
+        small = kp.hub.precrop(teacher, homogeneous=True, flops=args.flops,
+                               weights="keep" if args.arm == "oneshot" else None)
         return small, None, small.precrop_plan
     plan = plan_of(teacher, args)
     if args.arm == "gradual":
@@ -130,7 +130,9 @@ def main(argv=None):
     _teacher.compile_teacher(small, 1, 1)
     record = {
         "arm": args.arm, "layout": args.layout, "teacher": args.teacher.format(seed=args.seed),
-        "budgets": {"flops": args.flops, "latency": args.latency}, "distill": args.distill,
+        "budgets": {"flops": args.flops,
+                    "latency": plan.solver.get("latency_calibration", {}).get("target")},
+        "plan": args.plan, "distill": args.distill,
         "alpha": args.alpha, "gradual_epochs": args.gradual_epochs if pruning else None,
         "epochs": args.epochs, "seed": args.seed, "pruned_accuracy": pruned_accuracy,
         "test_accuracy": _teacher.accuracy(small, test), "params": small.count_params(),
@@ -148,18 +150,14 @@ def parse_args(argv=None):
     parser.add_argument("--layout", choices=("per_block", "homogeneous"), default="per_block")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=float, help="MACs budget, a ratio")
-    budget.add_argument("--latency", type=float, help="latency budget, a ratio")
-    parser.add_argument("--latency_model", help="the saved latency model a --latency plan reads")
+    budget.add_argument("--plan", help="a plan JSON (a calibrated latency plan)")
     parser.add_argument("--teacher", default=TEACHER, help="{seed}: the run's seed")
     parser.add_argument("--distill", action="store_true")
     parser.add_argument("--alpha", type=float, default=0.5, help="the supervised loss' weight")
     parser.add_argument("--gradual_epochs", type=float, default=1.0,
                         help="--arm gradual: epochs over which the masks reach the plan")
     _teacher.add_run_arguments(parser, epochs=3)
-    args = parser.parse_args(argv)
-    if args.latency is not None and args.latency_model is None:
-        parser.error("--latency needs --latency_model (a saved latency model)")
-    return args
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
