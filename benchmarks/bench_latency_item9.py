@@ -15,6 +15,11 @@ Settings:
   widths its blocked convolutions run at.
 * ``torch/before``: ``KERAS_BACKEND=torch``, OpenMP's default (active, spinning) wait policy.
 * ``torch/after``: the same with ``OMP_WAIT_POLICY=PASSIVE`` (what the library's warning advises).
+* ``onnx/floor``, ``torch/floor``: ``onnx/before`` and ``torch/after`` again, after the stream
+  floor fix: ``mode="auto"``'s floor holds the residual streams at the uniform plan's widths *at
+  the target* while calibration lowers the latency budget (before it, the floor followed the
+  lowered budget down, and a stream could be cut to a few channels). The rows of the earlier
+  settings are the evidence from before the fix, kept as they were.
 
 Every setting runs in a child process of this script (the Keras backend and OpenMP's policy are
 fixed at import). Pause other work on the machine first (the ViT training: ``kill -STOP``).
@@ -51,7 +56,11 @@ SETTINGS = {  # name -> (runtime, Keras backend, extra environment, round_to: "b
     "onnx/after": ("onnx", "tensorflow", {}, "block"),
     "torch/before": ("torch", "torch", {}, 1),
     "torch/after": ("torch", "torch", {"OMP_WAIT_POLICY": "PASSIVE"}, 1),
+    "onnx/floor": ("onnx", "tensorflow", {}, 1),
+    "torch/floor": ("torch", "torch", {"OMP_WAIT_POLICY": "PASSIVE"}, 1),
 }
+FIXED = {"onnx/floor": "onnx/before", "torch/floor": "torch/after"}  # after the fix: the setting before
+
 TARGET = 0.5
 FIT = {False: dict(variants=16, rounds=3, refine_rounds=1), True: dict(variants=6, rounds=1,
                                                                         refine_rounds=1)}
@@ -63,6 +72,12 @@ def _narrowest_stream(plan):
     streams = [v for v in plan.variables if v["kind"] == "stream"]
     v = min(streams, key=lambda v: v["new"] / v["width"])
     return f"{v['name']} {v['new']}/{v['width']}"
+
+
+def _floor(plan):
+    """The streams' floor of the kept plan: its width factor, where it was computed (``"target"``
+    after the fix; the budget of the kept plan's round before it) and the streams held at it."""
+    return {key: plan.solver.get(key) for key in ("floor_ratio", "floor_at", "floor_binds")}
 
 
 def _one_run(runtime, round_to, quick, seed):
@@ -96,7 +111,7 @@ def _one_run(runtime, round_to, quick, seed):
             "rounds": calibration["rounds"], "kept": calibration["measured"],
             "met": calibration["met"], "independent": statistics.median(ratios),
             "original_ms": statistics.median(samples["original"]) * 1e3,
-            "narrowest_stream": _narrowest_stream(plan), "params": plan.params,
+            "narrowest_stream": _narrowest_stream(plan), "floor": _floor(plan), "params": plan.params,
             "warnings": [f"{type(w.message).__name__}: {w.message}" for w in caught
                          if issubclass(w.category, (kp.latency.CalibrationWarning,
                                                     kp.latency.LatencyModelWarning))]}
@@ -139,10 +154,14 @@ def markdown(result):
              "calibration rounds as budget:measured ratio; *kept*: the kept plan's ratio as "
              "calibration measured it; *again*: median ratio over "
              f"{result['check_rounds']} further interleaved rounds; *not monotone*: uniform "
-             "variants timed more than 10% slower than a wider one.", "",
+             "variants timed more than 10% slower than a wider one; *stream floor*: the width factor "
+             "the kept plan's residual streams were held at (*at target*: computed at the target's "
+             "budgets, after the stream floor fix; else at the kept round's corrected budget; "
+             "n/a: not recorded).", "",
              "| setting | run | round_to | orig. ms | held-out err. med/worst | plans err. | "
-             "not monotone | predicted | rounds | kept | again | narrowest stream | warnings |",
-             "|---|---:|---:|---:|---|---:|---|---:|---|---:|---:|---|---|"]
+             "not monotone | predicted | rounds | kept | again | narrowest stream | stream floor "
+             "| warnings |",
+             "|---|---:|---:|---:|---|---:|---|---:|---|---:|---:|---|---|---|"]
     for name, setting in result["settings"].items():
         if "failed" in setting:
             lines.append(f"| {name} | - | failed: {setting['failed'][-200:]!r} |")
@@ -160,8 +179,38 @@ def markdown(result):
             lines.append(f"| {name} | {i} | {r['round_to']} | {r['original_ms']:.0f} | {err} | "
                          f"{plans} | {monotone} | {r['predicted']:.2f} | {_rounds_text(r['rounds'])} "
                          f"| {r['kept']:.2f}{'' if r['met'] else ' (NOT met)'} | "
-                         f"{r['independent']:.2f} | {r['narrowest_stream']} | {warned} |")
-    return "\n".join(lines + ["", f"Command: `{result['command']}`; {result['seconds']:.0f} s."]) + "\n"
+                         f"{r['independent']:.2f} | {r['narrowest_stream']} | {_floor_text(r)} | "
+                         f"{warned} |")
+    return "\n".join(lines + _fix_notes(result["settings"])
+                     + ["", f"Command: `{result['command']}`; {result['seconds']:.0f} s."]) + "\n"
+
+
+def _floor_text(run):
+    floor = run.get("floor")
+    if not floor or floor["floor_ratio"] is None:
+        return "n/a" if floor is None else "-"
+    return f"{floor['floor_ratio']:.2f}{' at target' if floor['floor_at'] == 'target' else ''}"
+
+
+def _runs_text(runs):
+    """Kept (re-measured; parameters) ratios and narrowest streams of a setting's planned runs."""
+    planned = [r for r in runs if "refused" not in r]
+    return (", ".join(f"{r['kept']:.2f}{'' if r['met'] else ' (NOT met)'} ({r['independent']:.2f}; "
+                      f"{r['params']:,} params)" for r in planned) + "; narrowest streams "
+            + ", ".join(r["narrowest_stream"] for r in planned)
+            + (f"; {len(runs) - len(planned)} refused" if len(runs) > len(planned) else ""))
+
+
+def _fix_notes(settings):
+    """Lines comparing each setting run after the stream floor fix with its setting from before."""
+    lines = []
+    for new, old in FIXED.items():
+        if "runs" in settings.get(new, {}) and "runs" in settings.get(old, {}):
+            lines.append(f"* {new} (after the fix) against {old} (before): kept (again; params) "
+                         f"{_runs_text(settings[new]['runs'])}; before: "
+                         f"{_runs_text(settings[old]['runs'])}.")
+    return ["", "After the stream floor fix (the streams held at the uniform plan's widths at the "
+            "target while calibration lowers the budget):", "", *lines] if lines else []
 
 
 def _machine():

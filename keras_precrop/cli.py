@@ -536,6 +536,13 @@ def _refuse_unmet_latency(args, the_plan):
                 f"{math.ceil(measured * 100) / 100:g}"]
     if "calibrate" in vars(args):
         remedies.insert(0, f"calibrate for more rounds (--calibrate {2 * rounds})")
+    solver = the_plan.solver
+    if solver.get("floor_at") == "target" and solver.get("floor_binds"):  # what held it back
+        streams = solver.get("floor_on") == "streams"
+        remedies.insert(0, f"let the {'residual streams' if streams else 'widths'} go below the "
+                           "uniform plan's widths at the target, where they were held ("
+                           f"{', '.join(solver['floor_binds'][:3])}): --floor "
+                           f"{round(0.7 * solver['floor'], 2):g}{' --floor_on streams' * streams}")
     raise ValueError(
         f"{_flag('latency', args.latency)} is not met: the plan measured {measured:.1%} of the "
         f"original's time after {rounds} calibration round{'s' * (rounds > 1)} (target "

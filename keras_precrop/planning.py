@@ -166,7 +166,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                 prof, cm if ties is None else ties.cm, b, mode=mode if ties is None else
                 ("exact" if mode == "auto" else mode), upper=upper, round_to=round_to,
                 min_channels=min_channels, balance=balance, floor=floor, floor_on=floor_on,
-                arguments=arguments)
+                floor_at=budgets if calibrate else None, arguments=arguments)  # floor at the target
         return (widths, info, chosen) if ties is None else (ties.expand(widths), info, chosen)
 
     if calibrate:

@@ -47,7 +47,8 @@ _PLAN_FILE = {
                 "density": NUMBER | NULL}],
     "original": _TOTALS, "predicted": _TOTALS, "budgets": {"*": NUMBER | NULL},
     "solver": {"objective?": NUMBER, "floor?": NUMBER, "floor_on?": STRING, "auto_mode?": STRING,
-               "uniform_ratio?": NUMBER, "floor_ratio?": NUMBER,
+               "uniform_ratio?": NUMBER, "floor_ratio?": NUMBER, "floor_at?": STRING,
+               "floor_binds?": [STRING],
                "latency_model?": {"runtime": STRING, "batch_size": POSITIVE, "training": BOOLEAN},
                "latency_calibration?": {"measured": NUMBER, "target": NUMBER, "met": BOOLEAN,
                                         "rounds": [OBJECT]}},
@@ -169,6 +170,12 @@ class Plan(_json.JsonDataclass):
             ))
         auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
         print_fn(f'Plan ({self.mode_label}{auto}, residual={self.residual}): "{self.model_name}"')
+        if self.solver.get("floor_at") == "target":  # calibration lowered the budget, not the floor
+            held = self.solver.get("floor_binds")
+            what = "Residual streams" if self.solver.get("floor_on") == "streams" else "Widths"
+            print_fn(f"Floor: {what} held through calibration at the uniform plan's widths at the "
+                     f"target (width factor {self.solver['floor_ratio']:.3f})"
+                     + (f"; at the floor: {', '.join(held)}" if held else ""))
         for line in _tables.table(rows) + _tables.not_shown(hidden, "unchanged layer{s}", show_all_hint):
             print_fn(line)
         totals = [("params", "Params", "{:,.0f}"), ("macs", "MACs", "{:,.0f}")]

@@ -48,7 +48,7 @@ from keras_precrop.errors import InfeasibleBudgetError
 
 
 def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels=1,
-          balance=None, floor=None, floor_on=None, arguments=None):
+          balance=None, floor=None, floor_on=None, floor_at=None, arguments=None):
     """Integer widths meeting named budgets, by a translation mode.
 
     Args:
@@ -65,6 +65,12 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
             (``info["floor_ratio"]`` is that factor times uniform's).
         floor_on: ``"streams"``: the floor holds the residual streams alone
             (``info["floor_on"]``); ``"all"`` or None: every free width.
+        floor_at: the budgets of the user's target (``{row: absolute budget}``)
+            where ``budgets`` are a calibration's corrected ones: the floor's
+            uniform widths are computed at these (``info["floor_at"] =
+            "target"``), so that a latency budget lowered round by round does
+            not take the floor, and the streams it holds, down with it. None:
+            at ``budgets``.
         arguments: ``{row: (argument name, value)}``: how the user gave each
             budget, so that an infeasible one is named as given.
 
@@ -76,7 +82,9 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
 
     Raises:
         InfeasibleBudgetError: the narrowest widths on the grid exceed a
-            budget, naming it and ``min_channels``/``round_to``.
+            budget, naming it and ``min_channels``/``round_to``; or, with
+            ``floor_at``, the narrowest widths the floor allows do
+            (``limit``: their cost).
     """
     unknown = sorted(set(budgets) - set(cm.row_names))
     if unknown:
@@ -101,20 +109,65 @@ def solve(prof, cm, budgets, *, mode="auto", upper=1.0, round_to=1, min_channels
     narrowest = cm.totals(grid.narrowest())
     if np.any(narrowest > vector * (1 + 1e-12)):
         raise infeasible_at_minimum(grid, narrowest, vector, arguments or {})
+    held = None
     if floor is not None and not cm.fixed.all():
-        info["floor"] = floor
-        info["floor_ratio"] = floor * _uniform_ratio(grid, vector, upper)
-        streams = None
-        if floor_on == "streams":
-            info["floor_on"] = floor_on
-            streams = np.array([v.kind == "stream" for v in cm.variables])
-        grid.raise_floor(info["floor_ratio"], only=streams)
+        at = None if floor_at is None else np.array([floor_at.get(row, np.inf) for row in cm.row_names])
+        held = _raise_floor(grid, vector, at, floor, floor_on, upper, info)
     if cm.fixed.all():
         widths, found = cm.widths.copy(), {"note": "nothing prunable"}
     else:
         widths, found = MODES[mode](prof, grid, vector, upper)
     found["balance_max"] = float(np.exp(grid.imbalance(widths).max(initial=0.0)))
+    if "floor_at" in info:  # which widths the target's floor holds back, for calibration to say
+        info["floor_binds"] = [cm.variables[v].name for v in np.flatnonzero(held & (widths <= grid.lo))]
     return widths, {**found, **info}, mode
+
+
+def _raise_floor(grid, budgets, at, floor, floor_on, upper, info):
+    """Raises ``grid``'s narrowest widths to ``floor`` times the uniform plan's at the budgets
+    ``at`` (None: at ``budgets``), on the residual streams alone with ``floor_on="streams"``.
+
+    One place computes the floor: a calibration that corrects the latency budget passes the
+    target's budgets as ``at``, so the streams stay where the user's target puts them.
+
+    Args:
+        grid: the :class:`WidthGrid`, whose lower bounds it raises.
+        budgets: the budgets solved for, by the cost model's rows.
+        at: the target's budgets, by the same rows, or None.
+        floor, floor_on, upper: as :func:`solve` takes them.
+        info: the solver's diagnostics, which it adds to: ``floor``, ``floor_ratio`` (the width
+            factor the floor holds), ``floor_on`` where given, and ``floor_at = "target"``
+            where ``at`` is.
+
+    Returns:
+        The mask of the widths the floor holds.
+
+    Raises:
+        InfeasibleBudgetError: the floored narrowest widths exceed ``budgets`` (only where ``at``
+            is higher than them), with their cost as ``limit``: the fastest plan the floor allows.
+    """
+    cm = grid.cm
+    info["floor"] = floor
+    info["floor_ratio"] = floor * _uniform_ratio(grid, budgets if at is None else at, upper)
+    held = ~cm.fixed
+    if floor_on == "streams":
+        info["floor_on"] = floor_on
+        held = held & np.array([v.kind == "stream" for v in cm.variables], dtype=bool)
+    grid.raise_floor(info["floor_ratio"], only=held)
+    if at is None:
+        return held
+    info["floor_at"] = "target"
+    narrowest = cm.totals(grid.narrowest())
+    over = {row: float(c) for row, c, b in zip(cm.row_names, narrowest, budgets) if c > b * (1 + 1e-12)}
+    if over:
+        which = "residual streams" if floor_on == "streams" else "free widths"
+        raise InfeasibleBudgetError(
+            f"The budgets cannot be met with the {which} held at {{floor}} times the uniform "
+            f"plan's widths at the target (width factor {info['floor_ratio']:.3g}): the narrowest "
+            "such widths cost "
+            f"{', '.join(f'{r} {c:,.6g}' for r, c in over.items())}; a lower floor lets them go "
+            "lower.", limit=over, floor=floor, floor_on=floor_on)
+    return held
 
 
 def flops_binds(prof, cm, budgets, upper):

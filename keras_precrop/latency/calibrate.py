@@ -8,7 +8,10 @@ is a ceiling, not a licence to return a model far below it: a kept plan that
 measures far under the target, or that cuts a layer to a few channels, is
 kept with a :class:`CalibrationWarning` saying so, and so is a search whose
 rounds measured slower at a lower budget (the runtime's time does not fall
-with width here: it names the runtime and the likely cause).
+with width here: it names the runtime and the likely cause). A plan that cannot meet the
+target while ``mode="auto"``'s floor holds the residual streams at the uniform plan's widths (at
+the target: the floor does not follow a corrected budget down) ends "not met", the warning naming
+the streams held and a lower ``floor=`` as the remedy.
 """
 
 from __future__ import annotations
@@ -71,7 +74,9 @@ def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None)
         ``not_monotone`` (pairs of rounds whose measured ratios rose as the
         budget fell) and, where the kept plan measures under ``FAR_UNDER``
         times ``target``, cuts a layer to a few channels or the rounds are
-        not monotone, ``warning`` (also issued as a :class:`CalibrationWarning`).
+        not monotone, or it is not met while a floor held widths at the uniform plan's of the
+        target (the solver's ``floor_at`` and ``floor_binds``: :func:`_held`), ``warning`` (also
+        issued as a :class:`CalibrationWarning`).
     """
     budget, history, plans = dict(budgets), [], []
     original = budgets[ROW] / target
@@ -100,7 +105,7 @@ def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None)
     calibration = {"target": float(target), "measured": float(ratio), "met": met,
                    "rounds": history, "not_monotone": _rising(history)}
     warning = _warning(ratio, target, getattr(ratio, "narrowed", ()) if met else (),
-                       calibration["not_monotone"], runtime)
+                       calibration["not_monotone"], runtime, None if met else _held(info))
     if warning:
         calibration["warning"] = warning
         warnings.warn(CalibrationWarning(warning), stacklevel=3)
@@ -151,12 +156,34 @@ def _next_budget(history, target):
     return closest["budget"] * target / closest["measured"]
 
 
-def _warning(ratio, target, narrowed, rising, runtime):
+def _held(info):
+    """What held a plan's widths back, from its solver ``info``: ``(problem, remedy)`` where the
+    floor was held at the target's uniform widths (``info["floor_at"]``) and held some widths
+    there (``info["floor_binds"]``), else None."""
+    binds = info.get("floor_binds") if info.get("floor_at") == "target" else None
+    if not binds:
+        return None
+    streams = info.get("floor_on") == "streams"
+    named = ", ".join(map(repr, binds[:4])) + (f" and {len(binds) - 4} more" if len(binds) > 4 else "")
+    lower = round(0.7 * info["floor"], 2)
+    on = ', floor_on="streams"' if streams else ""
+    return (f"the {'residual streams' if streams else 'widths'} were held at floor={float(info['floor'])!r} "
+            f"times the uniform plan's widths at the target (width factor "
+            f"{info['floor_ratio']:.3f}; held there: {named}) whatever budget the rounds tried",
+            f" A lower floor lets them go lower (floor={lower:g}{on}: {lower:.0%} of the uniform "
+            "widths), at the risk of starving them; or plan for another runtime= or round_to= "
+            "on which the time falls with width.")
+
+
+def _warning(ratio, target, narrowed, rising, runtime, held=None):
     """What is wrong with a kept plan measuring ``ratio`` of the original's time for the
     budget ``target``, whose measurement names the ``narrowed`` layers ``(name, kept,
-    original)``, after rounds that measured ``rising`` (:func:`_rising`) on ``runtime``;
-    None if nothing is."""
+    original)``, after rounds that measured ``rising`` (:func:`_rising`) on ``runtime``, with a
+    not-met plan's widths ``held`` back (:func:`_held`); None if nothing is."""
     problems = []
+    if held:
+        problems.append(f"it measures {ratio:.3f} of the original's time, over the target "
+                        f"latency={target:g}: {held[0]}")
     if rising:
         pairs = ", ".join(f"budget {p['budgets'][0]:.3g} measured {p['measured'][0]:.3f} but budget "
                           f"{p['budgets'][1]:.3g} measured {p['measured'][1]:.3f}" for p in rising[:2])
@@ -175,8 +202,9 @@ def _warning(ratio, target, narrowed, rising, runtime):
         return None
     refit = (" The latency model mispredicts this model's plans: fit it with more variants and "
              "refinement (kp.latency_model(model, variants=20, refine_rounds=2)), or give more "
-             "calibrate= rounds." if len(problems) > bool(rising) else "")
-    return "The calibrated latency plan is kept, but " + "; ".join(problems) + "." + refit
+             "calibrate= rounds." if len(problems) > bool(rising) + bool(held) else "")
+    return ("The calibrated latency plan is kept, but " + "; ".join(problems) + "." + refit
+            + (held[1] if held else ""))
 
 
 def _solve_at_least_narrowest(solve, budget, lowest):
