@@ -1,0 +1,314 @@
+"""Section "A vision transformer: the CIFAR-10 ViT (issue 61)" of ``experiments/report.py``'s page.
+
+The ViT teachers (``train_vit_teacher.py``), the teacher pruned to a budget and
+trained on by each way (``vit_trained.py``: one-shot, GradualPruning, the same
+widths from scratch) beside Torch-Pruning on its PyTorch twin (``tp_vit.py``),
+the issue's goals on those runs, and the ViT pruned at initialization
+(``vit_at_init.py``). These runs belong to no grid: they are told apart by
+their folder names (``vit_cifar-*``) and fields, and whatever has not run yet
+shows as "pending", so the section is valid at any point of the evidence.
+"""
+
+import json
+import pathlib
+import statistics
+
+from _report_common import _mean_std
+
+# The ways of the trained-model tables, in row order: (label, vit_trained.py's arm and layout or
+# ("tp", None) for tp_vit.py, listed as pending at the MACs point before any run).
+_WAYS = (
+    ("PreCrop one-shot (kept L1), per block", ("oneshot", "per_block"), True),
+    ("PreCrop one-shot (kept L1), one config for every block", ("oneshot", "homogeneous"), True),
+    ("PreCrop GradualPruning, per block", ("gradual", "per_block"), True),
+    ("same widths from scratch, per block", ("scratch", "per_block"), True),
+    ("same widths from scratch, one config for every block", ("scratch", "homogeneous"), False),
+    ("Torch-Pruning on the twin", ("tp", None), True),
+)
+_TEACHER_SEEDS = (0, 1)  # the committed teachers' seeds (train_vit_teacher.py, 15 epochs)
+_MACS_POINT = ("flops", 0.5)  # the point every table starts from; Torch-Pruning's runs are there
+_LATENCY_POINT = ("latency", 0.5)  # where issue 61 sets the trained goals
+# tp_vit.py's arguments that make the recipe the PreCrop runs train with (vit_trained.py's own).
+_TP_RECIPE = {"optimizer": "adamw", "lr": 0.001, "weight_decay": 0.05, "schedule": "cosine",
+              "warmup_epochs": 0, "batch_size": 128, "distill": True, "alpha": 0.5, "temperature": 4.0}
+_BEAT_TP_PP, _NEAR_TEACHER_PP = 1.0, 2.0  # issue 61's goals for 3 and 10 epochs
+# The one-shot cuts of teacher s0 measured before any run: (file, the way's arm and layout, where its
+# accuracy, params and MACs ratio are in the file: a key path each).
+_CUTS = (
+    ("vit_cut_at_once_teacher_s0.json", ("oneshot", "per_block"), (
+        ("precrop_per_block", "accuracy_before_fine_tuning"), ("precrop_per_block", "params"),
+        ("precrop_per_block", "macs_ratio"))),
+    ("vit_cut_at_once_teacher_s0.json", ("oneshot", "homogeneous"), (
+        ("hub_homogeneous", "accuracy_before_fine_tuning"), ("hub_homogeneous", "params"),
+        ("hub_homogeneous", "macs_ratio"))),
+    ("tp_vit_prepare_teacher_s0.json", ("tp", None), (("pruned_accuracy",), ("after", "params"),
+                                                      ("macs_ratio",))),
+)
+_AT_INIT = {"precrop": "PreCrop (the solver's widths per block)",
+            "uniform": "uniform widths (mode='uniform')",
+            "homogeneous": "PreCrop, one config for every block (kp.hub.precrop)"}
+_RECIPE = (
+    "Every pruned teacher trains on with one recipe, in Keras (`vit_trained.py`) as in PyTorch "
+    "(`tp_vit.py`): AdamW (lr 1e-3, weight decay 0.05), cosine decay to 0 without warm-up, batch 128, "
+    "CIFAR-10 crop and flip (`kp.data`), and (*+ distillation*) KL distillation from the unpruned "
+    "teacher (softmaxes at temperature 4, times T^2) weighted 0.5 against the labels' loss (alpha 0.5). "
+    "Budgets are ratios of the teacher's MACs as TensorFlow counts them, attention products included "
+    "(Torch-Pruning's ratio is found by bisection to that count). *after the cut*: test accuracy right "
+    "after pruning, before any training (GradualPruning: the dense teacher, whose channels the masks "
+    "then cut; from scratch: the fresh initialization); where no run has finished, teacher s0's cut as "
+    "`vit_cut_at_once.py` and `tp_vit.py`'s prepare step measured it, marked (s0). *3 epochs*, "
+    "*10 epochs*: final test accuracy of runs that long (separate runs, each with its own cosine "
+    "schedule). Params: the trained pruned model's. Test accuracy % (mean ± std over seeds; n: seeds "
+    "of the 3- and 10-epoch runs).")
+
+
+def _vit(runs, results_dir):
+    """The section's lines: teachers, a table per pruning point of the trained teachers, the goals,
+    the at-initialization table. ``runs``: ``{run folder: results}``; ``results_dir``: the folder of
+    the one-shot cuts' JSON files."""
+    teachers = {name: r for name, r in runs.items() if name.startswith("vit_cifar-teacher-")}
+    records = _records(runs)
+    lines = ["## A vision transformer: the CIFAR-10 ViT (issue 61)", "", *_teachers(teachers, runs),
+             _RECIPE, ""]
+    points = sorted({r["point"] for r in records} | {_MACS_POINT},
+                    key=lambda point: (point != _MACS_POINT, point[0] != "latency", point))
+    cuts = _cuts(pathlib.Path(results_dir))
+    for point in points:
+        lines += _point_table(point, [r for r in records if r["point"] == point],
+                              cuts if point == _MACS_POINT else {})
+    return lines + _goals(records, teachers) + _at_init(runs)
+
+
+def _cell(values):
+    """``mean ± std`` of accuracies (%), the mean alone for one value, "" for none."""
+    mean, std = _mean_std(values)
+    if mean is None:
+        return ""
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
+
+
+def _teachers(teachers, runs):
+    """The teachers' table (seed, epochs, test accuracy, params; the seeds of ``_TEACHER_SEEDS``
+    not finished yet as pending), their mean and, where a pruned run counted them, their MACs."""
+    lines = ["### Teachers", "",
+             "keras_hub's `ViTImageClassifier` on a `ViTBackbone` (32x32 input, patch 4, 6 layers of 4 "
+             "heads, hidden width 128, MLP width 256), trained from scratch on CIFAR-10 with AdamW (lr 1e-3, "
+             "weight decay 0.05, 2 warm-up epochs, cosine decay to 0, batch 128): the models every row "
+             "below prunes.", "", "| seed | epochs | test accuracy % | params |", "|---:|---:|---:|---:|"]
+    rows = sorted(teachers.values(), key=lambda r: (r["seed"], r["epochs"]))
+    lines += [f"| {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {r['params']:,} |" for r in rows]
+    lines += [f"| {seed} | | pending | |" for seed in _TEACHER_SEEDS if seed not in {r["seed"] for r in rows}]
+    accuracies = [r["test_accuracy"] for r in rows]
+    lines += ["", f"Mean test accuracy: {_cell(accuracies)} % (n {len(accuracies)})." if accuracies
+              else "Mean test accuracy: pending."]
+    macs = [r["original_macs"] for name, r in sorted(runs.items())
+            if name.startswith("vit_cifar-") and r.get("original_macs")]
+    if macs:
+        lines[-1] += f" MACs: {macs[0]:,} (TensorFlow's count, attention products included)."
+    return lines + ["", "Reproduce: `python experiments/train_vit_teacher.py --seed S --epochs 15` "
+                    "(S = 0, 1).", ""]
+
+
+def _records(runs):
+    """Every finished trained-teacher run (``vit_trained.py``'s and ``tp_vit.py``'s) as one kind
+    of record: way (label, base, order), point, epochs, seed, accuracies, params, MACs ratio,
+    teacher's folder, whether PreCrop pruned it, whether it trained with the shared recipe."""
+    records = []
+    for name, r in sorted(runs.items()):
+        if name.startswith("vit_cifar-tp-") and r.get("test_accuracy") is not None:
+            records.append(_tp_record(r))
+        elif name.startswith("vit_cifar-") and "arm" in r:
+            records.append(_trained_record(r))
+    return records
+
+
+def _way(key):
+    """``(label, index)`` of the way ``key`` (arm and layout) in ``_WAYS``."""
+    index = next(i for i, (_, k, _) in enumerate(_WAYS) if k == key)
+    return _WAYS[index][0], index
+
+
+def _distilled(distill, alpha):
+    """The label's recipe part: `` + distillation`` (with its alpha where not 0.5) or fine-tuning."""
+    if not distill:
+        return " + fine-tuning"
+    return " + distillation" + ("" if alpha == 0.5 else f" (alpha {alpha:g})")
+
+
+def _trained_record(r):
+    """A ``vit_trained.py`` run's record."""
+    base, index = _way((r["arm"], r["layout"]))
+    gradual = f" (cubic, masks over {r['gradual_epochs']:g} epoch(s))" if r["arm"] == "gradual" else ""
+    kind = "flops" if r["budgets"].get("flops") is not None else "latency"
+    return {"label": base + gradual + _distilled(r["distill"], r["alpha"]), "base": base, "order": index,
+            "point": (kind, r["budgets"][kind]), "epochs": r["epochs"], "seed": r["seed"],
+            "pruned": r.get("pruned_accuracy"), "acc": r["test_accuracy"], "params": r["params"],
+            "macs_ratio": r["macs"] / r["original_macs"], "teacher": pathlib.Path(r["teacher"]).parent.name,
+            "precrop": r["arm"] != "scratch", "tp": False, "recipe": r["distill"] and r["alpha"] == 0.5}
+
+
+def _tp_record(r):
+    """A ``tp_vit.py`` run's record (its MACs target is the point's flops budget)."""
+    args = r["args"]
+    base, index = _way(("tp", None))
+    options = [f"group {args['importance'].upper()}", "global" if args["global_pruning"] else "uniform"]
+    options += ["stream kept"] * bool(args["bottleneck"])
+    options += [f"{args['head_pruning_ratio']:g} of the heads"] * bool(args["prune_num_heads"])
+    schedule = {k: args[k] for k in ("optimizer", "lr", "weight_decay", "schedule", "warmup_epochs",
+                                     "batch_size")}
+    other = "" if all(_TP_RECIPE[k] == v for k, v in schedule.items()) else f", {json.dumps(schedule)}"
+    return {"label": f"{base} ({', '.join(options)}){_distilled(args['distill'], args['alpha'])}{other}",
+            "base": base, "order": index, "point": ("flops", args["macs"]), "epochs": args["epochs"],
+            "seed": args["seed"], "pruned": r["pruned_accuracy"], "acc": r["test_accuracy"],
+            "params": r["after"]["params"], "macs_ratio": r["macs_ratio"],
+            "teacher": pathlib.Path(args["teacher"]).parent.name, "precrop": False, "tp": True,
+            "recipe": all(args.get(k) == v for k, v in _TP_RECIPE.items())}
+
+
+def _cuts(results_dir):
+    """``{way label: (accuracy, params, MACs ratio)}`` of teacher s0's one-shot cuts measured
+    before fine-tuning (the files of ``_CUTS`` that exist)."""
+    cuts = {}
+    for file, way, fields in _CUTS:
+        path = results_dir / file
+        if path.exists():
+            found = json.loads(path.read_text())
+            cuts[_way(way)[0]] = tuple(_at(found, keys) for keys in fields)
+    return cuts
+
+
+def _at(found, keys):
+    """The value of ``found`` (nested dicts) at the key path ``keys``."""
+    for key in keys:
+        found = found[key]
+    return found
+
+
+def _point_title(point):
+    """A pruning point as its table's heading says it: ``half its MACs (flops=0.5)``, ``latency=0.5``."""
+    kind, value = point
+    return "half its MACs (flops=0.5)" if point == _MACS_POINT else f"{kind}={value:g}"
+
+
+def _point_table(point, records, cuts):
+    """A pruning point's table: a row per way and recipe found, then the ways of ``_WAYS`` not run
+    yet (at the MACs point), with the cut of ``cuts`` where it was measured."""
+    lines = [f"### Trained ViT pruned to {_point_title(point)}", "",
+             "| way | after the cut % | 3 epochs % | 10 epochs % | params | MACs ratio | n (3 / 10 ep) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    labels = sorted({(r["order"], r["label"]) for r in records})
+    for _, label in labels:
+        found = [r for r in records if r["label"] == label]
+        pruned = {r["seed"]: r["pruned"] for r in found if r["pruned"] is not None}  # a cut per seed
+        epochs = {n: [r["acc"] for r in found if r["epochs"] == n] for n in (3, 10)}
+        lines.append(f"| {label} | {_cell(list(pruned.values()))} | {_cell(epochs[3])} | {_cell(epochs[10])} "
+                     f"| {statistics.mean(r['params'] for r in found):,.0f} "
+                     f"| {statistics.mean(r['macs_ratio'] for r in found):.4f} "
+                     f"| {len(epochs[3])} / {len(epochs[10])} |")
+    shown = {r["base"] for r in records}
+    for base, _, pending in _WAYS:
+        if point == _MACS_POINT and pending and base not in shown:
+            acc, params, macs = cuts.get(base, (None, None, None))
+            cut = "" if acc is None else f"{acc:.2f} (s0)"
+            lines.append(f"| {base} | {cut} | pending | pending | {'' if params is None else f'{params:,}'} "
+                         f"| {'' if macs is None else f'{macs:.4f}'} | 0 / 0 |")
+    budget = f"--{point[0]} {point[1]:g}" + (" --latency_model M" if point[0] == "latency" else "")
+    others = ("; `python experiments/tp_vit.py --teacher experiments/runs/vit_cifar-teacher-ep15-sS/"
+              "final_model.keras --macs 0.5 --epochs E --distill --seed S`; the cuts (s0): "
+              "`python experiments/vit_cut_at_once.py` and `tp_vit.py`'s `prepare.json`"
+              if point == _MACS_POINT else "")
+    return lines + ["", "Reproduce: `python experiments/vit_trained.py --arm A [--layout homogeneous] "
+                    f"{budget} --epochs E --distill --seed S` (A = oneshot, gradual, scratch; E = 3, 10)"
+                    f"{others}.", ""]
+
+
+def _best(records, epochs):
+    """``(label, accuracies, records)`` of the way with the best mean after ``epochs`` among those
+    with 2+ seeds (else among all; None without any run that long)."""
+    ways = {}
+    for r in records:
+        if r["epochs"] == epochs:
+            ways.setdefault(r["label"], []).append(r)
+    if not ways:
+        return None
+    paired = {label: found for label, found in ways.items() if len(found) >= 2} or ways
+    label, found = max(paired.items(), key=lambda item: statistics.mean(r["acc"] for r in item[1]))
+    return label, [r["acc"] for r in found], found
+
+
+def _judged(met, n_a, n_b):
+    """``**met**``/``**not met**``, "so far" while a side has fewer than 2 seeds."""
+    verdict = "met" if met else "not met"
+    return f"**{verdict}**" if min(n_a, n_b) >= 2 else f"**{verdict} so far** (fewer than 2 seeds)"
+
+
+def _goals(records, teachers):
+    """The issue's goals for the trained teacher: at latency=0.5 where PreCrop runs exist there,
+    else at the MACs point (said so); Torch-Pruning's runs are at MACs 0.5 (it takes no latency)."""
+    at_latency = any(r["precrop"] and r["point"] == _LATENCY_POINT for r in records)
+    point = _LATENCY_POINT if at_latency else _MACS_POINT
+    where = ("latency=0.5 (Torch-Pruning: its MACs 0.5 runs; it takes no latency budget)"
+             if point != _MACS_POINT else "flops=0.5: no PreCrop run at latency=0.5 yet, where the issue "
+             "sets them, so judged at half the MACs")
+    precrop = [r for r in records if r["precrop"] and r["point"] == point]
+    tp = [r for r in records if r["tp"] and r["recipe"] and r["point"] == _MACS_POINT]
+    return ["### Goals", "", f"Issue 61's goals for the trained ViT, judged at {where}:", "",
+            _beat_tp([r for r in precrop if r["recipe"]], tp), _near_teacher(precrop, teachers), ""]
+
+
+def _beat_tp(precrop, tp):
+    """The 3-epoch goal's line: the best PreCrop way (distilled, the shared recipe) at least 1 pp
+    above Torch-Pruning's best way with the same recipe."""
+    goal = (f"- 3 epochs, best PreCrop way (distilled) >= Torch-Pruning (same recipe) + {_BEAT_TP_PP:g} pp: ")
+    ours, theirs = _best(precrop, 3), _best(tp, 3)
+    if ours is None or theirs is None:
+        waiting = [name for name, best in (("PreCrop", ours), ("Torch-Pruning", theirs)) if best is None]
+        return goal + f"**pending** (no 3-epoch run of {' or '.join(waiting)} with the recipe yet)."
+    difference = statistics.mean(ours[1]) - statistics.mean(theirs[1])
+    verdict = _judged(difference >= _BEAT_TP_PP - 1e-9, len(ours[1]), len(theirs[1]))
+    return goal + (f"{verdict}: {ours[0]} {_cell(ours[1])} vs {theirs[0]} {_cell(theirs[1])}, "
+                   f"{difference:+.2f} pp (n {len(ours[1])}/{len(theirs[1])}).")
+
+
+def _near_teacher(precrop, teachers):
+    """The 10-epoch goal's line: the best PreCrop way within 2 pp of the mean of its seeds' teachers."""
+    goal = f"- 10 epochs, best PreCrop way within {_NEAR_TEACHER_PP:g} pp of the teacher: "
+    ours = _best(precrop, 10)
+    if ours is None:
+        return goal + "**pending** (no 10-epoch PreCrop run yet)."
+    names = sorted({r["teacher"] for r in ours[2]})
+    missing = [name for name in names if name not in teachers]
+    if missing:
+        return goal + f"**pending** (teacher {', '.join(missing)} not finished)."
+    teacher = [teachers[name]["test_accuracy"] for name in names]
+    difference = statistics.mean(ours[1]) - statistics.mean(teacher)
+    verdict = _judged(difference >= -_NEAR_TEACHER_PP - 1e-9, len(ours[1]), len(teacher))
+    return goal + (f"{verdict}: {ours[0]} {_cell(ours[1])} vs its teachers' {_cell(teacher)}, "
+                   f"{difference:+.2f} pp (n {len(ours[1])}/{len(teacher)}).")
+
+
+def _at_init(runs):
+    """The at-initialization table (``vit_at_init.py``): method x budget, or "pending"."""
+    lines = ["### The ViT pruned at initialization", ""]
+    found = [r for name, r in sorted(runs.items())
+             if name.startswith("vit_cifar-") and r.get("method") in _AT_INIT]
+    if not found:
+        return lines + ["Pending: no run yet (`python experiments/vit_at_init.py --method M --params 0.5 "
+                        "--seed S`, M = precrop, uniform, homogeneous; and `--latency 0.5`).", ""]
+    groups = {}
+    for r in found:
+        budget = ", ".join(f"{k} {v:g}" for k, v in r["budgets"].items() if v is not None)
+        groups.setdefault((list(_AT_INIT).index(r["method"]), budget, r["epochs"]), []).append(r)
+    lines += ["The teacher's architecture freshly initialized, cut before training, trained with the "
+              "teachers' recipe (2 warm-up epochs, cosine). Speeds are `benchmarks`' (measured "
+              "interleaved).", "",
+              "| method | budget | epochs | test accuracy % | params | MACs ratio | n |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for (index, budget, epochs), group in sorted(groups.items()):
+        lines.append(f"| {list(_AT_INIT.values())[index]} | {budget} | {epochs} "
+                     f"| {_cell([r['test_accuracy'] for r in group])} "
+                     f"| {statistics.mean(r['params'] for r in group):,.0f} "
+                     f"| {statistics.mean(r['macs'] / r['original_macs'] for r in group):.4f} "
+                     f"| {len(group)} |")
+    return lines + ["", "Reproduce: `python experiments/vit_at_init.py --method M --params 0.5 --seed S` "
+                    "(M = precrop, uniform, homogeneous; `--latency 0.5` for the latency rows).", ""]
