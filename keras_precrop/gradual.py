@@ -19,6 +19,19 @@ structured and ending in a really smaller model:
   are computed by carrying an index array through the same code that carries
   kept weights into a rebuilt model (``transfer.carry``), so the masked model
   computes exactly what the rebuilt one will;
+* a LayerNormalization or RMSNormalization whose channels are cut (a vision
+  transformer's residual stream runs through one in every block) computes its
+  statistics over the channels the masks keep, for the length of each fit: a
+  masked channel is zero but would still count in its mean and variance. The
+  layer is lent a call (its handler's ``masked_call``) that reads a 0/1
+  variable of the kept channels, set at every update, and gets its own back
+  when the fit ends, as the weights get their constraints. Its config, weights
+  and graph never change: between fits, and after ``finalize``, the model
+  computes as its layers do, which is no longer the pruned model (evaluate
+  what ``finalize`` returns, or validate within the fit). Under JAX, or
+  PyTorch with ``jit_compile``, whose compiled step would keep the values it
+  was traced with, such a plan is refused before any step; so is a cut
+  GroupNormalization or softmax over channels, on every backend;
 * after each optimizer step the masks are applied again (``regrow=False``, the
   default: a masked channel stays at zero, and out: the channels an update
   kept, or a restored model's channels that are not zero, rank above the
@@ -41,7 +54,7 @@ structured and ending in a really smaller model:
   removing them costs little;
 * :meth:`GradualPruning.finalize` rebuilds the dense smaller model with the
   surviving weights (checked against the plan like every rebuild); its outputs
-  equal the masked model's.
+  equal the masked model's (as the fit computes it, cut norms included).
 
 The model is never rebuilt during ``fit``, so the optimizer (its momentum,
 every variable it holds) keeps following the same variables, on every backend.
@@ -53,23 +66,31 @@ Works with ``keras.distillation.Distiller``: the callback prunes its student.
 
 from __future__ import annotations
 
-import collections.abc
-import itertools
 import math
 
 import keras
 import numpy as np
 
-from keras_precrop.errors import NAME_ONLY, ArgumentError, DataError, is_integer, is_number
-from keras_precrop.graph.channels import channels_width
+from keras_precrop._gradual_checks import SCHEDULES as SCHEDULES  # the schedules, re-exported
+from keras_precrop._gradual_checks import (
+    check_arguments,
+    masked_norm_call,
+    normalized_cuts,
+    refuse_another_model,
+    refuse_normalized_cuts,
+    refuse_untrained_target,
+    refuse_widening,
+    reusable,
+)
+from keras_precrop.errors import NAME_ONLY, ArgumentError
 from keras_precrop.graph.rebuild import rebuild
 from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import walk
-from keras_precrop.plans import Plan, check_input_shapes, named_for, planned_widths
+from keras_precrop.plans import check_input_shapes, named_for, planned_widths
 from keras_precrop.subject import probe_specs, with_inputs
 from keras_precrop.training._user_data import check_data
-from keras_precrop.training.constraints import LentFactors, factors_in_step
-from keras_precrop.transfer.carry import carried, carry_weights, check_options, weight_values
+from keras_precrop.training.constraints import LentFactors, distribution_scope, factors_in_step
+from keras_precrop.transfer.carry import carried, carry_weights, weight_values
 from keras_precrop.transfer.criteria import Names
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
@@ -77,7 +98,6 @@ from keras_precrop.transfer.selection import select
 from keras_precrop.transfer.taylor import taylor_gradients
 from keras_precrop.verify import build_checked
 
-SCHEDULES = ("cubic", "linear", "final")
 IMPORTANCE = Names("kp.GradualPruning")  # the rankings of the table that can rank during fit
 
 
@@ -131,7 +151,13 @@ class GradualPruning(keras.callbacks.Callback):
             Checked when the first fit begins, as ``kp.apply_plan`` checks
             it (the model's architecture and input size, widths that grouped
             layers can split); a plan that widens a layer is refused (masks
-            only remove channels: widen with ``kp.apply_plan``). A model
+            only remove channels: widen with ``kp.apply_plan``). A plan that
+            cuts the channels a LayerNormalization or RMSNormalization
+            normalizes over (a transformer's hidden width) is taken: during
+            the fit they normalize over the kept channels (TensorFlow, or
+            PyTorch without ``jit_compile``; refused under JAX); one that cuts
+            a GroupNormalization's or a softmax's is refused, naming the layer
+            and the ``ignore=`` that keeps its channels. A model
             built for any input size (``keras.Input((None, None, 3))``)
             takes plans under parameter budgets, which do not depend on it.
         end_step: the optimizer step (``optimizer.iterations`` of the model
@@ -183,8 +209,8 @@ class GradualPruning(keras.callbacks.Callback):
                  importance="l1", data=None, regrow=False, shrink=0.0, model=None, verbose=1):
         super().__init__()
         # the table's ranking of importance=, checked with the other arguments
-        self._ranking = _check(plan, end_step, start_step, frequency, schedule, (importance, data),
-                               regrow, shrink)
+        self._ranking = check_arguments(plan, end_step, start_step, frequency, schedule,
+                                        (importance, data), regrow, shrink)
         self.plan, self.end_step, self.start_step = plan, int(end_step), int(start_step)
         self.frequency, self.schedule, self.importance = int(frequency), schedule, importance
         self.regrow, self.shrink, self.verbose, self._target = bool(regrow), float(shrink), verbose, model
@@ -197,6 +223,7 @@ class GradualPruning(keras.callbacks.Callback):
         # the constraints that apply the masks inside the train step (see _hold_steps), the weights
         # they may mask, and the optimizer's count as far as the host knows it (see _next_read)
         self._lent, self._maskable, self._trained = LentFactors(), None, ()
+        self._norms = ()  # (layer, keep, call) of each cut norm, its call lent with the factors
         self._upper = self._read_at = 0
         self._batch = -1
 
@@ -220,9 +247,9 @@ class GradualPruning(keras.callbacks.Callback):
         trains what a later step or ``finalize`` would refuse; at a later fit, check it is the
         same model (a callback's masks, schedule and ``finalize`` are one model's)."""
         if self._target is not None:  # every fit: the fitted model must train it
-            _refuse_untrained_target(self._target, self.pruned, self.model)
+            refuse_untrained_target(self._target, self.pruned, self.model)
         if self._bound is not None and self.pruned is not self._bound:
-            _refuse_another_model(self._bound, self.pruned)
+            refuse_another_model(self._bound, self.pruned)
         if self._bound is None:
             model = self.pruned
             check_input_shapes(self.plan, model)  # as apply_plan does, before the fit, not after
@@ -230,13 +257,13 @@ class GradualPruning(keras.callbacks.Callback):
                                residual=self.plan.residual)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
-            _refuse_widening(self._graph, self._targets)
-            _refuse_normalized_cuts(self._graph, self._targets)  # before any step trains
+            refuse_widening(self._graph, self._targets)
             if self._ranking.needs == "data":  # the data fits the model, before any step trains
-                self._data = _reusable(check_data(model, self._data, "data").data)
+                self._data = reusable(check_data(model, self._data, "data").data)
             if self._ranking.covers is not None:  # its weights (bn_scale's scales) touch every cut
                 channel_scores(self._graph, weight_values(model), self._ranking, widths=self._targets)
             self._bound = model
+        refuse_normalized_cuts(self._graph, self._targets, self.model)  # every fit: its backend
         self._ranked, self._batch = False, -1
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -288,23 +315,35 @@ class GradualPruning(keras.callbacks.Callback):
         return min(self._last_update(step) + self.frequency, self.end_step)
 
     def _hold_steps(self, step):
-        """Lend a :class:`StepFactor` to every weight the masks may cut that this fit trains, where
-        the backend's train step applies it (:func:`factors_in_step`): the masks and the fading
-        then need no host work between updates; else the host applies them after every batch.
+        """Lend a :class:`StepFactor` to every weight the masks may cut that this fit trains, and to
+        every cut LayerNormalization or RMSNormalization a call with its statistics over the kept
+        channels (:func:`_lent_norm`), where the backend's train step applies them
+        (:func:`factors_in_step`): the masks and the fading then need no host work between
+        updates; else the host applies them after every batch (and a cut norm was refused).
         ``step``: the optimizer's count, read."""
         model = self.model
         self._trained = {id(v) for v in model.trainable_variables}
         if not factors_in_step(model):
             return
         if self._maskable is None:  # the weights any masks cut: those cut at the plan's widths
-            self._maskable = [w for w, _ in channel_masks(self._graph, self._targets, "l1",
-                                                          self._rebuilt(self._targets))[0]]
-        self._lent.hold(model, [w for w in self._maskable if id(w) in self._trained], step)
+            self._maskable = [w for w, _ in _masked(self._graph, self._targets, "l1",
+                                                    self._rebuilt(self._targets))[0]]
+            self._norms = [_lent_norm(rec) for rec in normalized_cuts(self._graph, self._targets)]
+        self._lent.hold(model, [w for w in self._maskable if id(w) in self._trained], step,
+                        [(layer, call) for layer, _, call in self._norms])
 
     def _release_steps(self):
-        """Give the weights their own constraints back (see :class:`LentFactors`)."""
-        if self._lent.held:
+        """Give the weights their own constraints back and the norms their own calls, their keep
+        vectors full (see :class:`LentFactors`)."""
+        if self._lent.held or self._lent.calls:
             self._lent.release(self.model, self._step())
+            self._set_keeps({})
+
+    def _set_keeps(self, keeps):
+        """Make ``keeps`` (``{id(layer): 0/1 per channel}``; all for a norm left out) the channels
+        each lent norm computes its statistics over."""
+        for layer, keep, _ in self._norms:
+            keep.assign(keeps.get(id(layer), np.ones(keep.shape, np.float32)))
 
     def _last_update(self, step):
         """The last update at or before ``step``: a resumed fit ranks at the widths it had then.
@@ -364,12 +403,14 @@ class GradualPruning(keras.callbacks.Callback):
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
         ranking = (self._ranking, taylor_gradients(self.pruned, self._data)
                    if self._ranking.needs == "data" and (fraction > 0 or fading) else None)
-        self._masks, self._selection = ([], None) if fraction == 0 else channel_masks(
-            self._graph, self._widths, ranking, self._rebuilt(self._widths), self._kept())
+        self._masks, self._selection, keeps = ([], None, {}) if fraction == 0 else _masked(
+            self._graph, self._widths, ranking, self._rebuilt(self._widths), self._kept(),
+            [layer for layer, _, _ in self._norms])
+        if self._lent.calls:  # the norms' statistics over the channels these masks keep
+            self._set_keeps(keeps)
         self._fading = []
         if fading:  # what the plan's widths leave out, ranked now, fades by 1 - shrink a step
-            final, _ = channel_masks(self._graph, self._targets, ranking,
-                                     self._rebuilt(self._targets))
+            final = _masked(self._graph, self._targets, ranking, self._rebuilt(self._targets))[0]
             self._fading = [(w, 1.0 - self.shrink * (1.0 - m)) for w, m in final]
         self._apply(self._set_factors(step, force))
         if self.verbose:
@@ -438,7 +479,8 @@ class GradualPruning(keras.callbacks.Callback):
         Call it after ``fit`` has reached ``end_step``. The model is rebuilt
         from the walk made at the start of training, with the channels of the
         last update (the masks), and checked against the plan; its outputs
-        equal the masked model's. A fit that trained no batch reaches
+        equal the masked model's as the fit computed it (cut norms over their
+        kept channels). A fit that trained no batch reaches
         ``end_step`` only where the optimizer's count is there already: with
         ``start_step == end_step`` equal to it (``end_step=0`` on a fresh
         optimizer: pruning in one shot) the model is masked now, ranked as
@@ -574,10 +616,19 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
         alone: the masked scale and offset beside them zero the channel.
 
     Raises:
-        ArgumentError: ``widths`` cut channels that a layer normalizes over
-            (see :func:`_refuse_normalized_cuts`).
+        ArgumentError: ``widths`` cut channels that a layer normalizes over:
+            masks alone leave them in its statistics (``GradualPruning``
+            computes a LayerNormalization's over the kept channels while it
+            fits; see :func:`~keras_precrop._gradual_checks.refuse_normalized_cuts`).
     """
-    _refuse_normalized_cuts(graph, widths)
+    refuse_normalized_cuts(graph, widths)
+    return _masked(graph, widths, importance, rebuilt, kept)[:2]
+
+
+def _masked(graph, widths, importance="l1", rebuilt=None, kept=None, norms=()):
+    """:func:`channel_masks`' masks and selection, whatever norms the widths cut, and the channels
+    each layer of ``norms`` keeps: ``{id(layer): 0/1 per channel of its input's last axis}``, read
+    from its first weight's mask (a norm's weights follow the channels it normalizes over)."""
     model = graph.model
     name, gradients = importance if isinstance(importance, tuple) else (importance, None)
     scores = channel_scores(graph, weight_values(model), name, gradients, widths=widths)
@@ -587,16 +638,19 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
     new_graph = _rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
     frozen = {id(w) for rec in graph.layers if not getattr(rec.layer, "trainable", True)
               for w in rec.layer.weights}
-    masks = []
+    firsts = {id(layer.weights[0]): id(layer) for layer in norms}
+    masks, keeps = [], {}
     for w, _, kept in carried(graph, new_graph, widths, selection, index):
-        if not (w.trainable or id(w) in frozen):  # statistics: their layer's masked scale zeroes them
-            continue
         mask = np.zeros(math.prod(w.shape), np.float32)
         kept = kept.ravel().astype(np.int64)
         mask[kept[kept > 0] - 1] = 1.0
-        if mask.min() == 0:
-            masks.append((w, mask.reshape(w.shape)))
-    return masks, selection
+        mask = mask.reshape(w.shape)
+        if id(w) in firsts:
+            keeps[firsts[id(w)]] = mask.reshape(-1, w.shape[-1]).max(axis=0)
+        # a trainable layer's statistics are left alone: its masked scale zeroes them
+        if (w.trainable or id(w) in frozen) and mask.min() == 0:
+            masks.append((w, mask))
+    return masks, selection, keeps
 
 
 def _nonzero(graph):
@@ -634,24 +688,23 @@ def _rebuilt_walk(graph, widths):
     return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
 
 
+def _lent_norm(rec):
+    """``(layer, keep, call)``: the norm of ``rec``, a 0/1 variable of its channels (all kept, made
+    beside its weights, mirrored alike under ``tf.distribute``), and the call lent to it for a
+    fit (``Normalize.masked_call``), which reads ``keep`` as the train step reads the weights."""
+    layer, masked = rec.layer, masked_norm_call(rec)
+    with distribution_scope(layer.weights[0]):
+        keep = keras.Variable(np.ones(layer.weights[0].shape[-1]), dtype="float32",
+                              trainable=False, name="norm_keep")
+    return layer, keep, lambda inputs: masked(inputs, keep)
+
+
 def _completion(done, due):
     """The factor that turns a weight a step multiplied by ``done`` into the weight multiplied by
     ``due`` instead (``None``: 1): ``due / done``, exact where they are equal; where ``done`` is 0
     the weight is zero and stays so (an update's masks keep within the last ones)."""
     done, due = (np.float32(1.0) if f is None else f for f in (done, due))
     return np.where(done != 0, due / np.where(done != 0, done, 1), due).astype(np.float32)
-
-
-def _refuse_another_model(bound, model):
-    """Refuse to prune ``model`` with a callback bound to ``bound`` by its first fit: its masks
-    would zero ``bound``'s weights while ``model`` trains unpruned, and ``finalize`` would cut
-    ``bound``."""
-    same = " (another model of the same name)" if model.name == bound.name else ""
-    raise ArgumentError(
-        f"GradualPruning: this callback prunes model {bound.name!r}, which its first fit trained, "
-        f"and cannot prune model {model.name!r}{same}: its masks, schedule and finalize() "
-        f"belong to {bound.name!r}. Make a new callback for {model.name!r}: kp.GradualPruning(plan, "
-        f"end_step=...), with a plan made for {model.name!r}.")
 
 
 def _at_defined_size(model):
@@ -675,114 +728,6 @@ def _at_open_size(new, model, graph):
     opened.set_weights(new.get_weights())
     ignore = [rec.path for rec in graph.layers if rec.ignored]
     return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual)
-
-
-def _refuse_widening(graph, widths):
-    """Refuse widths above the model's: masks only take channels away, none can be added."""
-    grown = [f"{v.name!r} ({v.width} -> {w} channels)" for v, w in zip(graph.variables, widths)
-             if w > v.width]
-    if grown:
-        raise ArgumentError(
-            "GradualPruning only removes channels (it masks them during fit and cuts them in "
-            f"finalize), but the {{plan:=}} widens {', '.join(grown[:5])}"
-            f"{f' and {len(grown) - 5} more' if len(grown) > 5 else ''}. Apply a plan that widens "
-            "with kp.apply_plan(model, plan, weights='keep') (the added channels start silent, "
-            "so it computes what the model does) and train that, or prune gradually to a plan "
-            "that only narrows (kp.plan).", plan=NAME_ONLY)
-
-
-_MAX_KEPT_BATCHES = 32  # the most batches of a one-shot iterator GradualPruning keeps for its updates
-
-
-def _reusable(data):
-    """``data`` (checked ``data=``) ready to be read at every update: as given, or the batches of
-    a one-shot iterator, kept.
-
-    A list, a ``tf.data.Dataset`` or a ``DataLoader`` is read anew at each update. A generator or
-    other iterator can be read only once: its batches are read now, at the start of the fit, and
-    ranked on at every update; an endless one would never stop, so one that yields more than
-    :data:`_MAX_KEPT_BATCHES` is refused.
-
-    Raises:
-        DataError: naming ``data=``.
-    """
-    if not isinstance(data, collections.abc.Iterator):
-        return data
-    kept = list(itertools.islice(data, _MAX_KEPT_BATCHES + 1))
-    if len(kept) > _MAX_KEPT_BATCHES:
-        raise DataError(
-            "{data:=} is a generator or iterator, which can be read only once, so GradualPruning "
-            "reads its batches when fit begins and ranks on them at every update; it yields more "
-            f"than {_MAX_KEPT_BATCHES} (an endless one never stops). Pass a few, e.g. "
-            "itertools.islice(batches, 4), or data it can read anew at each update: a list of "
-            "batches, or a tf.data.Dataset's take(4).", data=NAME_ONLY)
-    return kept
-
-
-def _refuse_untrained_target(target, pruned, fitted):
-    """Refuse a ``model=`` (``target``, whose model to prune is ``pruned``) whose weights the fit
-    does not train: its masks would change nothing."""
-    trained = {id(v) for v in fitted.trainable_variables}
-    if not isinstance(pruned, keras.Model) or not all(id(w) in trained for w in pruned.trainable_weights):
-        raise ArgumentError(
-            "GradualPruning({model}): the model fitted does not train it; give the model that "
-            f"{fitted.name!r} trains (itself, a part of it, or the Distiller whose student it is), "
-            "or leave model= out to prune the fitted model.", model=target)
-
-
-def _refuse_normalized_cuts(graph, widths):
-    """Refuse widths that cut the channels of a layer that mixes them without a kernel.
-
-    A LayerNormalization, GroupNormalization, RMSNormalization or softmax
-    over the channel axis computes each output channel from all of its
-    input channels (its handler has no channel map, and no kernel reads
-    them). A masked channel is zero but still counted in its statistics
-    (a mean over 16 channels, not the 6 kept), so the masked model would
-    not compute what the rebuilt one does, and fine-tuning would train the
-    wrong network. The rebuild itself is right; masks cannot stand in for it.
-    """
-    for call in graph.calls:
-        rec = call.record
-        channels = graph.tensor_channels[call.inputs[0]]
-        if (rec.read_segments or rec.handler.channel_map(rec, call.node) is not None
-                or graph.tensor_channels[call.outputs[0]] != channels):
-            continue
-        if channels_width(channels, lambda s: graph.new_width(s, widths)) < graph.width(channels):
-            raise ArgumentError(
-                f"GradualPruning cannot mask the channels that {rec.path!r} ({rec.class_name}) "
-                "normalizes over: a masked channel is zero but still counts in its statistics, so "
-                "the masked model would not compute the pruned one. Make the {plan:=} with "
-                "{ignore} to keep those channels (or prune in one shot with kp.apply_plan).",
-                plan=NAME_ONLY, ignore=[rec.path])
-
-
-def _check(plan, end_step, start_step, frequency, schedule, ranking, regrow, shrink):
-    """Refuse arguments of :class:`GradualPruning` that cannot mean what they say; return the
-    importance table's ranking of ``importance``.
-
-    Numbers are taken as Keras takes them (``errors.is_integer``/``is_number``:
-    ``int``, ``float`` and NumPy's scalars, but not a ``bool``).
-    """
-    if not isinstance(plan, Plan):
-        raise ArgumentError("{plan} must be a keras_precrop.Plan, e.g. kp.plan(model, latency=0.5).",
-                            plan=plan)
-    for name, value, low in (("end_step", end_step, 0), ("start_step", start_step, 0),
-                             ("frequency", frequency, 1)):
-        if not is_integer(value) or value < low:
-            raise ArgumentError(f"{{{name}}} must be an integer >= {low}.", **{name: value})
-    if end_step < start_step:
-        raise ArgumentError("{end_step} must not come before start_step=" + str(start_step) + ".",
-                            end_step=end_step)
-    if schedule not in SCHEDULES:
-        raise ArgumentError(f"{{schedule}} must be one of {list(SCHEDULES)}.", schedule=schedule)
-    importance, data = ranking
-    ranking = check_options("keep", importance, data, "kp.GradualPruning")  # data=, no chance
-    if not isinstance(regrow, (bool, np.bool_)):
-        raise ArgumentError("{regrow} must be True or False.", regrow=regrow)
-    if not is_number(shrink) or not 0 <= shrink < 1:
-        raise ArgumentError("{shrink} must be a number in [0, 1): the fraction of a doomed "
-                            "channel's weights taken away at each step.", shrink=shrink)
-    return ranking
 
 
 __all__ = ["GradualPruning", "channel_masks", "schedule_fraction", "widths_at"]

@@ -199,6 +199,14 @@ class Handler:
         """
         return False
 
+    def masked_call(self, rec):
+        """``rec.layer``'s computation with its statistics over the channels a 0/1 ``keep`` (per
+        channel of the last axis) keeps, as ``call(inputs, keep)``, for a layer that normalizes
+        over its channels: ``GradualPruning`` lends it during ``fit`` so the masked model computes
+        what the rebuilt one does. ``None`` (the default): cannot, and a cut is refused by name.
+        """
+        return None
+
     def channel_map(self, rec, node):
         """Which input channel each output channel of a call comes from.
 

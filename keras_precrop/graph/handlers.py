@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import keras
 import numpy as np
 from keras import layers as L
+from keras import ops
 from keras.src.activations import activations as _activations
 from keras.src.ops import core as _ops_core
 from keras.src.ops import image as _ops_image
@@ -158,6 +160,81 @@ class Normalize(Tie):
 
     def mixes_statistics(self, rec, node):
         return _acts_on_channels(rec.layer, len(input_shape(node)))
+
+    def masked_call(self, rec):
+        """``rec.layer``'s computation with its statistics over the channels a model's masks keep.
+
+        A model whose cut channels are masked, not yet removed (``GradualPruning``
+        during ``fit``), computes what the rebuilt one does only if a layer that
+        normalizes over the channels leaves the masked ones out of its mean and
+        variance: a masked channel is zero but would still count. Returns
+        ``call(inputs, keep)`` (``keep``: 0/1 per channel of the last axis), which
+        computes the layer as rebuilt to the kept channels, and zero at the
+        others; ``None`` for a class whose own ``call`` it does not know (a
+        softmax, a unit or group norm, a subclass that overrides ``call``).
+        """
+        layer = rec.layer
+        for cls, masked in _MASKED_NORMS:
+            if type(layer).call is cls.call:
+                return lambda inputs, keep: masked(layer, inputs, keep)
+        return None
+
+
+def _masked_inputs(layer, inputs, keep):
+    """The inputs in at least float32 (as Keras' norms compute), ``keep`` as a tensor of their
+    dtype, the axes normalized over (sorted, non-negative) and how many kept entries they hold."""
+    x = ops.convert_to_tensor(inputs)
+    x = ops.cast(x, keras.backend.result_type(x.dtype, "float32"))
+    k = ops.cast(keep, x.dtype)
+    rank = len(x.shape)
+    axes = sorted(a % rank for a in ([layer.axis] if isinstance(layer.axis, int) else layer.axis))
+    count = (ops.sum(k) if axes == [rank - 1]
+             else ops.sum(ops.ones_like(x) * k, axis=axes, keepdims=True))
+    return x, k, axes, count
+
+
+def _along(weight, x, axes):
+    """A norm's weight (``None`` for none) in ``x``'s dtype, shaped to broadcast over ``x``'s axes."""
+    if weight is None:
+        return None
+    shape = [x.shape[a] if a in axes else 1 for a in range(len(x.shape))]
+    return ops.reshape(ops.cast(weight, x.dtype), shape)
+
+
+def _epsilon(layer):
+    """The norm's ``epsilon``, or Keras' default where it is ``None`` (as its ``call`` takes it)."""
+    return keras.backend.epsilon() if layer.epsilon is None else layer.epsilon
+
+
+def _masked_layer_normalization(layer, inputs, keep):
+    """``keras.layers.LayerNormalization.call`` over the kept channels (``center``, ``scale``,
+    and the deprecated ``rms_scaling``: the inputs, not centered, over the kept deviation)."""
+    x, k, axes, count = _masked_inputs(layer, inputs, keep)
+    mean = ops.sum(x * k, axis=axes, keepdims=True) / count
+    centered = (x - mean) * k
+    inv = ops.rsqrt(ops.sum(ops.square(centered), axis=axes, keepdims=True) / count
+                    + _epsilon(layer))
+    gamma, beta = _along(layer.gamma, x, axes), _along(layer.beta, x, axes)
+    out = (x * k if layer.rms_scaling else centered) * inv
+    if gamma is not None:
+        out = out * gamma
+    if beta is not None and not layer.rms_scaling:
+        out = out + beta * k
+    return ops.cast(out, layer.compute_dtype)
+
+
+def _masked_rms_normalization(layer, inputs, keep):
+    """``keras.layers.RMSNormalization.call`` over the kept channels: ``x / rms(kept x) * scale``."""
+    x, k, axes, count = _masked_inputs(layer, inputs, keep)
+    kept = x * k
+    rrms = ops.rsqrt(ops.sum(ops.square(kept), axis=axes, keepdims=True) / count + _epsilon(layer))
+    return ops.cast(kept * rrms * _along(layer.scale, x, axes),
+                    keras.backend.standardize_dtype(inputs.dtype))
+
+
+# The norms whose statistics ``Normalize.masked_call`` computes over kept channels, by class.
+_MASKED_NORMS = ((L.LayerNormalization, _masked_layer_normalization),
+                 (L.RMSNormalization, _masked_rms_normalization))
 
 
 def _acts_on_channels(layer, rank):

@@ -148,21 +148,28 @@ def factors_in_step(model):
 
 
 class LentFactors:
-    """The :class:`StepFactor` s one ``GradualPruning`` lends to a model's weights, fit by fit.
+    """The :class:`StepFactor` s one ``GradualPruning`` lends to a model's weights, fit by fit, and
+    the calls it lends to layers (a norm's statistics over the kept channels) for as long.
 
     Attributes:
         held: ``{id(weight): (weight, factor)}`` lent now (during a fit).
+        calls: ``{id(layer): (layer, call, own)}`` lent now, as the layers' ``call``
+            (``own``: the layer's own ``call`` attribute before, ``None`` for its class's).
     """
 
     def __init__(self):
-        self.held, self._factors, self._traced = {}, {}, None
+        self.held, self.calls, self._factors, self._traced = {}, {}, {}, None
 
-    def hold(self, model, weights, step):
+    def hold(self, model, weights, step, calls=()):
         """Lend a factor to each of ``weights`` (trained by ``model``'s fit, its optimizer's count
-        at ``step``); the weight's own constraint applies first. ``model``'s train function is made
+        at ``step``); the weight's own constraint applies first. Lend each ``(layer, call)`` of
+        ``calls`` as ``layer.call`` (an attribute of the layer over its class's method; the
+        layer's config, weights and graph do not change). ``model``'s train function is made
         anew unless it is the one the last :meth:`release` left, not run since (the count
-        unchanged), on the same weights: a function traced without the factors would skip them,
-        and tracing again costs more than an epoch of a small model."""
+        unchanged), on the same weights and calls: a function traced without them would skip
+        them, and tracing again costs more than an epoch of a small model. Where calls are
+        lent, its test and predict functions are made anew when next used (a validation in the
+        fit computes with them)."""
         self.release(model, step)  # those a fit that raised (no on_train_end) left lent
         for w in weights:
             if id(w) not in self._factors:
@@ -171,8 +178,13 @@ class LentFactors:
             if own is not factor:  # (another callback's, where its fit raised: the one it holds)
                 factor.inner, w.constraint = own.inner if isinstance(own, StepFactor) else own, factor
             self.held[id(w)] = (w, factor)
-        if self._traced != (model.train_function, step, frozenset(self.held)):
+        for layer, call in calls:
+            self.calls[id(layer)] = (layer, call, layer.__dict__.get("call"))
+            layer.call = call
+        if self._traced != (model.train_function, step, frozenset(self.held), frozenset(self.calls)):
             model.make_train_function(force=True)
+        if self.calls:
+            model.test_function = model.predict_function = None
 
     def set(self, factors):
         """Make ``factors`` (``{id(weight): array}``; 1 for a weight left out) what the steps
@@ -182,12 +194,23 @@ class LentFactors:
 
     def release(self, model, step):
         """Give the weights their own constraints back and set the factors to 1, so that the train
-        function traced with them (kept for the next :meth:`hold`) trains as if without them."""
-        if not self.held:
+        function traced with them (kept for the next :meth:`hold`) trains as if without them; give
+        the layers their own calls back (their class's), and have the test and predict functions
+        traced with the lent calls made anew. (The kept train function computes a lent norm's
+        statistics over the channels its caller's keep vector holds: all of them, once set so.)"""
+        if not self.held and not self.calls:
             return
         for w, factor in self.held.values():
             if w.constraint is factor:
                 w.constraint = factor.inner
             factor.set(1.0)
-        self._traced = (model.train_function, step, frozenset(self.held))
-        self.held = {}
+        for layer, call, own in self.calls.values():
+            if layer.__dict__.get("call") is call:
+                if own is None:
+                    del layer.call
+                else:
+                    layer.call = own
+        if self.calls:
+            model.test_function = model.predict_function = None
+        self._traced = (model.train_function, step, frozenset(self.held), frozenset(self.calls))
+        self.held, self.calls = {}, {}
