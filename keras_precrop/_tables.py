@@ -27,3 +27,9 @@ def not_shown(count, what, show_all_hint):
         return []
     return [f"{count} {what.format(s='s' * (count > 1))} not shown "
             f"({show_all_hint} shows {'them' if count > 1 else 'it'})."]
+
+
+def kept_whole_lines(kept_whole):
+    """The lines under a profile's or a plan's table that name each layer ``ignore="auto"`` kept
+    whole and why (``{name: why}``): the user sees which parts of the model were not pruned."""
+    return [f"Kept whole (auto): {name} - {why}" for name, why in kept_whole.items()]

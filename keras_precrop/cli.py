@@ -45,6 +45,7 @@ _MODES = ("exact", "layerwise", "paper", "uniform")
 _FLOOR_ON = ("all", "streams")
 _DEFAULT_MODES = ("exact", "layerwise", "uniform")
 _RUNTIMES = kp.latency.RUNTIMES  # the runtime table's names, read without loading Keras
+_AUTO = "auto"  # --ignore auto: the walker's AUTO (keep whole every layer the walk refuses)
 # The channel rankings each command offers, read from the table (kp.register_importance adds to
 # it) when the parser is built: precrop loads no data for those that need it; prune-trained gives
 # them its first training examples, and ranks anew at each update (no chance).
@@ -126,7 +127,9 @@ def _model_args(p, default):
 def _walk_args(p, default):
     """How the model is walked: the layers that stay fixed and the residual streams' semantics."""
     p.add_argument("--ignore", default=default(""),
-                   help="comma-separated layers whose channels stay fixed")
+                   help="comma-separated layers whose channels stay fixed; 'auto' (alone or "
+                   "among them) also keeps whole every layer the walk refuses, and the "
+                   "profile or plan says which and why")
     p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
                    help="residual-stream semantics (default: prefix)")
 
@@ -376,8 +379,11 @@ def _check_against_plan(args, plan):
             f"--apply {args.apply} grows {len(grown)} width(s) (e.g. {v['name']} from "
             f"{v['width']} to {v['new']} channels), and precrop only removes channels; "
             f"apply it with `keras-precrop reconfigure MODEL --apply {args.apply}`.")
+    ignore = sorted(_ignore(args))
+    if _AUTO in ignore and set(ignore) - {_AUTO} <= set(plan.ignore):
+        ignore = sorted(plan.ignore)  # what 'auto' resolved to when the plan was made
     for keyword, typed, planned in (("residual", args.residual, plan.residual),
-                                    ("ignore", sorted(_ignore(args)), sorted(plan.ignore))):
+                                    ("ignore", ignore, sorted(plan.ignore))):
         if keyword in args.typed and typed != planned:
             made = f"with {_flag(keyword, planned)}" if planned else f"without --{keyword}"
             raise ValueError(f"{_flag(keyword, typed)} does not match --apply {args.apply}, "
@@ -419,7 +425,12 @@ def _run(args):
 
 
 def _run_latency(args, model):
-    fitted = kp.latency_model(model, **_timing(args), ignore=_ignore(args), residual=args.residual)
+    ignore, graph = _ignore(args), None
+    if _AUTO in ignore:  # resolved into names as kp.plan does; the walk handed down
+        prof = kp.profile(model, ignore=ignore, residual=args.residual)
+        ignore, graph = prof.ignore, prof.graph
+    fitted = kp.latency_model(model, **_timing(args), ignore=ignore, residual=args.residual,
+                              graph=graph)
     fitted.summary()
     if args.json:
         fitted.to_json(args.json)

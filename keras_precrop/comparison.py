@@ -160,12 +160,14 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
     if "mode" in options:
         raise ArgumentError("{mode} is what compare varies; give modes=[...] instead.",
                             mode=options["mode"])
-    if options.get("latency") is not None or options.get("latency_model") is not None:
-        options["latency_model"] = _latency.resolve(
-            options.get("latency_model"), model, residual=options.get("residual", "prefix"),
-            ignore=tuple(options.get("ignore", ())))
-        options.setdefault("calibrate", 0)
     subject = Subject(model)  # one walk of the model for every plan and rebuild
+    if options.get("latency") is not None or options.get("latency_model") is not None:
+        residual = options.get("residual", "prefix")
+        prof = subject.profile(options.get("ignore", ()), residual, {})  # "auto" resolved
+        options["latency_model"] = _latency.resolve(
+            options.get("latency_model"), model, residual=residual, ignore=tuple(prof.ignore),
+            graph=prof.graph)
+        options.setdefault("calibrate", 0)
     plans = {m: plan(subject, params, flops, mode=m, **options) for m in modes}
     auto_plan = plan(subject, params, flops, **options)
     auto = _auto_row(plans, auto_plan)

@@ -35,7 +35,6 @@ import keras
 from keras_precrop import planning
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph.replay import topological_nodes
-from keras_precrop.graph.walker import ignore_names
 from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths
 from keras_precrop.subject import Subject
 from keras_precrop.transfer.criteria import criterion
@@ -92,7 +91,8 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             :class:`PrunedBackbone` whose output width (the head's input) is
             kept. ``None``: ``True`` for a task of a backbone in that table.
         **options: as for :func:`keras_precrop.precrop` (``mode``,
-            ``round_to``, ``ignore``: names of the backbone's layers, ...).
+            ``round_to``, ``ignore``: names of the backbone's layers, or
+            ``"auto"`` to keep whole what the walk refuses, ...).
             With ``weights="keep"`` the backbone's surviving channels and
             the task's head keep their trained weights (``importance``: a
             ranking of the table that needs no data, e.g. ``"l1"``, ``"l2"``,
@@ -150,8 +150,7 @@ def _homogeneous(model, params, flops, widths, options):
                             "keras.utils.set_random_seed first, or pass homogeneous=False.",
                             seed=applied["seed"])
     subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
-    graph = subject.profile(ignore_names(options.get("ignore", ())),
-                            options.get("residual", "prefix"), {}).graph
+    graph = subject.profile(options.get("ignore", ()), options.get("residual", "prefix"), {}).graph
     the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
 
     def build(graph, new_widths, seed=None):

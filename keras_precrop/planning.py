@@ -68,7 +68,12 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             lets widths grow (PreConfig).
         round_to: widths are multiples of this (e.g. 8 for accelerators).
         min_channels: no width variable is narrower than this.
-        ignore: layer names whose channels stay fixed (one string is one name).
+        ignore: layer names whose channels stay fixed (one string is one name);
+            ``"auto"`` (alone or among the names) also keeps whole every layer
+            the walk refuses with the remedy ``ignore=[...]``, walking again
+            until none is refused: ``plan.ignore`` then lists the names,
+            ``plan.solver["kept_whole"]`` says why each was kept, and
+            ``plan.summary()`` prints it.
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
         latency: time budget as a ratio of the original model's time as
             ``latency_model`` predicts it (e.g. 0.5).
@@ -142,6 +147,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
                                             "latency_model": latency_model}
     measured = subject.defined(macs_arguments)
     prof = subject.profile(ignore, residual, macs_arguments)
+    ignore = prof.ignore  # ignore="auto" resolved into names; prof.kept_whole says why
     given = _counted_budgets(prof, budget_arguments, can_grow, latency_budget is not None)
     cm, timed, lm = prof.cost, {}, None
     if latency_budget is not None or latency_model is not None:
@@ -294,6 +300,8 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_sh
     renormalized = _renormalized(prof.graph, layers)
     if renormalized:
         info["renormalized"] = renormalized
+    if prof.kept_whole:
+        info["kept_whole"] = prof.kept_whole
     extra = cm.row_names[2:]  # e.g. latency: seconds, not counts
     return Plan(
         model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,

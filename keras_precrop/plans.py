@@ -47,8 +47,8 @@ _PLAN_FILE = {
                 "density": NUMBER | NULL}],
     "original": _TOTALS, "predicted": _TOTALS, "budgets": {"*": NUMBER | NULL},
     "solver": {"objective?": NUMBER, "floor?": NUMBER, "floor_on?": STRING, "auto_mode?": STRING,
-               "uniform_ratio?": NUMBER, "floor_ratio?": NUMBER, "floor_at?": STRING,
-               "floor_binds?": [STRING],
+               "uniform_ratio?": NUMBER, "floor_ratio?": NUMBER, "kept_whole?": {"*": STRING},
+               "floor_at?": STRING, "floor_binds?": [STRING],
                "latency_model?": {"runtime": STRING, "batch_size": POSITIVE, "training": BOOLEAN},
                "latency_calibration?": {"measured": NUMBER, "target": NUMBER, "met": BOOLEAN,
                                         "rounds": [OBJECT]}},
@@ -65,7 +65,8 @@ class Plan(_json.JsonDataclass):
         mode: ``"exact"``, ``"layerwise"``, ``"paper"`` or ``"uniform"`` (what ``"auto"``
             chose, with the reason in ``solver["auto_mode"]``).
         residual: residual semantics used (``"prefix"`` or ``"tie"``).
-        ignore: layer names whose channels were kept fixed.
+        ignore: layer names whose channels were kept fixed (``ignore="auto"``
+            resolved into names; ``solver["kept_whole"]`` says why "auto" kept each).
         variables: per width variable: name, kind, original and new width,
             fixed (older plans call this key ``"groups"``; they load too).
         layers: per layer: name, class, input and output channels, params/MACs
@@ -206,6 +207,8 @@ class Plan(_json.JsonDataclass):
                      f"{', ...' if len(renormalized) > 3 else ''}): the channels kept are "
                      "normalized by other statistics, so kept weights compute something new "
                      "there until fine-tuned.")
+        for line in _tables.kept_whole_lines(self.solver.get("kept_whole", {})):
+            print_fn(line)
 
 
 def _change(before, after):

@@ -16,7 +16,7 @@ from keras_precrop.budget import costs as _costs
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph.rebuild import layer_from_config
 from keras_precrop.graph.trace import calls_undone, input_specs, is_functional
-from keras_precrop.graph.walker import walk
+from keras_precrop.graph.walker import ignore_names
 
 # The spatial size that stands in for an input's undefined one where only parameters count.
 _PROBE_SIZE = 224
@@ -40,7 +40,7 @@ class Subject:
     def __init__(self, model):
         self.model = model
         self._defined = None  # the copy at a defined spatial size, once made
-        self._profile = None  # ((ignore, residual), the profile of the one walk)
+        self._profile = None  # ({(ignore, residual) it serves}, the profile of the one walk)
 
     @classmethod
     def of(cls, model):
@@ -68,10 +68,16 @@ class Subject:
 
     def profile(self, ignore, residual, macs_arguments):
         """The profile of the walk of :meth:`defined` (``profile.graph``), walked once per
-        ``ignore`` and ``residual``."""
-        defined, key = self.defined(macs_arguments), (frozenset(ignore), residual)
-        if self._profile is None or self._profile[0] != key:
-            self._profile = key, _costs.ModelProfile(walk(defined, ignore=ignore, residual=residual))
+        ``ignore`` and ``residual``.
+
+        ``ignore="auto"`` is resolved here (:func:`~keras_precrop.budget.costs.resolve_ignore`;
+        ``profile.ignore`` holds the names, ``profile.kept_whole`` why), and the walk serves the
+        names it resolved to as well: ``apply_plan`` of a plan made with "auto" walks with them.
+        """
+        defined, key = self.defined(macs_arguments), (frozenset(ignore_names(ignore)), residual)
+        if self._profile is None or key not in self._profile[0]:
+            prof = _costs.profile(defined, ignore=ignore, residual=residual)
+            self._profile = {key, (frozenset(prof.ignore), residual)}, prof
         return self._profile[1]
 
 

@@ -13,16 +13,22 @@ import copy
 import dataclasses
 import json
 import math
+import re
 
 import keras
 import numpy as np
 
 # Not ``from keras_precrop import _tables``: that goes through the package's lazy __getattr__,
 # which registers the Keras classes, importing the planning floor while this module is half-loaded.
-from keras_precrop._tables import not_shown, table
+from keras_precrop._tables import kept_whole_lines, not_shown, table
 from keras_precrop.budget.kinds import KINDS
 from keras_precrop.budget.widths import WidthProblem
-from keras_precrop.errors import ArgumentError, ArgumentTypeError
+from keras_precrop.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    UnsupportedLayerError,
+    _before_remedy,
+)
 from keras_precrop.graph import walker as _graph
 
 # The name of a latency model's budget row, in plans and cost models (budget.kinds declares it).
@@ -305,10 +311,14 @@ class ModelProfile:
         unknown_macs: paths of the opaque layers whose MACs the backend
             cannot count (left out of ``total_macs``; see
             :func:`refuse_unknown_costs`).
+        ignore: the names of the layers kept whole as ``ignore=`` said, with
+            ``"auto"`` resolved (see :func:`resolve_ignore`).
+        kept_whole: ``{name: why}`` of the layers ``ignore="auto"`` kept whole.
     """
 
-    def __init__(self, graph: _graph.ModelGraph):
+    def __init__(self, graph: _graph.ModelGraph, ignore=(), kept_whole=None):
         self.graph = graph
+        self.ignore, self.kept_whole = list(ignore), dict(kept_whole or {})
         self.cost = CostModel(graph)
         self.variables = self.cost.variables
         self.model_name = graph.model.name
@@ -371,7 +381,7 @@ class ModelProfile:
         free = sum(not v.fixed for v in self.variables)
         lines.append(f"Width variables: {len(self.variables)} ({free} prunable)")
         print_fn(f'Profile: "{self.model_name}"')
-        for line in lines + [f"Note: {n}" for n in self.notes]:
+        for line in lines + [f"Note: {n}" for n in self.notes] + kept_whole_lines(self.kept_whole):
             print_fn(line)
 
     def to_dict(self):
@@ -382,6 +392,8 @@ class ModelProfile:
             "total_params": self.total_params,
             "total_macs": self.total_macs,
             "notes": self.notes,
+            "ignore": self.ignore,
+            "kept_whole": self.kept_whole,
             "layers": [dataclasses.asdict(row) for row in self.layers],
             "variables": [
                 {"name": v.name, "width": v.width, "fixed": v.fixed, "kind": v.kind,
@@ -483,11 +495,74 @@ def profile(model, *, ignore=(), residual="prefix"):
         model: a built functional or Sequential model with a defined input
             shape (the batch dimension excepted).
         ignore: layer names whose channels must stay fixed (also lets an
-            unsupported layer through as an opaque block).
+            unsupported layer through as an opaque block); ``"auto"``, alone
+            or among the names: every layer the walk refuses with the remedy
+            ``ignore=[...]`` is kept whole too (see :func:`resolve_ignore`;
+            the profile's ``ignore`` and ``kept_whole`` say which and why).
         residual: ``"prefix"`` (PreCrop: readers and writers of a residual
             stream get their own widths) or ``"tie"``.
 
     Returns:
         A :class:`ModelProfile`.
     """
-    return ModelProfile(_graph.walk(model, ignore=ignore, residual=residual))
+    return ModelProfile(*resolve_ignore(model, ignore, residual))
+
+
+# Walks of ignore="auto" at most: keeping a layer whole can reveal another refusal (a check that
+# runs once every layer has walked), so each walk keeps whole what the last one refused.
+_AUTO_ROUNDS = 8
+
+
+def resolve_ignore(model, ignore, residual):
+    """The walk of ``model`` with ``ignore``, ``"auto"`` resolved into layer names.
+
+    Without ``"auto"`` among ``ignore``, one walk with its names. With it, a
+    walk refused by an :class:`~keras_precrop.errors.UnsupportedLayerError`
+    whose remedy is ``ignore=[names]`` is made again with those layers kept
+    whole too, until it passes (at most ``_AUTO_ROUNDS`` walks). The user's
+    own names always stay: "auto" only adds.
+
+    Args:
+        model: as for :func:`profile`.
+        ignore: as for :func:`profile`.
+        residual: as for :func:`profile`.
+
+    Returns:
+        ``(graph, names, kept_whole)``: the walk; the names it kept whole, the
+        user's first (what a plan records as ``plan.ignore``, so applying it
+        walks the same); ``{name: why}`` of those "auto" added, each with the
+        refusal's own sentence.
+
+    Raises:
+        UnsupportedLayerError: a refusal that keeping layers whole does not
+            remedy (no ``ignore=``, or only names already kept whole), or one
+            still there after the last walk, as the walk raised it.
+    """
+    names = _graph.ignore_names(ignore)
+    auto = _graph.AUTO in names
+    names, kept_whole = [name for name in names if name != _graph.AUTO], {}
+    for _ in range(_AUTO_ROUNDS if auto else 1):
+        try:
+            return _graph.walk(model, ignore=names, residual=residual), names, kept_whole
+        except UnsupportedLayerError as err:
+            offered = [name for name in err.arguments.get("ignore") or () if name not in names]
+            if not auto or not offered:
+                raise
+            kept_whole.update(_refused_for(err, offered))
+            names, refusal = names + offered, err
+    raise refusal
+
+
+def _refused_for(error, names):
+    """``{name: why}``: the sentence of ``error`` that refuses each of ``names``.
+
+    An error of several refusals (``UnsupportedLayerError.together``) lists
+    each on a line of its own, which names its layer; a single refusal is its
+    sentences before the remedy.
+    """
+    lines = [line[4:] for line in error.template.splitlines() if line.startswith("  - ")]
+    if not lines:
+        return dict.fromkeys(names, _before_remedy(error))
+    named = {name: [line for line in lines if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", line)]
+             for name in names}
+    return {name: found[0] if found else error.template.splitlines()[0] for name, found in named.items()}

@@ -48,12 +48,27 @@ def layer_from_config(layer, config):
     try:
         return type(layer).from_config(config)
     except (TypeError, ValueError) as err:  # a class whose get_config does not re-create it
-        raise UnsupportedModelError(
-            f"Layer {layer.name!r} of class {type(layer).__name__} cannot be re-created from its "
-            f"own config ({type(err).__name__}: {str(err).splitlines()[0][:200]}), and a pruned "
-            "model is built from its layers' configs, the layers kept whole too. Give the class "
-            "a get_config() that its constructor takes (the keras.layers.Layer contract), or keep "
-            "the composite layer around it whole with ignore=[its name].") from err
+        raise _not_recreatable(layer, "be re-created from its own config", err) from err
+
+
+def _config_of(layer):
+    """``layer.get_config()``, or an error naming the layer where the class cannot write it
+    (keras_hub 0.32's Swin ``PatchEmbedding`` raises ``TypeError`` there)."""
+    try:
+        return layer.get_config()
+    except (TypeError, ValueError, NotImplementedError) as err:
+        raise _not_recreatable(layer, "write its own config", err) from err
+
+
+def _not_recreatable(layer, what, err):
+    """The :class:`UnsupportedModelError` of a layer the rebuild cannot re-create: it cannot
+    ``what``, for Keras' reason ``err``."""
+    return UnsupportedModelError(
+        f"Layer {layer.name!r} of class {type(layer).__name__} cannot {what} "
+        f"({type(err).__name__}: {str(err).splitlines()[0][:200]}), and a pruned model is built "
+        "from its layers' configs, the layers kept whole too. Give the class a get_config() that "
+        "its constructor takes (the keras.layers.Layer contract), or keep the composite layer "
+        "around it whole with ignore=[its name].")
 
 
 class _Rebuilder:
@@ -100,7 +115,7 @@ class _Rebuilder:
             new = self._nested(op)
         elif isinstance(op, keras.layers.Layer):
             rec = self.graph.record(op)
-            config = rec.handler.configure(rec, op.get_config(), self.width)
+            config = rec.handler.configure(rec, _config_of(op), self.width)
             if self.timing:
                 config = _timing_initializers(config)
             elif self.seed is not None:

@@ -30,7 +30,12 @@ from collections.abc import Iterable
 
 import keras
 
-from keras_precrop.errors import ArgumentError, UnsupportedLayerError, UnsupportedModelError
+from keras_precrop.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    UnsupportedLayerError,
+    UnsupportedModelError,
+)
 from keras_precrop.graph import handlers
 from keras_precrop.graph import replay as _replay
 from keras_precrop.graph import trace as _trace
@@ -46,12 +51,29 @@ from keras_precrop.graph.channels import (
 # The walk.
 
 
+# ``ignore="auto"`` (alone or among the names): every layer the walk refuses, with the remedy of
+# keeping it whole, is kept whole too (``budget.costs.resolve_ignore`` resolves it into names).
+AUTO = "auto"
+
+
 def ignore_names(ignore):
     """The layer names ``ignore=`` gives, as a list: one string is one name.
 
-    ``ignore="stem"`` means the layer ``stem``, not the letters of its name.
+    ``ignore="stem"`` means the layer ``stem``, not the letters of its name;
+    :data:`AUTO` stays in the list, for the caller that resolves it.
+
+    Raises:
+        ArgumentTypeError: for anything but a string or an iterable of strings
+            (``ignore=3``), named as the user passed it.
     """
-    return [ignore] if isinstance(ignore, str) else list(ignore)
+    names = [ignore] if isinstance(ignore, str) else ignore
+    if isinstance(names, Iterable) and not isinstance(names, (bytes, dict)):
+        names = list(names)
+        if all(isinstance(name, str) for name in names):
+            return names
+    raise ArgumentTypeError("{ignore:subject} must be a layer name, a list of layer names, or "
+                            f"{AUTO!r} (keep whole every layer the walk refuses){{got}}.",
+                            ignore=ignore)
 
 
 def names_of(model, ignore=()):
@@ -200,9 +222,11 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
     fn = traced.functional
     missing = sorted(ignore - set(layer_names(traced)))
     if missing:
+        auto = (f" ({AUTO!r} is resolved by kp.profile, kp.plan, kp.precrop and kp.reconfigure; "
+                "pass the names it resolved to, a plan's plan.ignore, here)" if AUTO in missing else "")
         raise ArgumentError(
             f"{{ignore}} names no layer of model {model.name!r}; layers are "
-            "named as in model.summary() (or `keras-precrop profile`).", ignore=missing)
+            f"named as in model.summary() (or `keras-precrop profile`){auto}.", ignore=missing)
     ignore |= {name for err in refused for name in err.arguments["ignore"]}
     walker = _Walker(WalkContext(residual), ignore, traced, refused)
     for index, t in enumerate(fn.inputs):

@@ -272,7 +272,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
         refine_rounds: refinement rounds (0: none).
         residual: as in :func:`keras_precrop.plan`; with ``ignore``, it
             decides which widths the variants vary.
-        ignore: as in :func:`keras_precrop.plan`.
+        ignore: as in :func:`keras_precrop.plan` (``"auto"`` included: the layers it keeps
+            whole are what the latency model records).
         seed: seed of the random variants.
         verbose: 1 prints progress (which variant is being prepared, timing
             rounds, the fit's error), 0 is silent.
@@ -298,6 +299,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     log = _timing.logger(verbose)
     start = time.perf_counter()
     _timing.input_shape(model)
+    if graph is None:  # ignore="auto" resolved into names, which the latency model records
+        graph, ignore, _ = _costs.resolve_ignore(model, ignore, residual)
     graph = _walk(model, graph, residual, ignore)
     if timer is None:
         _runtimes.check_installed(runtime)  # before building the variants
