@@ -248,3 +248,17 @@ def test_a_latency_rows_blocks_round_channels_not_heads():
     widths[heads] = 3
     params, macs, latency = timed.totals(widths)
     assert latency == pytest.approx(macs) and macs < timed.totals(cm.widths)[1]
+
+
+def test_a_latency_models_prediction_of_a_model_does_not_round_its_heads():
+    """``LatencyModel.predict(model)`` prices the model as the fit did: its heads whole, not
+    rounded up to the block (before: 4 heads priced as 16, the original predicted 2.3x its own
+    time on the CIFAR ViT; here 1.23x). Reference: the fit's prediction of the original
+    (``seconds``)."""
+    model = _attention_model(heads=2, width=32, key_dim=16, tokens=17)
+    timer = lambda models: {k: 1e-8 * kp.profile(m).total_macs + 1e-4  # noqa: E731
+                            for k, m in models.items()}
+    lm = kp.latency_model(model, timer=timer, blocks=(16,), variants=6, rounds=1, refine=(),
+                          verbose=0)
+    assert lm.block == 16
+    assert lm.predict(model) == pytest.approx(lm.seconds, rel=1e-9)

@@ -214,8 +214,8 @@ class LatencyModel(_json.JsonDataclass):
                     f"with as ignore=; it was fitted on model {self.model_name!r}.")
             graph = _graph.walk(x, ignore=self.ignore, residual=self.residual)
             self.check(graph, "predict's model")
-            cm = _costs.CostModel(graph)
-            return float(self._evaluate(self._features(graph), cm.widths, cm.fixed))
+            cm = _costs.CostModel(graph)  # heads and fixed widths are not rounded up to the block
+            return float(self._evaluate(self._features(graph), cm.widths, cm.unrounded))
         widths = getattr(x, "widths", x)
         names = self.template["names"]
         if isinstance(widths, dict):

@@ -221,8 +221,8 @@ def to_onnx(model, path, int8=False):
     transformer's MLP) computes ``erfc``, which ``tf2onnx`` cannot convert
     (tensorflow-onnx #2463): it is converted as ``1 - Erf``. A constant tensor
     a layer keeps (keras_hub ViT's ``position_ids``) is exported as an extra
-    graph input, which every caller would have to feed: it is folded back
-    into the graph as the constant it is. With ``int8``, the export is
+    graph input that no node reads but every caller would have to feed: it
+    is dropped. With ``int8``, the export is
     quantized statically to int8 QDQ (per-channel weights, activation ranges
     calibrated on random normal examples) by ONNX Runtime's quantizer.
     """
@@ -230,49 +230,41 @@ def to_onnx(model, path, int8=False):
     _convert_erfc()
     if not int8:
         model.export(str(path), format="onnx", verbose=False)
-        _fold_captured_inputs(model, str(path))
+        _drop_captured_inputs(model, str(path))
         return path
     with tempfile.TemporaryDirectory() as folder:
         exported = os.path.join(folder, "float.onnx")
         model.export(exported, format="onnx", verbose=False)
-        _fold_captured_inputs(model, exported)
+        _drop_captured_inputs(model, exported)
         _quantize_onnx(model, exported, folder, str(path))
     return path
 
 
-def _fold_captured_inputs(model, path):
-    """Make each graph input of the ONNX file at ``path`` that is not one of ``model``'s inputs
-    (a constant tensor a layer holds, captured by the traced function) an initializer holding
-    that tensor's value, found by shape and dtype among the constants ``model``'s layers hold.
+def _drop_captured_inputs(model, path):
+    """Drop from the ONNX file at ``path`` the graph inputs that are not ``model``'s own and that
+    no node reads: a constant tensor a layer holds (keras_hub ViT's ``position_ids``) captured by
+    the traced function, whose readers tf2onnx folded into constants, yet which every caller
+    would have to feed.
 
     Raises:
-        UnsupportedModelError: an extra input that no constant (or more than one) matches.
+        UnsupportedModelError: such an input that a node does read (its value is not known here).
     """
     import onnx
-    from onnx import helper, numpy_helper
 
     graph = onnx.load(path)
     initialized = {i.name for i in graph.graph.initializer}
     # the traced function's own inputs come first, its captures after them
     extra = [i for i in graph.graph.input if i.name not in initialized][len(model.inputs):]
-    if not extra:
-        return
-    constants = [np.asarray(value) for layer in model._flatten_layers()
-                 for value in vars(layer).values()
-                 if keras.ops.is_tensor(value) and not isinstance(value, keras.Variable)]
-    for graph_input in extra:
-        kind = graph_input.type.tensor_type
-        shape = tuple(d.dim_value for d in kind.shape.dim)
-        dtype = helper.tensor_dtype_to_np_dtype(kind.elem_type)
-        found = [c for c in constants if c.shape == shape and c.dtype == dtype]
-        if len({c.tobytes() for c in found}) != 1:
-            raise UnsupportedModelError(
-                f"Keras' ONNX export of model {model.name!r} has an input {graph_input.name!r} "
-                f"({dtype} {shape}) besides the model's own, and {len(found)} constant tensors "
-                "of its layers match it: it cannot be folded back into the graph.")
-        graph.graph.initializer.append(numpy_helper.from_array(found[0], graph_input.name))
-        graph.graph.input.remove(graph_input)
-    onnx.save(graph, path)
+    read = {name for node in graph.graph.node for name in node.input}
+    if any(i.name in read for i in extra):
+        raise UnsupportedModelError(
+            f"Keras' ONNX export of model {model.name!r} reads inputs besides the model's own: "
+            f"{[i.name for i in extra if i.name in read]} (tensors its layers hold, captured by "
+            "the traced function); ONNX Runtime would need them fed.")
+    if extra:
+        for graph_input in extra:
+            graph.graph.input.remove(graph_input)
+        onnx.save(graph, path)
 
 
 def _convert_erfc():
