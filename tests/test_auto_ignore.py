@@ -248,6 +248,7 @@ def test_swin_with_auto_counts_params_and_refuses_mac_budgets_by_name():
         kp.apply_plan(model, plan)
 
 
+@pytest.mark.slow  # 25 s: two keras_hub backbones traced
 @pytest.mark.parametrize("builder,layer_class", [("_mit", "SegFormerMultiheadAttention"),
                                                  ("_dinov3", "DINOV3Attention")])
 def test_a_kept_whole_layer_keras_hub_cannot_recreate_is_still_refused_by_name(builder, layer_class):

@@ -228,19 +228,22 @@ def test_prune_trained_refuses_an_unmet_latency_plan_before_training(files, late
 
 # -- 5. --ignore on prune-trained ----------------------------------------------------------------------
 
-def test_a_layernorm_model_is_pruned_with_ignore(files, tmp_path):
+def test_a_layernorm_model_is_pruned_with_or_without_ignore(files, tmp_path):
+    """A cut LayerNormalization trains masked over its kept channels (issue 61), so prune-trained
+    cuts it (before: refused, naming --ignore ln1); --ignore ln1 keeps it whole."""
     out = tmp_path / "small.keras"
     argv = ["prune-trained", files["ln.keras"], "--params", "0.5", "--data", files["own.npz"],
             "--epochs", "1", "--batch_size", "64", "--out", str(out)]
-    code, printed, err = _run(argv)
-    assert code == 1 and "--ignore ln1" in err, err  # the error names the flag to give
-    code, printed, err = _run([*argv, "--ignore", "ln1"])
-    assert code == 0, err
-    original, small = keras.models.load_model(files["ln.keras"]), keras.models.load_model(out)
-    expected = kp.apply_plan(original, kp.plan(original, params=0.5, ignore=["ln1"]))
-    assert small.count_params() == expected.count_params() < original.count_params()
-    assert [w.shape for w in small.get_layer("ln1").weights] == [(16,), (16,)]  # kept whole
-    assert small.get_layer("conv2").filters < 16
+    original = keras.models.load_model(files["ln.keras"])
+    for ignore, ln_width in (([], None), (["ln1"], 16)):
+        code, printed, err = _run([*argv, *(["--ignore", *ignore] if ignore else [])])
+        assert code == 0, err
+        small = keras.models.load_model(out)
+        expected = kp.apply_plan(original, kp.plan(original, params=0.5, ignore=ignore))
+        assert small.count_params() == expected.count_params() < original.count_params()
+        width = small.get_layer("ln1").weights[0].shape[0]
+        assert width == ln_width if ln_width else width < 16  # kept whole, or cut
+        assert small.get_layer("conv2").filters < 16
 
 
 # -- 6. --split: a slice of CIFAR-10 --------------------------------------------------------------------
