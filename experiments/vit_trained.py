@@ -129,8 +129,7 @@ def main(argv=None):
     start = time.time()
     result = _teacher.fit(model, train, test, model_dir, args,
                           callbacks=[pruning] if pruning else ())
-    small = finalized(pruning, result, test) if pruning else student
-    _teacher.compile_teacher(small, 1, 1)
+    small = finalized(pruning, result, test) if pruning else student  # compiled either way
     record = {
         "arm": args.arm, "layout": args.layout, "teacher": args.teacher.format(seed=args.seed),
         "budgets": {"flops": args.flops,
