@@ -58,6 +58,7 @@ def run_name(args):
     """The run's directory name: ``vit_cifar-gradual-flops0.5-distill-ep3-s0``."""
     budget = f"flops{args.flops}" if args.flops is not None else pathlib.Path(args.plan).stem
     parts = [args.arm, budget, args.layout if args.layout != "per_block" else None,
+             f"mode{args.mode}" if args.mode != "auto" else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
     return "vit_cifar-" + "-".join(p for p in parts if p)
@@ -73,7 +74,7 @@ def load_teacher(args):
 def plan_of(teacher, args):
     """The plan every per-block arm prunes to (``kp.plan`` of the whole task)."""
     if args.flops is not None:
-        return kp.plan(teacher, flops=args.flops)
+        return kp.plan(teacher, flops=args.flops, mode=args.mode)
     return kp.Plan.from_json(args.plan)
 
 
@@ -85,7 +86,7 @@ def student_of(args, steps):
             raise SystemExit("--arm gradual prunes to a per-block plan: use --layout per_block")
         if args.flops is None:
             raise SystemExit("--layout homogeneous prunes to --flops (a --plan is per block)")
-        small = kp.hub.precrop(teacher, homogeneous=True, flops=args.flops,
+        small = kp.hub.precrop(teacher, homogeneous=True, flops=args.flops, mode=args.mode,
                                weights="keep" if args.arm == "oneshot" else None)
         return small, None, small.precrop_plan
     plan = plan_of(teacher, args)
@@ -134,7 +135,7 @@ def main(argv=None):
         "arm": args.arm, "layout": args.layout, "teacher": args.teacher.format(seed=args.seed),
         "budgets": {"flops": args.flops,
                     "latency": plan.solver.get("latency_calibration", {}).get("target")},
-        "plan": args.plan, "distill": args.distill,
+        "plan": args.plan, "mode": args.mode, "distill": args.distill,
         "alpha": args.alpha, "gradual_epochs": args.gradual_epochs if pruning else None,
         "epochs": args.epochs, "seed": args.seed, "pruned_accuracy": pruned_accuracy,
         "test_accuracy": _teacher.accuracy(small, test), "params": small.count_params(),
@@ -153,6 +154,8 @@ def parse_args(argv=None):
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=float, help="MACs budget, a ratio")
     budget.add_argument("--plan", help="a plan JSON (a calibrated latency plan)")
+    parser.add_argument("--mode", default="auto", help="kp.plan's mode with --flops (uniform: "
+                        "every width at one ratio, the layout Torch-Pruning's uniform pruning takes)")
     parser.add_argument("--teacher", default=TEACHER, help="{seed}: the run's seed")
     parser.add_argument("--distill", action="store_true")
     parser.add_argument("--alpha", type=float, default=0.5, help="the supervised loss' weight")
