@@ -59,6 +59,7 @@ def run_name(args):
     budget = f"flops{args.flops}" if args.flops is not None else pathlib.Path(args.plan).stem
     parts = [args.arm, budget, args.layout if args.layout != "per_block" else None,
              f"mode{args.mode}" if args.mode != "auto" else None,
+             "headdims" if args.attention == "head_dims" else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
     return "vit_cifar-" + "-".join(p for p in parts if p)
@@ -74,7 +75,7 @@ def load_teacher(args):
 def plan_of(teacher, args):
     """The plan every per-block arm prunes to (``kp.plan`` of the whole task)."""
     if args.flops is not None:
-        return kp.plan(teacher, flops=args.flops, mode=args.mode)
+        return kp.plan(teacher, flops=args.flops, mode=args.mode, attention=args.attention)
     return kp.Plan.from_json(args.plan)
 
 
@@ -135,7 +136,7 @@ def main(argv=None):
         "arm": args.arm, "layout": args.layout, "teacher": args.teacher.format(seed=args.seed),
         "budgets": {"flops": args.flops,
                     "latency": plan.solver.get("latency_calibration", {}).get("target")},
-        "plan": args.plan, "mode": args.mode, "distill": args.distill,
+        "plan": args.plan, "mode": args.mode, "attention": args.attention, "distill": args.distill,
         "alpha": args.alpha, "gradual_epochs": args.gradual_epochs if pruning else None,
         "epochs": args.epochs, "seed": args.seed, "pruned_accuracy": pruned_accuracy,
         "test_accuracy": _teacher.accuracy(small, test), "params": small.count_params(),
@@ -156,6 +157,8 @@ def parse_args(argv=None):
     budget.add_argument("--plan", help="a plan JSON (a calibrated latency plan)")
     parser.add_argument("--mode", default="auto", help="kp.plan's mode with --flops (uniform: "
                         "every width at one ratio, the layout Torch-Pruning's uniform pruning takes)")
+    parser.add_argument("--attention", choices=("heads", "head_dims"), default="heads",
+                        help="kp.plan's attention= with --flops: whole heads, or each head's dimension")
     parser.add_argument("--teacher", default=TEACHER, help="{seed}: the run's seed")
     parser.add_argument("--distill", action="store_true")
     parser.add_argument("--alpha", type=float, default=0.5, help="the supervised loss' weight")

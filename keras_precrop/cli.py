@@ -10,8 +10,6 @@ Examples::
     keras-precrop latency resnet20 --batch_size 64 --json resnet20_latency.json
     keras-precrop precrop resnet20 --latency 0.5 --latency_model resnet20_latency.json
     keras-precrop prune-trained trained.keras --latency 0.5 --data cifar10 --epochs 3 --out small.keras
-    keras-precrop prune-trained trained.keras --flops 0.5 --data cifar10 --split "train[:10%]" \
-        --epochs 1 --out try.keras
 
 Errors are one line naming the flag at fault as the user typed it; a flag that
 would do nothing in its command (a budget next to ``--apply``, a timing flag
@@ -20,10 +18,8 @@ where nothing is timed) is such an error rather than silently ignored.
 A model read from a file keeps its trained weights in the model ``--out``
 saves (``--weights keep``, the default there); a zoo model starts fresh.
 
-The parser imports nothing heavy, and ``import keras_precrop`` loads no Keras
-(its names load on first use), so ``--help`` and argument errors answer
-without importing TensorFlow; the command imports Keras once the arguments
-are parsed.
+The parser imports nothing heavy (``import keras_precrop`` loads no Keras), so
+``--help`` and argument errors answer without TensorFlow.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ from keras_precrop.transfer import criteria as _criteria
 # tests/test_cli.py checks them against the library's own (MODES, FLOOR_ON, ...).
 _MODES = ("exact", "layerwise", "paper", "uniform")
 _FLOOR_ON = ("all", "streams")
+_ATTENTION = ("heads", "head_dims")
 _DEFAULT_MODES = ("exact", "layerwise", "uniform")
 _RUNTIMES = kp.latency.RUNTIMES  # the runtime table's names, read without loading Keras
 _AUTO = "auto"  # --ignore auto: the walker's AUTO (keep whole every layer the walk refuses)
@@ -125,13 +122,15 @@ def _model_args(p, default):
 
 
 def _walk_args(p, default):
-    """How the model is walked: the layers that stay fixed and the residual streams' semantics."""
+    """How the model is walked: layers kept fixed, residual semantics, what attention loses."""
     p.add_argument("--ignore", default=default(""),
                    help="comma-separated layers whose channels stay fixed; 'auto' (alone or "
                    "among them) also keeps whole every layer the walk refuses, and the "
                    "profile or plan says which and why")
     p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
                    help="residual-stream semantics (default: prefix)")
+    p.add_argument("--attention", choices=_ATTENTION, default=default("heads"),
+                   help="attention layers lose whole heads (default) or narrow every head")
 
 
 def _timing_args(p, default):
@@ -367,7 +366,7 @@ def _check_against_plan(args, plan):
     """Refuse a plan ``args.command`` does not make, or flags the plan overrides.
 
     ``precrop`` only removes channels, so it refuses a plan that grows a
-    width (a ``reconfigure`` plan). ``--residual`` and ``--ignore`` typed with
+    width (a ``reconfigure`` plan). ``--residual``, ``--attention`` and ``--ignore`` typed with
     ``--apply`` must be the plan's own: ``apply_plan`` walks the model with the
     residual semantics and ignored layers the plan was made with, so other
     values would be ignored.
@@ -383,6 +382,7 @@ def _check_against_plan(args, plan):
     if _AUTO in ignore and set(ignore) - {_AUTO} <= set(plan.ignore):
         ignore = sorted(plan.ignore)  # what 'auto' resolved to when the plan was made
     for keyword, typed, planned in (("residual", args.residual, plan.residual),
+                                    ("attention", args.attention, plan.attention),
                                     ("ignore", ignore, sorted(plan.ignore))):
         if keyword in args.typed and typed != planned:
             made = f"with {_flag(keyword, planned)}" if planned else f"without --{keyword}"
@@ -427,10 +427,10 @@ def _run(args):
 def _run_latency(args, model):
     ignore, graph = _ignore(args), None
     if _AUTO in ignore:  # resolved into names as kp.plan does; the walk handed down
-        prof = kp.profile(model, ignore=ignore, residual=args.residual)
+        prof = kp.profile(model, ignore=ignore, residual=args.residual, attention=args.attention)
         ignore, graph = prof.ignore, prof.graph
     fitted = kp.latency_model(model, **_timing(args), ignore=ignore, residual=args.residual,
-                              graph=graph)
+                              attention=args.attention, graph=graph)
     fitted.summary()
     if args.json:
         fitted.to_json(args.json)
@@ -438,7 +438,7 @@ def _run_latency(args, model):
 
 
 def _run_profile(args, model):
-    prof = kp.profile(model, ignore=_ignore(args), residual=args.residual)
+    prof = kp.profile(model, ignore=_ignore(args), residual=args.residual, attention=args.attention)
     prof.summary(only_costly=not args.all_layers, show_all_hint="--all")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -457,7 +457,7 @@ def _solve_options(args):
     """``kp.plan``'s keyword arguments from the budget flags (``precrop``, ``reconfigure``, ``compare``)."""
     return dict(_budgets(args), round_to=args.round_to,
                 min_channels=args.min_channels, ignore=_ignore(args), residual=args.residual,
-                upper=None if args.command == "reconfigure" else 1.0,
+                attention=args.attention, upper=None if args.command == "reconfigure" else 1.0,
                 latency_model=_latency_model(args), calibrate=args.calibrate)
 
 
@@ -700,7 +700,7 @@ def _prune_plan(args, model):
             raise ValueError(f"--apply {args.apply} grows {len(grown)} width(s) (e.g. {grown[0]['name']} "
                              f"from {grown[0]['width']} to {grown[0]['new']} channels), and "
                              "prune-trained only removes channels.")
-        _check_against_plan(args, the_plan)  # --ignore, --residual typed: the plan's own
+        _check_against_plan(args, the_plan)  # --ignore, --residual, --attention: the plan's own
         try:
             kp.apply_plan(model, the_plan)  # a plan of another model, refused before training
         except kp.PlanMismatchError as err:
@@ -708,7 +708,7 @@ def _prune_plan(args, model):
         return the_plan
     latency_model = _latency_model(args) if args.latency_model else None
     return kp.plan(model, **_budgets(args), latency_model=latency_model, ignore=_ignore(args),
-                   residual=args.residual)
+                   residual=args.residual, attention=args.attention)
 
 
 # The subcommands that plan widths, and their help.
@@ -721,12 +721,12 @@ _TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # fields (``kp.ArgumentError.arguments``); the command line shows these as the
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = (*_kinds.arguments(), "mode", "balance", "floor", "floor_on", "round_to",
-          "min_channels", "ignore", "residual", "latency_model", "calibrate",
+          "min_channels", "ignore", "residual", "attention", "latency_model", "calibrate",
           "weights", "importance", "seed", *_TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
-# them all. (--ignore and --residual are checked against the plan instead.)
-_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "weights", "importance",
-                                                 "seed"))
+# them all. (--ignore, --residual and --attention are checked against the plan instead.)
+_SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "attention", "weights",
+                                                 "importance", "seed"))
 # The command that fits a latency model, as error messages advise it.
 _FIT_LATENCY = "`keras-precrop latency MODEL --json FILE`"
 # Options that name a JSON file the command reads: what it holds, and how to get one.

@@ -162,11 +162,12 @@ def compare(model, params=None, flops=None, *, modes=DEFAULT_MODES, measure=Fals
                             mode=options["mode"])
     subject = Subject(model)  # one walk of the model for every plan and rebuild
     if options.get("latency") is not None or options.get("latency_model") is not None:
-        residual = options.get("residual", "prefix")
-        prof = subject.profile(options.get("ignore", ()), residual, {})  # "auto" resolved
+        rules = {"residual": options.get("residual", "prefix"),
+                 "attention": options.get("attention", "heads")}
+        prof = subject.profile(options.get("ignore", ()), rules["residual"], {},
+                               rules["attention"])  # "auto" resolved
         options["latency_model"] = _latency.resolve(
-            options.get("latency_model"), model, residual=residual, ignore=tuple(prof.ignore),
-            graph=prof.graph)
+            options.get("latency_model"), model, **rules, ignore=tuple(prof.ignore), graph=prof.graph)
         options.setdefault("calibrate", 0)
     plans = {m: plan(subject, params, flops, mode=m, **options) for m in modes}
     auto_plan = plan(subject, params, flops, **options)

@@ -254,7 +254,7 @@ class GradualPruning(keras.callbacks.Callback):
             model = self.pruned
             check_input_shapes(self.plan, model)  # as apply_plan does, before the fit, not after
             self._graph = walk(_at_defined_size(model), ignore=self.plan.ignore,
-                               residual=self.plan.residual)
+                               residual=self.plan.residual, attention=self.plan.attention)
             self._plan = named_for(self.plan, self._graph)  # another instance's plan, by place
             self._targets = planned_widths(self._graph, self._plan, model)
             refuse_widening(self._graph, self._targets)
@@ -685,7 +685,8 @@ def _rebuilt_walk(graph, widths):
     """The walk of ``graph.model`` rebuilt at ``widths``, through which :func:`channel_masks` carries
     each weight's index (the same layers ignored, the same residual rule)."""
     new = rebuild(graph, widths, timing=True)
-    return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual)
+    return walk(new, ignore=[rec.path for rec in graph.layers if rec.ignored], residual=graph.residual,
+                attention=graph.attention)
 
 
 def _lent_norm(rec):
@@ -727,7 +728,8 @@ def _at_open_size(new, model, graph):
     opened = with_inputs(new, input_specs(model))
     opened.set_weights(new.get_weights())
     ignore = [rec.path for rec in graph.layers if rec.ignored]
-    return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual)
+    return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual,
+                        attention=graph.attention)
 
 
 __all__ = ["GradualPruning", "channel_masks", "schedule_fraction", "widths_at"]

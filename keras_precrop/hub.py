@@ -149,6 +149,12 @@ def _homogeneous(model, params, flops, widths, options):
         raise ArgumentError("{seed} cannot seed a keras_hub model made from its config; call "
                             "keras.utils.set_random_seed first, or pass homogeneous=False.",
                             seed=applied["seed"])
+    if options.get("attention", "heads") != "heads":
+        raise ArgumentError(
+            "{attention} narrows each head, and a keras_hub transformer's config derives the head "
+            "size from hidden_dim / num_heads, so the same class cannot say it; pass "
+            "homogeneous=False for a functional model with narrower heads.",
+            attention=options["attention"])
     subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
     graph = subject.profile(options.get("ignore", ()), options.get("residual", "prefix"), {}).graph
     the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)

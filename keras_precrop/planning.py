@@ -46,7 +46,7 @@ __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "p
 def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
          mode="auto", upper=1.0, round_to=1, min_channels=1, ignore=(),
          residual="prefix", latency=None, latency_model=None, balance=None, floor=None,
-         floor_on=None, calibrate=None, tie=None):
+         floor_on=None, calibrate=None, tie=None, attention="heads"):
     """Choose new channel widths for ``model`` under parameter/FLOP budgets.
 
     Args:
@@ -75,6 +75,11 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             ``plan.solver["kept_whole"]`` says why each was kept, and
             ``plan.summary()`` prints it.
         residual: ``"prefix"`` (PreCrop residual rule) or ``"tie"``.
+        attention: what ``MultiHeadAttention`` layers are pruned by:
+            ``"heads"`` (whole heads: ``num_heads`` shrinks) or
+            ``"head_dims"`` (every head stays and narrows: ``key_dim`` and
+            ``value_dim`` shrink, the same in every head, as Torch-Pruning's
+            ``prune_head_dims``).
         latency: time budget as a ratio of the original model's time as
             ``latency_model`` predicts it (e.g. 0.5).
         latency_model: a :class:`~keras_precrop.latency.LatencyModel` fitted
@@ -146,13 +151,13 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     model, macs_arguments = subject.model, {**_kinds.counting_macs(budget_arguments),
                                             "latency_model": latency_model}
     measured = subject.defined(macs_arguments)
-    prof = subject.profile(ignore, residual, macs_arguments)
+    prof = subject.profile(ignore, residual, macs_arguments, attention)
     ignore = prof.ignore  # ignore="auto" resolved into names; prof.kept_whole says why
     given = _counted_budgets(prof, budget_arguments, can_grow, latency_budget is not None)
     cm, timed, lm = prof.cost, {}, None
     if latency_budget is not None or latency_model is not None:
-        lm = _latency.resolve(latency_model, model, residual=residual, ignore=tuple(ignore),
-                              graph=prof.graph, round_to=round_to)  # the plan's walk and grid
+        lm = _latency.resolve(latency_model, model, residual=residual, attention=attention,
+                              ignore=tuple(ignore), graph=prof.graph, round_to=round_to)  # its walk, grid
         named = ({"subject": "{latency_model}", "latency_model": os.fspath(latency_model)}
                  if isinstance(latency_model, (str, os.PathLike)) else {})
         cm = cm.with_rows([lm.cost_row(prof.graph, **named)])
@@ -194,7 +199,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         widths, info, mode = solve_for(budgets)
     if measured is not model:
         info["spatial_probe"] = list(measured.inputs[0].shape[1:])
-    return _make_plan(prof, cm, widths, budgets, mode, residual, list(ignore), {**info, **timed},
+    return _make_plan(prof, cm, widths, budgets, mode, list(ignore), {**info, **timed},
                       [list(shape[1:]) for _, shape in input_specs(model)])
 
 
@@ -270,7 +275,7 @@ def _check_calibrate(calibrate, measured_here, has_latency):
     return calibrate
 
 
-def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_shapes):
+def _make_plan(prof, cm, widths, budgets, mode, ignore, info, input_shapes):
     """The :class:`Plan` record of ``widths``: per-variable and per-layer before/after."""
     widths = np.asarray(widths, dtype=np.float64)
     before = cm.per_layer(cm.widths)
@@ -304,7 +309,7 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_sh
         info["kept_whole"] = prof.kept_whole
     extra = cm.row_names[2:]  # e.g. latency: seconds, not counts
     return Plan(
-        model_name=prof.model_name, mode=mode, residual=residual, ignore=ignore,
+        model_name=prof.model_name, mode=mode, residual=prof.graph.residual, ignore=ignore,
         variables=[{"name": v.name, "kind": v.kind, "width": int(v.width),
                     "new": int(widths[i]), "fixed": bool(v.fixed)}
                    for i, v in enumerate(cm.variables)],
@@ -314,7 +319,7 @@ def _make_plan(prof, cm, widths, budgets, mode, residual, ignore, info, input_sh
         predicted={"params": int(round(total[0])), "macs": int(round(total[1])),
                    **dict(zip(extra, map(float, total[2:])))},
         budgets={row: budgets.get(row) for row in cm.row_names},
-        solver=info, input_shapes=input_shapes,
+        solver=info, input_shapes=input_shapes, attention=prof.graph.attention,
     )
 
 
@@ -397,7 +402,7 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
     defined = subject.defined({})
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
-    graph = subject.profile(plan.ignore, plan.residual, {}).graph
+    graph = subject.profile(plan.ignore, plan.residual, {}, plan.attention).graph
     plan = named_for(plan, graph)
     widths = planned_widths(graph, plan, model)
     _check_seed_use(seed, importance, graph, widths)

@@ -53,6 +53,7 @@ _PLAN_FILE = {
                "latency_calibration?": {"measured": NUMBER, "target": NUMBER, "met": BOOLEAN,
                                         "rounds": [OBJECT]}},
     "input_shapes?": Nullable([[POSITIVE | NULL]]),
+    "attention?": one_of("heads", "head_dims"),
 }
 
 
@@ -79,6 +80,9 @@ class Plan(_json.JsonDataclass):
             axis, as the model was built (``None`` for an open size); a plan
             applies to a model of these shapes. ``None`` in plans written
             before it was recorded (they load too, unchecked).
+        attention: what attention layers were pruned by: ``"heads"`` (whole
+            heads; plans written before the choice existed) or ``"head_dims"``
+            (each head's dimension).
 
     With a latency model, ``original``, ``predicted`` and ``budgets`` also
     hold ``"latency"`` (seconds per batch, as the latency model predicts) and
@@ -101,6 +105,7 @@ class Plan(_json.JsonDataclass):
     budgets: dict
     solver: dict
     input_shapes: list = None
+    attention: str = "heads"
     _SCHEMA = _PLAN_FILE  # what from_json checks: a plan file may have been edited by hand
 
     @property
@@ -170,7 +175,8 @@ class Plan(_json.JsonDataclass):
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
             ))
         auto = ', picked by mode="auto"' if "auto_mode" in self.solver else ""
-        print_fn(f'Plan ({self.mode_label}{auto}, residual={self.residual}): "{self.model_name}"')
+        rules = f"residual={self.residual}" + (", attention=head_dims" * (self.attention == "head_dims"))
+        print_fn(f'Plan ({self.mode_label}{auto}, {rules}): "{self.model_name}"')
         if self.solver.get("floor_at") == "target":  # calibration lowered the budget, not the floor
             held = self.solver.get("floor_binds")
             what = "Residual streams" if self.solver.get("floor_on") == "streams" else "Widths"

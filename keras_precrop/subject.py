@@ -40,7 +40,7 @@ class Subject:
     def __init__(self, model):
         self.model = model
         self._defined = None  # the copy at a defined spatial size, once made
-        self._profile = None  # ({(ignore, residual) it serves}, the profile of the one walk)
+        self._profile = None  # ({(ignore, residual, attention) it serves}, the profile of the walk)
 
     @classmethod
     def of(cls, model):
@@ -66,18 +66,19 @@ class Subject:
             self._defined = with_inputs(self.model, specs)
         return self._defined
 
-    def profile(self, ignore, residual, macs_arguments):
+    def profile(self, ignore, residual, macs_arguments, attention="heads"):
         """The profile of the walk of :meth:`defined` (``profile.graph``), walked once per
-        ``ignore`` and ``residual``.
+        ``ignore``, ``residual`` and ``attention``.
 
         ``ignore="auto"`` is resolved here (:func:`~keras_precrop.budget.costs.resolve_ignore`;
         ``profile.ignore`` holds the names, ``profile.kept_whole`` why), and the walk serves the
         names it resolved to as well: ``apply_plan`` of a plan made with "auto" walks with them.
         """
-        defined, key = self.defined(macs_arguments), (frozenset(ignore_names(ignore)), residual)
+        rules = (residual, attention)
+        defined, key = self.defined(macs_arguments), (frozenset(ignore_names(ignore)), *rules)
         if self._profile is None or key not in self._profile[0]:
-            prof = _costs.profile(defined, ignore=ignore, residual=residual)
-            self._profile = {key, (frozenset(prof.ignore), residual)}, prof
+            prof = _costs.profile(defined, ignore=ignore, residual=residual, attention=attention)
+            self._profile = {key, (frozenset(prof.ignore), *rules)}, prof
         return self._profile[1]
 
 

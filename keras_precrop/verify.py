@@ -61,7 +61,7 @@ def check(new_model, graph, widths, plan):
         and both values, or ``None`` when every layer, and both totals, agree.
     """
     try:
-        rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix")
+        rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix", attention=plan.attention)
         prof = _costs.ModelProfile(rebuilt)
     except (UnsupportedLayerError, UnsupportedModelError) as err:
         return None, f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"

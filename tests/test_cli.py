@@ -459,11 +459,12 @@ def test_a_plan_of_another_model_is_refused_before_anything_is_printed(saved, tm
 def test_the_parser_offers_the_library_s_own_choices():
     from keras_precrop.budget.modes import FLOOR_ON, MODES
     from keras_precrop.comparison import DEFAULT_MODES
+    from keras_precrop.graph.attention import ATTENTION
     from keras_precrop.latency.timing import RUNTIMES
     from keras_precrop.transfer import IMPORTANCE
 
-    assert (set(cli._MODES), cli._FLOOR_ON, cli._DEFAULT_MODES, cli._RUNTIMES) == (
-        set(MODES), FLOOR_ON, DEFAULT_MODES, RUNTIMES)
+    assert (set(cli._MODES), cli._FLOOR_ON, cli._DEFAULT_MODES, cli._RUNTIMES, cli._ATTENTION) == (
+        set(MODES), FLOOR_ON, DEFAULT_MODES, RUNTIMES, ATTENTION)
     assert set(cli._IMPORTANCE) == set(IMPORTANCE) - {"taylor"}
 
 
@@ -604,3 +605,22 @@ def _residual():
     h = keras.layers.Conv2D(8, 3, padding="same", name="a")(keras.layers.ReLU()(stem))
     h = keras.layers.Conv2D(8, 3, padding="same", name="b")(keras.layers.Add(name="add")([stem, h]))
     return keras.Model(x, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+def test_attention_head_dims_from_the_command_line(tmp_path, capsys):
+    """``--attention head_dims`` plans narrower heads; ``--apply`` with another --attention is refused."""
+    from tests.test_attention import _attention_model
+
+    model_path, plan_path = tmp_path / "mha.keras", tmp_path / "plan.json"
+    _attention_model().save(model_path)
+    assert cli.main(["precrop", str(model_path), "--params", "0.6", "--attention", "head_dims",
+                     "--plan", str(plan_path), "--out", str(tmp_path / "small.keras")]) == 0
+    plan = kp.Plan.from_json(plan_path)
+    assert plan.attention == "head_dims"
+    small = keras.models.load_model(tmp_path / "small.keras")
+    assert small.get_layer("b0_mha").num_heads == 4
+    assert small.get_layer("b0_mha").key_dim == plan.widths["b0_mha"] < 6
+    assert "attention=head_dims" in capsys.readouterr().out
+    assert _error_line(["precrop", str(model_path), "--apply", str(plan_path), "--attention",
+                        "heads"], capsys) == (
+        f"--attention heads does not match --apply {plan_path}, a plan made with --attention head_dims.")

@@ -488,7 +488,7 @@ def resolve_budget(kind, values, original, can_grow):
     return budget, (name, value)
 
 
-def profile(model, *, ignore=(), residual="prefix"):
+def profile(model, *, ignore=(), residual="prefix", attention="heads"):
     """Profile a functional Keras model: costs per layer and width variables.
 
     Args:
@@ -501,11 +501,13 @@ def profile(model, *, ignore=(), residual="prefix"):
             the profile's ``ignore`` and ``kept_whole`` say which and why).
         residual: ``"prefix"`` (PreCrop: readers and writers of a residual
             stream get their own widths) or ``"tie"``.
+        attention: ``"heads"`` (attention layers lose whole heads) or
+            ``"head_dims"`` (they keep their heads and narrow each).
 
     Returns:
         A :class:`ModelProfile`.
     """
-    return ModelProfile(*resolve_ignore(model, ignore, residual))
+    return ModelProfile(*resolve_ignore(model, ignore, residual, attention))
 
 
 # Walks of ignore="auto" at most: keeping a layer whole can reveal another refusal (a check that
@@ -513,7 +515,7 @@ def profile(model, *, ignore=(), residual="prefix"):
 _AUTO_ROUNDS = 8
 
 
-def resolve_ignore(model, ignore, residual):
+def resolve_ignore(model, ignore, residual, attention="heads"):
     """The walk of ``model`` with ``ignore``, ``"auto"`` resolved into layer names.
 
     Without ``"auto"`` among ``ignore``, one walk with its names. With it, a
@@ -525,7 +527,7 @@ def resolve_ignore(model, ignore, residual):
     Args:
         model: as for :func:`profile`.
         ignore: as for :func:`profile`.
-        residual: as for :func:`profile`.
+        residual, attention: as for :func:`profile`.
 
     Returns:
         ``(graph, names, kept_whole)``: the walk; the names it kept whole, the
@@ -543,7 +545,8 @@ def resolve_ignore(model, ignore, residual):
     names, kept_whole = [name for name in names if name != _graph.AUTO], {}
     for _ in range(_AUTO_ROUNDS if auto else 1):
         try:
-            return _graph.walk(model, ignore=names, residual=residual), names, kept_whole
+            graph = _graph.walk(model, ignore=names, residual=residual, attention=attention)
+            return graph, names, kept_whole
         except UnsupportedLayerError as err:
             offered = [name for name in err.arguments.get("ignore") or () if name not in names]
             if not auto or not offered:

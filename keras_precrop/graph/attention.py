@@ -15,6 +15,17 @@ never through a narrower view: the output keeps the query's channels (it
 is added back into the query's stream), and only a layer's first input
 could be sliced. Attention masks are read whole.
 
+Under ``attention="head_dims"`` (a walk option) the unit is instead one
+index of the per-head dimension: the layer keeps all its heads, and index
+``i`` of every head's query, key and value slices and the output
+projection's rows that read them go or stay together, the same indices in
+every head, so the rebuilt layer is a ``MultiHeadAttention`` with a smaller
+``key_dim`` (= ``value_dim``). This is the layout Torch-Pruning's
+``prune_head_dims`` gives; keeping the heads keeps every attention pattern
+and narrows each. It needs ``value_dim == key_dim`` (query/key and
+value/output then share one width); a layer with another ``value_dim`` is
+refused by name.
+
 MACs are those of every projection plus the two attention products
 (``QK^T`` and ``AV``: tokens of query x tokens of key x heads x head
 dimension each, per independent attention group when ``attention_axes``
@@ -33,6 +44,8 @@ from keras_precrop.graph.channels import Part, channels_width
 from keras_precrop.graph.handler_base import Handler
 
 _PROJECTIONS = ("query", "key", "value")
+# What an attention layer prunes (the walk's ``attention=``): whole heads, or each head's dimension.
+ATTENTION = ("heads", "head_dims")
 
 
 def tensor_arguments(layer, node):
@@ -56,9 +69,9 @@ def tensor_arguments(layer, node):
 class MultiHeadAttention(Handler):
     """``keras.layers.MultiHeadAttention`` (and subclasses): heads as units, exact costs.
 
-    The rebuilt layer's config says the new ``num_heads`` (and the new
-    ``output_shape`` where it was set), so it saves and loads as is. Per-head
-    dimensions (``key_dim``, ``value_dim``) stay as they are.
+    The rebuilt layer's config says the new ``num_heads`` (or, under
+    ``attention="head_dims"``, the new ``key_dim`` and ``value_dim``) and the
+    new ``output_shape`` where it was set, so it saves and loads as is.
     """
 
     def walk(self, ctx, rec, node, ins):
@@ -68,12 +81,10 @@ class MultiHeadAttention(Handler):
         key = ins[places.get("key", places["value"])]
         for i in places["other"]:  # masks: their last axis is key positions, read whole
             ctx.fix(ins[i])
-        heads = ctx.new_output(rec, layer.num_heads, kind="heads")[0]
-        k_dim, v_dim = layer.key_dim, layer.value_dim or layer.key_dim
+        per_k, per_v, unit, per_pair = _units(ctx, rec, layer)
         q_shape, v_shape = node.arguments.keras_tensors[places["query"]].shape, \
             node.arguments.keras_tensors[places["value"]].shape
         q_tokens, kv_tokens = math.prod(q_shape[1:-1]), math.prod(v_shape[1:-1])
-        per_k, per_v = (Part(heads.segment, k_dim),), (Part(heads.segment, v_dim),)
         whole = {"bias": layer.use_bias, "view": False}  # streams read whole: see the docstring
         ctx.add_kernel(rec, query, per_k, params=1, macs=q_tokens, **whole)
         ctx.add_kernel(rec, key, per_k, params=1, macs=kv_tokens, **whole)
@@ -81,7 +92,7 @@ class MultiHeadAttention(Handler):
         if getattr(layer, "_use_gate", False):
             ctx.add_kernel(rec, query, per_v, params=1, macs=q_tokens, **whole)
         pairs = _attention_pairs(layer, q_shape, v_shape, rec.path)
-        ctx.add_term(rec, 0, pairs * (k_dim + v_dim), heads)
+        ctx.add_term(rec, 0, pairs * per_pair, unit)
         out = query if _output_width(layer) is None else _new_output_channels(ctx, rec, layer)
         ctx.add_kernel(rec, per_v, out, params=1, macs=q_tokens, bias=layer.use_bias)
         outs = [out]
@@ -90,7 +101,10 @@ class MultiHeadAttention(Handler):
         return outs
 
     def configure(self, rec, config, width):
-        config["num_heads"] = width(rec.out_segment)
+        if rec.out_kind == "head_dims":
+            config["key_dim"] = config["value_dim"] = width(rec.out_segment)
+        else:
+            config["num_heads"] = width(rec.out_segment)
         if _output_width(rec.layer) is not None:
             new = channels_width(rec.outputs[0][0], width)
             shape = config["output_shape"]
@@ -102,23 +116,61 @@ class MultiHeadAttention(Handler):
 
         A projection's kernel is ``(channels in, heads, per-head dim)``, its
         bias ``(heads, per-head dim)``; the output projection's kernel is
-        ``(heads, value_dim, channels out)``.
+        ``(heads, value_dim, channels out)``. Under ``attention="head_dims"``
+        the units are along the per-head dimension, the same in every head.
         """
         layer, places = rec.layer, _places(rec.layer, node, rec.path)
+        unit = 2 if rec.out_kind == "head_dims" else 1  # a projection's dim axis / head axis
         reads = {"query": _in_role(places["query"]), "key": _in_role(places.get("key", places["value"])),
                  "value": _in_role(places["value"]), "gate": _in_role(places["query"])}
         roles = {}
         for name in (*_PROJECTIONS, "gate"):
             dense = getattr(layer, f"_{name}_dense", None)
             if dense is not None:
-                roles[id(dense.kernel)] = {0: reads[name], 1: "unit"}
+                roles[id(dense.kernel)] = {0: reads[name], unit: "unit"}
                 if dense.bias is not None:
-                    roles[id(dense.bias)] = {0: "unit"}
+                    roles[id(dense.bias)] = {unit - 1: "unit"}
         out = layer._output_dense
-        roles[id(out.kernel)] = {0: "unit_in", out.kernel.ndim - 1: "out"}
+        roles[id(out.kernel)] = {unit - 1: "unit_in", out.kernel.ndim - 1: "out"}
         if out.bias is not None:
             roles[id(out.bias)] = {-1: "out"}
         return [roles.get(id(w), {}) for w in layer.weights]
+
+
+    def carried_value(self, rec, new_layer, weight, value):
+        """The query projection's carried kernel and bias, rescaled where ``key_dim`` changed.
+
+        The layer scales queries by ``1/sqrt(key_dim)``: with fewer dimensions
+        per head a rebuilt layer would sharpen every attention pattern. The
+        kept query weights are scaled by ``sqrt(new / old key_dim)`` so the
+        rebuilt layer computes what the original does on the kept dimensions
+        (and what a masked model does while :class:`GradualPruning` runs).
+        """
+        if rec.out_kind != "head_dims" or all(weight is not w for w in rec.layer._query_dense.weights):
+            return value
+        factor = math.sqrt(new_layer.key_dim / rec.layer.key_dim)
+        return (value * factor).astype(value.dtype)
+
+
+def _units(ctx, rec, layer):
+    """The units ``layer`` is pruned by (the walk's ``attention=``), and what each costs.
+
+    Returns:
+        ``(query/key channels, value/output channels, the units, the attention
+        products' MACs per unit and (query, key) pair)``.
+    """
+    heads, k_dim, v_dim = layer.num_heads, layer.key_dim, layer.value_dim or layer.key_dim
+    if ctx.attention == "head_dims":
+        if v_dim != k_dim:
+            raise UnsupportedLayerError(
+                f"{rec.path}: attention='head_dims' narrows key_dim and value_dim together, but "
+                f"this {type(layer).__name__} has key_dim={k_dim} and value_dim={v_dim}. Prune its "
+                "whole heads (attention='heads') or keep it whole with {ignore}.", ignore=[layer.name])
+        dims = ctx.new_output(rec, k_dim, kind="head_dims")[0]
+        per = (Part(dims.segment, heads),)
+        return per, per, dims, 2 * heads
+    unit = ctx.new_output(rec, heads, kind="heads")[0]
+    return (Part(unit.segment, k_dim),), (Part(unit.segment, v_dim),), unit, k_dim + v_dim
 
 
 def _new_output_channels(ctx, rec, layer):

@@ -86,6 +86,7 @@ class LayerRecord:
     terms: list = dataclasses.field(default_factory=list)
     objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
     out_segment: int | None = None  # the segment the layer creates (new_output)
+    out_kind: str = "channels"  # what out_segment counts (see _Segment.kind)
     read_segments: list = dataclasses.field(default_factory=list)  # inputs of its kernels
     macs_unknown: bool = False  # an opaque layer whose MACs the backend cannot count
 
@@ -100,7 +101,9 @@ class _Segment:
     name: str
     depth: int
     fixed: bool = False
-    kind: str = "channels"  # what its width counts: "channels", or "heads" (attention heads)
+    # What its width counts: "channels"; "heads" (attention heads, whole units); "head_dims" (the
+    # dimension of every head of an attention layer, rounded as channels are).
+    kind: str = "channels"
 
 
 class WalkContext:
@@ -112,8 +115,9 @@ class WalkContext:
     ``segments``/``find``; the attributes behind them belong to the walker.
     """
 
-    def __init__(self, residual):
+    def __init__(self, residual, attention="heads"):
         self.residual = residual
+        self.attention = attention  # what attention layers prune: "heads" or "head_dims"
         self.segments: list[_Segment] = []
         self._parent: list[int] = []
         self.merges: list[tuple[int, list[int], str]] = []  # (out, ins, where)
@@ -242,11 +246,12 @@ class WalkContext:
         calls (a shared layer has one set of weights); it is
         ``rec.out_segment``, the segment ``Handler.configure`` rewrites.
         ``kind="heads"`` counts attention heads (``attention.py``): whole
-        units that ``round_to`` and ``min_channels`` do not apply to.
+        units that ``round_to`` and ``min_channels`` do not apply to;
+        ``kind="head_dims"`` the per-head dimension of an attention layer.
         """
         if rec.out_segment is None:
             rec.out_segment = self.new_segment(width, rec.path)
-            self.segments[rec.out_segment].kind = kind
+            self.segments[rec.out_segment].kind = rec.out_kind = kind
         return (Part(rec.out_segment),)
 
     def add_term(self, rec, params, macs, a=None, b=None):

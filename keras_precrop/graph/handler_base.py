@@ -207,6 +207,14 @@ class Handler:
         """
         return None
 
+    def carried_value(self, rec, new_layer, weight, value):
+        """The value ``weights="keep"`` gives ``new_layer``'s counterpart of ``weight``, from
+        ``value``, ``weight``'s kept slices (see :meth:`channel_axes`): as is by default. A layer
+        whose computation depends on a width it is configured with (attention's ``1/sqrt(key_dim)``)
+        rescales here so the rebuilt layer computes what the original does on what it keeps.
+        """
+        return value
+
     def channel_map(self, rec, node):
         """Which input channel each output channel of a call comes from.
 

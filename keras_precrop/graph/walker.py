@@ -39,6 +39,7 @@ from keras_precrop.errors import (
 from keras_precrop.graph import handlers
 from keras_precrop.graph import replay as _replay
 from keras_precrop.graph import trace as _trace
+from keras_precrop.graph.attention import ATTENTION
 from keras_precrop.graph.channels import (
     Channels,
     LayerRecord,
@@ -119,6 +120,8 @@ class ModelGraph:
     Attributes:
         model: the walked model.
         residual: the residual mode the width variables were resolved under.
+        attention: what attention layers were walked to prune (``"heads"``
+            or ``"head_dims"``).
         tensor_channels: ``id(KerasTensor) -> Channels`` for every tensor,
             those of nested models included (a tensor key is such an id).
         calls: every :class:`LayerCall`, in topological order.
@@ -135,6 +138,7 @@ class ModelGraph:
         self.traced = walker.traced
         self.functional = fn = walker.traced.functional
         self.residual = walker.ctx.residual
+        self.attention = walker.ctx.attention
         self.tensor_channels = walker.tensors
         self.calls = walker.calls
         self.inputs = [walker.key(t) for t in fn.inputs]
@@ -202,7 +206,7 @@ class ModelGraph:
         return width_of(self._ctx, channels)
 
 
-def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
+def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attention: str = "heads"):
     """Walk ``model`` into a :class:`ModelGraph`.
 
     Args:
@@ -213,9 +217,16 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             class is treated as an opaque block.
         residual: ``"prefix"`` (each reader/writer of a residual stream gets
             its own width) or ``"tie"`` (the whole stream shares one width).
+        attention: ``"heads"`` (an attention layer loses or keeps whole
+            heads) or ``"head_dims"`` (it keeps every head and narrows each
+            head's dimension, the same in every head; see
+            :mod:`keras_precrop.graph.attention`).
     """
     if residual not in ("prefix", "tie"):
         raise ArgumentError("{residual} must be 'prefix' or 'tie'.", residual=residual)
+    if attention not in ATTENTION:
+        raise ArgumentError(f"{{attention}} must be one of {', '.join(map(repr, ATTENTION))}.",
+                            attention=attention)
     ignore = set(ignore_names(ignore))
     refused = []  # every unsupported layer, named at once (see UnsupportedLayerError.together)
     traced = _trace.traced(model, ignore, refused)  # the one trace of this walk; the graph holds it
@@ -228,7 +239,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix"):
             f"{{ignore}} names no layer of model {model.name!r}; layers are "
             f"named as in model.summary() (or `keras-precrop profile`){auto}.", ignore=missing)
     ignore |= {name for err in refused for name in err.arguments["ignore"]}
-    walker = _Walker(WalkContext(residual), ignore, traced, refused)
+    walker = _Walker(WalkContext(residual, attention), ignore, traced, refused)
     for index, t in enumerate(fn.inputs):
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):

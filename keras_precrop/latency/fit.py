@@ -214,7 +214,7 @@ def _checked_times(seconds, labels):
 def latency_model(model, batch_size=32, runtime="tf", training=False, *, variants=20, rounds=5,
                   holdout=0.25, blocks=(1, 8, 16), scale_range=(0.25, 1.0),
                   refine=(0.3, 0.5, 0.7), refine_rounds=2, residual="prefix", ignore=(), seed=0,
-                  verbose=1, timer=None, planner=None, graph=None, round_to=1):
+                  verbose=1, timer=None, planner=None, graph=None, round_to=1, attention="heads"):
     """Measure how long ``model`` and width-scaled copies of it take; fit a latency model.
 
     Builds ``variants`` copies of the model with other channel widths (the
@@ -290,6 +290,8 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
             plans is a multiple of this, as the plan's ``round_to=`` makes them
             (``kp.plan`` hands its own down): a runtime whose kernels need
             channel multiples is then fitted on the widths its plans take.
+        attention: as in :func:`keras_precrop.plan` (what attention layers'
+            widths count: whole heads, or each head's dimension).
 
     Returns:
         A :class:`LatencyModel`.
@@ -300,15 +302,15 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     start = time.perf_counter()
     _timing.input_shape(model)
     if graph is None:  # ignore="auto" resolved into names, which the latency model records
-        graph, ignore, _ = _costs.resolve_ignore(model, ignore, residual)
-    graph = _walk(model, graph, residual, ignore)
+        graph, ignore, _ = _costs.resolve_ignore(model, ignore, residual, attention)
+    graph = _walk(model, graph, (residual, attention), ignore)
     if timer is None:
         _runtimes.check_installed(runtime)  # before building the variants
     device = None if timer else _timing.device_of(runtime)
     measure = timer or _timing.timer_of(batch_size, runtime, training, rounds, log, device)
     fitter = _Fitter(model, graph, measure, blocks, log,
                      dict(batch_size=int(batch_size), runtime=_timing.runtime_of(runtime).name,
-                          training=bool(training), residual=residual,
+                          training=bool(training), residual=residual, attention=attention,
                           ignore=_graph.ignore_names(ignore), round_to=int(round_to),
                           **_timed_on(model, device)))
     fitter.time_variants(variants, scale_range, seed, holdout)
@@ -326,21 +328,22 @@ def latency_model(model, batch_size=32, runtime="tf", training=False, *, variant
     return result
 
 
-def _walk(model, graph, residual, ignore):
-    """The walk of ``model`` under ``residual`` and ``ignore``: ``graph``, the caller's, once it
-    is seen to be one; None: a walk made here.
+def _walk(model, graph, rules, ignore):
+    """The walk of ``model`` under ``rules`` (``(residual, attention)``) and ``ignore``:
+    ``graph``, the caller's, once it is seen to be one; None: a walk made here.
 
     Raises:
         ArgumentError: for a walk of another model, or under other settings.
     """
-    ignore = _graph.ignore_names(ignore)
+    ignore, (residual, attention) = _graph.ignore_names(ignore), rules
     if graph is None:
-        return _graph.walk(model, ignore=ignore, residual=residual)
+        return _graph.walk(model, ignore=ignore, residual=residual, attention=attention)
     fixed = {n for r in graph.layers if r.ignored for n in (r.path, graph.traced.name(r.layer))}
-    if graph.model is not model or graph.residual != residual or not set(ignore) <= fixed:
+    if graph.model is not model or (graph.residual, graph.attention) != rules or not set(ignore) <= fixed:
         raise ArgumentError(f"{{graph:=}} is a walk of model {graph.model.name!r} with residual="
-                            f"{graph.residual!r}, not of model {model.name!r} with residual="
-                            f"{residual!r} and ignore={ignore!r}; pass graph=None to walk it here.")
+                            f"{graph.residual!r}, attention={graph.attention!r}, not of model "
+                            f"{model.name!r} with residual={residual!r}, attention={attention!r} "
+                            f"and ignore={ignore!r}; pass graph=None to walk it here.")
     return graph
 
 
@@ -507,7 +510,8 @@ def resolve(latency_model_arg, model, argument="latency_model", graph=None, **de
                                 remedy=FIT_REMEDY, **{argument: path}) from None
     if latency_model_arg is None or isinstance(latency_model_arg, dict):
         options = {**defaults, **(latency_model_arg or {})}
-        if graph is not None and all(options.get(k) == defaults.get(k) for k in ("residual", "ignore")):
+        if graph is not None and all(options.get(k) == defaults.get(k)
+                                     for k in ("residual", "attention", "ignore")):
             options.setdefault("graph", graph)
         return latency_model(model, **options)
     raise TypeError(f"{argument} must be a LatencyModel, a JSON file path, a dict of "

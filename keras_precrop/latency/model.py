@@ -65,6 +65,8 @@ class LatencyModel(_json.JsonDataclass):
             is ``"tf"``, ``"jax"`` or ``"torch"``; files written before that
             say ``"tf"`` under every backend, and still load and plan).
         residual, ignore: width variables the variants varied.
+        attention: what the attention layers' width variables count
+            (``"heads"``, files written before the choice; or ``"head_dims"``).
         block: the features' rounded copies (columns ``<feature>@<block>``)
             round free widths up to multiples of this (1: no copies).
         ridge: the fit's ridge penalty (chosen by cross-validation).
@@ -117,6 +119,7 @@ class LatencyModel(_json.JsonDataclass):
     device_name: str | None = None
     precision: str | None = None
     round_to: int = 1
+    attention: str = "heads"
     format: int = _FORMAT
 
     @property
@@ -152,6 +155,11 @@ class LatencyModel(_json.JsonDataclass):
             **argument: the argument a ``{...}`` subject names, with its value.
         """
         found = signature(graph)
+        if graph.attention != self.attention:
+            raise LatencyModelMismatchError(
+                f"{subject} was fitted with attention={self.attention!r} (what its attention widths "
+                f"count), not attention={graph.attention!r}; fit one with the plan's attention= "
+                "with {remedy}.", remedy=FIT_REMEDY, **argument)
         if found != self.signature:
             raise LatencyModelMismatchError(
                 f"{subject} was fitted on model {self.model_name!r} (layer signature "
@@ -212,7 +220,7 @@ class LatencyModel(_json.JsonDataclass):
                     f"predict's model {x.name!r} lacks the layers "
                     f"{sorted(set(self.ignore) - known)[:5]} this latency model was fitted "
                     f"with as ignore=; it was fitted on model {self.model_name!r}.")
-            graph = _graph.walk(x, ignore=self.ignore, residual=self.residual)
+            graph = _graph.walk(x, ignore=self.ignore, residual=self.residual, attention=self.attention)
             self.check(graph, "predict's model")
             cm = _costs.CostModel(graph)  # heads and fixed widths are not rounded up to the block
             return float(self._evaluate(self._features(graph), cm.widths, cm.unrounded))

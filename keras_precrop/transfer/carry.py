@@ -219,7 +219,8 @@ def _carried_layer(old, new_layer, values, selections):
     width = input_shape(old.node)[-1]
     axes = rec.handler.channel_axes(rec, old.node)
     for w, new_w, roles in zip(rec.layer.weights, new_layer.weights, axes, strict=True):
-        carried = _sliced(values[id(w)], new_w, roles, selections, width)
+        carried = rec.handler.carried_value(
+            rec, new_layer, w, _sliced(values[id(w)], new_w, roles, selections, width))
         if carried.shape != tuple(new_w.shape):
             raise UnsupportedLayerError(
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
