@@ -138,9 +138,7 @@ class CostModel:
         self.n_layers = len(graph.layers)
         self.widths = np.array([v.width for v in self.variables], dtype=np.float64)
         self.fixed = np.array([v.fixed for v in self.variables], dtype=bool)
-        self.bound = np.array(
-            [-1 if v.bound is None else v.bound for v in self.variables], dtype=np.int64
-        )
+        self.bound = _live_bounds(self.variables, self.fixed)
         self.rows = ()
 
     def with_rows(self, rows):
@@ -213,6 +211,15 @@ class CostModel:
         pairs = pairs[~self.fixed[pairs].any(axis=1)]
         return np.unique(np.sort(pairs, axis=1), axis=0).reshape(-1, 2)
 
+    def held_widths(self):
+        """(V,) the narrowest width each variable may take for the fixed ones bound to it, 0 where
+        none: a residual stream is never narrower than a layer kept whole that writes into it
+        (or reads it), whose width cannot follow the stream down."""
+        held = np.zeros(len(self.widths))
+        kept = np.flatnonzero(self.fixed & (self.bound >= 0))
+        np.maximum.at(held, self.bound[kept], self.widths[kept])
+        return held
+
     def width_problem(self, min_widths, upper, balance=None):
         """The solver's program over the free variables.
 
@@ -237,16 +244,14 @@ class CostModel:
         const_rows = np.all(term_vars < 0, axis=1)
         keep = np.isin(self.obj_var, free)
         log_upper = np.full(len(free), np.inf if upper is None else math.log(upper))
-        lower = np.log(np.asarray(min_widths, dtype=np.float64)[free] / self.widths[free])
+        least = np.maximum(np.asarray(min_widths, dtype=np.float64), self.held_widths())
+        lower = np.log(least[free] / self.widths[free])
         leq = []
         for v, b in enumerate(self.bound):
-            if b < 0 or (self.fixed[v] and self.fixed[b]):
+            if b < 0 or self.fixed[v]:  # a fixed writer's bound is held_widths'
                 continue
-            ratio = math.log(self.widths[b] / self.widths[v])
             if self.fixed[b]:  # a free view of a fixed stream
-                log_upper[index[v]] = min(log_upper[index[v]], ratio)
-            elif self.fixed[v]:  # a fixed writer into a free stream
-                lower[index[b]] = max(lower[index[b]], -ratio)
+                log_upper[index[v]] = min(log_upper[index[v]], math.log(self.widths[b] / self.widths[v]))
             else:
                 leq.append((index[v], index[b]))
         offset = [0.0] * len(leq)
@@ -290,6 +295,20 @@ class CostModel:
         np.add.at(logs, self.obj_layer,
                   self.obj_weight * np.log(w[self.obj_var] / self.widths[self.obj_var]))
         return np.exp(logs)
+
+
+def _live_bounds(variables, fixed):
+    """(V,) the variable each one may never be wider than (``-1``: none), as the cost model keeps it.
+
+    A bound between two fixed widths constrains nothing and is dropped: the walk lets one stand
+    even between different units of channels (a kept-whole residual add onto a piece of an
+    unequal split: the piece counts two units of its stream, the writer's 16 channels sixteen),
+    where clipping one fixed width to the other, as the integer grid clips views and writers to
+    their streams, would silently narrow a layer that must stay whole.
+    """
+    bound = np.array([-1 if v.bound is None else v.bound for v in variables], dtype=np.int64)
+    both = (bound >= 0) & fixed & fixed[np.maximum(bound, 0)]
+    return np.where(both, -1, bound)
 
 
 class ModelProfile:

@@ -63,7 +63,8 @@ class WidthGrid:
         self.step = np.where(cm.fixed, 0, step)
         c = cm.widths
         base = np.ceil(np.where(heads, 1, max(round_to, min_channels)) / step) * step
-        self.lo = np.where(cm.fixed, c, np.minimum(c, base))
+        held = np.ceil(cm.held_widths() / step) * step  # a stream holds its kept-whole writers
+        self.lo = np.where(cm.fixed, c, np.minimum(c, np.maximum(base, held)))
         cap = np.inf if upper is None else upper
         hi = np.maximum(np.floor(c * cap / step) * step, self.lo)
         if cap >= 1:  # the original width is always allowed

@@ -70,8 +70,8 @@ def tied(cm, classes):
             index[v], scale[v] = k, cm.variables[v].width / unit
         variables.append(_merged([cm.variables[v] for v in members], unit))
     for k, members in enumerate(groups):  # bounds between whole classes only
-        bound = cm.variables[members[0]].bound
-        variables[k] = dataclasses.replace(variables[k], bound=None if bound is None else
+        bound = cm.bound[members[0]]  # the cost model's: none between two fixed widths
+        variables[k] = dataclasses.replace(variables[k], bound=None if bound < 0 else
                                            int(index[bound]))
     reduced = copy.copy(cm)
     reduced.variables = variables

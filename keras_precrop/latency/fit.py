@@ -97,8 +97,8 @@ def _variant_widths(cm, count, scale_range, seed, round_to=1):
     step = np.where(cm.unrounded, 1, round_to)  # heads step by one head (and fixed widths stay)
     scaled = np.round(np.array(factors) * cm.widths / step) * step
     widths = np.where(cm.fixed, cm.widths, np.minimum(cm.widths, np.maximum(step, scaled)))
-    widths = np.maximum(1, widths)
-    bound = np.where(cm.bound >= 0, cm.bound, np.arange(len(cm.bound)))
+    widths = np.maximum(np.maximum(1, widths), np.where(cm.fixed, 0, cm.held_widths()))
+    bound = np.where(cm.bound >= 0, cm.bound, np.arange(len(cm.bound)))  # kept-whole writers held
     for _ in range(len(bound)):  # a bound may itself be bounded
         widths = np.minimum(widths, widths[:, bound])
     return labels, widths
