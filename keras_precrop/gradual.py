@@ -95,7 +95,7 @@ from keras_precrop.transfer.criteria import Names
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
 from keras_precrop.transfer.selection import select
-from keras_precrop.transfer.taylor import taylor_gradients
+from keras_precrop.transfer.taylor import data_batches
 from keras_precrop.verify import build_checked
 
 IMPORTANCE = Names("kp.GradualPruning")  # the rankings of the table that can rank during fit
@@ -126,7 +126,7 @@ def widths_at(variables, targets, fraction):
         width = v.width - fraction * (v.width - target)
         out.append(int(min(v.width, max(target, math.ceil(width / v.multiple - 1e-9) * v.multiple))))
     for i, v in enumerate(variables):
-        if v.bound is not None:
+        if v.bound is not None and not v.fixed:  # a fixed width (a layer kept whole) stays
             out[i] = min(out[i], out[v.bound])
     return out
 
@@ -401,7 +401,7 @@ class GradualPruning(keras.callbacks.Callback):
             return
         self._fraction = fraction
         self._widths = widths_at(self._graph.variables, self._targets, fraction)
-        ranking = (self._ranking, taylor_gradients(self.pruned, self._data)
+        ranking = (self._ranking, data_batches(self.pruned, self._data)
                    if self._ranking.needs == "data" and (fraction > 0 or fading) else None)
         self._masks, self._selection, keeps = ([], None, {}) if fraction == 0 else _masked(
             self._graph, self._widths, ranking, self._rebuilt(self._widths), self._kept(),
@@ -594,9 +594,9 @@ def channel_masks(graph, widths, importance="l1", rebuilt=None, kept=None):
         graph: the walk of the model to mask.
         widths: the widths to cut it to, one per width variable.
         importance: a ranking that needs no data, by name (:data:`IMPORTANCE`)
-            or itself, or ``(ranking, gradients)`` for one that does
-            (``"taylor"``): the loss gradients per batch
-            (``transfer.taylor.taylor_gradients``); a pair
+            or itself, or ``(ranking, batches)`` for one that does
+            (``"taylor"``, ``"activation"``): the batches of ``data=`` on the
+            model (``transfer.taylor.data_batches``); a pair
             ``(ranking, None)`` is the ranking alone.
         rebuilt: :func:`_rebuilt_walk` of ``graph`` at ``widths``, made
             once by a caller that masks at the same widths again (building
