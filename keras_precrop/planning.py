@@ -37,7 +37,7 @@ from keras_precrop.graph.walker import ignore_names
 from keras_precrop.plans import Plan, check_input_shapes, named_for, plan_argument, planned_widths
 from keras_precrop.subject import Subject, with_inputs
 from keras_precrop.training._user_data import check_data
-from keras_precrop.transfer.taylor import taylor_gradients
+from keras_precrop.transfer.taylor import data_batches
 from keras_precrop.verify import build_checked
 
 __all__ = ["Plan", "PlanMismatchError", "RebuildMismatchError", "apply_plan", "plan", "precrop",
@@ -408,7 +408,7 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
     _check_seed_use(seed, importance, graph, widths)
     new, rebuilt = build_checked(graph, widths, plan, seed, build)
     if importance:
-        gradients = taylor_gradients(model, data, defined) if importance.needs == "data" else None
+        gradients = data_batches(model, data, defined) if importance.needs == "data" else None
         _transfer.carry_weights(graph, new, widths, importance, gradients,
                                 random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size

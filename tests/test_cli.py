@@ -465,7 +465,7 @@ def test_the_parser_offers_the_library_s_own_choices():
 
     assert (set(cli._MODES), cli._FLOOR_ON, cli._DEFAULT_MODES, cli._RUNTIMES, cli._ATTENTION) == (
         set(MODES), FLOOR_ON, DEFAULT_MODES, RUNTIMES, ATTENTION)
-    assert set(cli._IMPORTANCE) == set(IMPORTANCE) - {"taylor"}
+    assert set(cli._IMPORTANCE) == set(IMPORTANCE) - {"taylor", "activation"}
 
 
 @pytest.mark.parametrize("argv,match", [

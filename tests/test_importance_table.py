@@ -148,7 +148,7 @@ def test_the_command_line_offers_and_uses_a_registered_ranking(tmp_path, capsys)
 
 def test_unknown_names_are_refused_with_the_table_listed(capsys):
     model = _model()
-    table = r"\['l1', 'l2', 'taylor', 'bn_scale', 'random', 'linf'\]"
+    table = r"\['l1', 'l2', 'taylor', 'activation', 'bn_scale', 'random', 'linf'\]"
     with pytest.raises(kp.ArgumentError, match=rf"importance='nope' is unknown; use one of {table}"):
         kp.precrop(model, params=0.5, weights="keep", importance="nope")
     with pytest.raises(kp.ArgumentError, match=rf"importance='nope' is unknown; use one of {table}"):

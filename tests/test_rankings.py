@@ -17,7 +17,7 @@ import pytest
 import keras_precrop as kp
 from keras_precrop import gradual
 from keras_precrop.graph.walker import walk
-from keras_precrop.planning import planned_widths, taylor_gradients
+from keras_precrop.planning import data_batches, planned_widths
 from tests.test_gradual import _fit_setup
 
 L = keras.layers
@@ -107,7 +107,7 @@ def test_taylor_during_fit_masks_what_one_shot_taylor_picks():
     graph = walk(model)
     the_plan = kp.plan(model, params=0.5)
     targets = planned_widths(graph, the_plan, model)
-    expected, _ = gradual.channel_masks(graph, targets, ("taylor", taylor_gradients(model, data)))
+    expected, _ = gradual.channel_masks(graph, targets, ("taylor", data_batches(model, data)))
     by_l1, _ = gradual.channel_masks(graph, targets, "l1")
     _, masks = _masked_at_first_step(model, x, y, importance="taylor", data=data)
     assert masks.keys() == {w.path for w, _ in expected}

@@ -48,7 +48,7 @@ def test_taylor_gradients_are_those_of_the_cross_entropy_of_the_outputs(kind):
     x = rng.normal(size=(5, 4, 4, 2)).astype("float32")
     y = rng.integers(0, 4, size=5)
     model(x)
-    (got,) = planning.taylor_gradients(model, (x, y))
+    (got,) = planning.data_batches(model, (x, y))
     with tf.GradientTape() as tape:
         out = model(x, training=False)
         probabilities = tf.nn.softmax(out) if kind == "logits" else out

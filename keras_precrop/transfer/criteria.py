@@ -15,10 +15,12 @@ its coupled group, each layer's share divided by its mean. What a ranking
 
 * ``"weights"``: the weights alone (``"l1"``, ``"l2"``, ``"bn_scale"``);
   everywhere;
-* ``"data"``: the loss gradients on a few ``(x, y)`` batches given as
-  ``data=`` (``"taylor"``; ``transfer/taylor.py`` takes them, on every
-  backend): not in ``kp.hub``, whose backbones output features, not logits,
-  nor in ``keras-precrop precrop``, which loads no data;
+* ``"data"``: a few ``(x, y)`` batches given as ``data=``, from which
+  ``transfer/taylor.py`` takes the loss gradients (``"taylor"``, on every
+  backend) or ``transfer/activation.py`` the activations' magnitudes
+  (``"activation"``, what a ranking's ``reads`` says): not in ``kp.hub``,
+  whose backbones output features, not logits, nor in ``keras-precrop
+  precrop``, which loads no data;
 * ``"seed"``: chance (``"random"``, seeded by ``seed=``): not during fit,
   which ranks anew at every update.
 
@@ -45,8 +47,8 @@ PLACES = {
 _WHY_NOT = {
     ("kp.GradualPruning", "seed"): "draws channels at random, but GradualPruning ranks them anew "
                                    "at every update, so each update would mask other channels",
-    ("kp.hub", "data"): "ranks channels by the gradients of the model's outputs taken as logits, but "
-                        "kp.hub prunes the backbone, whose outputs are features",
+    ("kp.hub", "data"): "ranks channels on data= batches of the model's inputs and labels, but "
+                        "kp.hub prunes the backbone, whose outputs are features, not logits",
 }
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
@@ -60,13 +62,18 @@ class Importance:
     flattened), returns one score per row; ``"data"``: ``ranking(rows,
     grads)``, ``grads`` the loss gradient in the same layout, one per batch
     of ``data=``, returns one row of scores per batch (summed per channel,
-    then taken in absolute value and summed over the batches); ``"seed"``:
+    then taken in absolute value and summed over the batches), or, for one
+    that ``reads`` activations, ``ranking(magnitudes)``, one row per batch
+    of the mean ``|activation|`` at each index (``transfer/activation.py``
+    says which activation scores which axis), returns such rows; ``"seed"``:
     ``ranking(rng, count)`` returns ``count`` scores, one per channel of the
     model, drawn from the NumPy generator ``rng``. Higher scores are kept.
 
     Attributes:
         name: its name in the table (``None`` for an object given directly).
         needs: ``"weights"``, ``"data"`` or ``"seed"`` (see the module docstring).
+        reads: for a ranking that needs data, what it reads from the batches:
+            ``"gradients"`` (the loss gradients) or ``"activations"``.
         summary: what it ranks by, in a few words (the command line's help).
         covers: for a ranking that scores only some weights (:meth:`weighs`),
             which ones, in words; a plan that cuts a channel none of them
@@ -74,6 +81,7 @@ class Importance:
     """
 
     needs = "weights"
+    reads = "gradients"
     summary = ""
     covers = None
 
@@ -122,6 +130,17 @@ class _Taylor(Importance):
         return [(rows * g).sum(1) for g in grads]
 
 
+class _Activation(Importance):
+    needs = "data"
+    reads = "activations"
+    summary = ("Minitron's activation magnitude, the mean |activation| of each channel, head and "
+               "neuron on the data batches")
+
+    def __call__(self, magnitudes):
+        # The mean |activation| per index is the score itself: the batches' rows are summed.
+        return magnitudes
+
+
 class _BNScale(_L1):
     summary = "the scales (gamma) of the BatchNormalization layers that write each channel"
     covers = "the scale (gamma) of the normalization layer that writes them"
@@ -161,7 +180,8 @@ class _Given(Importance):
         return self.ranking if self.name is None else self.name
 
 
-_BUILT_IN = {"l1": _L1, "l2": _L2, "taylor": _Taylor, "bn_scale": _BNScale, "random": _Random}
+_BUILT_IN = {"l1": _L1, "l2": _L2, "taylor": _Taylor, "activation": _Activation,
+             "bn_scale": _BNScale, "random": _Random}
 _TABLE = {name: cls(name) for name, cls in _BUILT_IN.items()}
 
 
@@ -204,7 +224,7 @@ def register_importance(name, importance, *, needs=None):
     Args:
         name: letters, digits, ``_`` and ``-``, starting with a letter; not
             a built-in ranking's name (``"l1"``, ``"l2"``, ``"taylor"``,
-            ``"bn_scale"``, ``"random"``). Registering a name again replaces
+            ``"activation"``, ``"bn_scale"``, ``"random"``). Registering a name again replaces
             the ranking registered under it before.
         importance: a function or callable object, called as its need says:
             ``"weights"``: ``importance(rows)``, ``rows`` a float64 array with

@@ -23,7 +23,10 @@ w * dL/dw`` over the weights that write a channel is the written activation
 times its gradient (a conv's output before the BatchNormalization, the
 BatchNormalization's output), and over those that read it, the read
 activation times the gradient that flows back through that reader, so
-weight gradients suffice, on every backend.
+weight gradients suffice, on every backend. A ranking that reads
+activations (``"activation"``) scores the same axes by the mean magnitude
+of the activation each writes or reads instead (``activation.py``), each
+activation once per share.
 
 Moving statistics and other non-trainable weights are carried, not scored.
 """
@@ -36,8 +39,10 @@ from keras_precrop.errors import ArgumentError
 from keras_precrop.graph.channels import input_shape
 from keras_precrop.graph.handlers import WeightSpec
 from keras_precrop.transfer import flow
+from keras_precrop.transfer.activation import layer_magnitudes, source
 from keras_precrop.transfer.criteria import IMPORTANCE, criterion
 from keras_precrop.transfer.selection import families
+from keras_precrop.transfer.taylor import DataBatches
 
 __all__ = ["IMPORTANCE", "channel_scores", "grouped"]
 
@@ -50,9 +55,11 @@ def channel_scores(graph, values, importance, gradients=None, seed=0, widths=Non
         values: ``{id(weight): numpy array}`` of the model's weights.
         importance: a name of the table of rankings (:data:`IMPORTANCE`) or
             a ranking (see ``criteria.py``).
-        gradients: for a ranking that needs data (``"taylor"``): one
-            ``{id(weight): loss gradient}`` per batch, for the trainable
-            weights of ``graph.model``.
+        gradients: for a ranking that needs data: the batches of ``data=``
+            (``taylor.data_batches``), which give one ``{id(weight): loss
+            gradient}`` per batch for the trainable weights of
+            ``graph.model`` (``"taylor"`` takes such a list too) and the
+            activations (``"activation"``).
         seed: the seed of a ranking that needs one (``"random"``).
         widths: the widths the scores will cut to; for a ranking that scores
             only some weights (``"bn_scale"``), checked to cut only channels
@@ -63,7 +70,8 @@ def channel_scores(graph, values, importance, gradients=None, seed=0, widths=Non
         each variable that is not a view (views read their stream's channels).
 
     Raises:
-        ArgumentError: a ranking that scores only some weights where
+        ArgumentError: a ranking that reads activations without the
+            batches of ``data=``; a ranking that scores only some weights where
             ``widths`` cut a family of channels some of which none of them
             touches; a ranking that returns other than one score per row it
             is given.
@@ -77,11 +85,18 @@ def channel_scores(graph, values, importance, gradients=None, seed=0, widths=Non
         flat = _checked(ranking, ranking(np.random.default_rng(seed), total), total)[0]
         return _split(flat, variables, groups, offsets)
     scores, covered = np.zeros(total), np.zeros(total, bool)
+    calls = []
     for call, origin_ins, origin_out in _origins(graph, offsets).values():
         unit = flow.unit_variable(graph, call.record)
-        origins = (origin_ins, origin_out,
-                   None if unit is None else offsets[unit] + np.arange(variables[unit].width))
-        _score_layer(call, origins, values, (ranking, gradients), (scores, covered))
+        calls.append((call, (origin_ins, origin_out, None if unit is None else
+                             offsets[unit] + np.arange(variables[unit].width)), _weighed(call, ranking)))
+    if ranking.reads == "activations":
+        magnitudes = _magnitudes(graph, ranking, gradients, calls)
+        for call, origins, weighed in calls:
+            _score_activations(call, origins, weighed, (ranking, magnitudes), (scores, covered))
+    else:
+        for call, origins, weighed in calls:
+            _score_layer(call, origins, weighed, (values, ranking, gradients), (scores, covered))
     if ranking.covers is not None and widths is not None:
         _refuse_uncovered(graph, widths, _split(covered, variables, groups, offsets), ranking)
     return _split(scores, variables, groups, offsets)
@@ -144,7 +159,16 @@ def _origins(graph, offsets):
     return flow.propagate(graph, lambda key: ids(graph.tensor_channels[key]), outputs)
 
 
-def _score_layer(call, origins, values, method, scores):
+def _weighed(call, ranking):
+    """``[(weight, {axis: role})]``: the weights of a call's layer the ranking scores, with their
+    channel axes (not statistics, weights without channels, frozen weights, those it does not weigh)."""
+    rec = call.record
+    weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
+    return [(w, roles) for w, roles in zip(weights, rec.handler.channel_axes(rec, call.node))
+            if w.trainable and roles and ranking.weighs(rec.layer, w)]
+
+
+def _score_layer(call, origins, weighed, method, scores):
     """Add one layer's share to the scores of the channels it reads and writes.
 
     The layer's weights on the channels it writes (kernel filters, bias,
@@ -152,21 +176,17 @@ def _score_layer(call, origins, values, method, scores):
     another, those on the units it creates inside (attention heads) to a
     third; ``origins`` holds the global ids of the call's inputs' channels
     (a list), of its first output's and of its units' (see
-    ``flow.role_array``). Each weight is scored by the ranking (``method[0]``), which may
-    pass over some (``weighs``: ``"bn_scale"`` takes a normalization's
-    ``gamma`` alone); the channels of the weights it scores are marked in
-    ``scores[1]``. A ranking that needs data scores only the weights that
-    have gradients.
+    ``flow.role_array``). Each weight of ``weighed`` (:func:`_weighed`) is
+    scored by the ranking (``method``: the weights' values, the ranking and
+    the gradients of one that needs data); the channels of the weights it
+    scores are marked in ``scores[1]``. A ranking that needs data scores
+    only the weights that have gradients.
     """
-    rec = call.record
-    ranking, gradients = method
+    values, ranking, gradients = method
     scores, covered = scores
     width = input_shape(call.node)[-1]
     sides = {"in": [], "out": [], "unit": []}
-    weights = getattr(rec.layer, "weights", [])  # keras.ops operations have none
-    for w, roles in zip(weights, rec.handler.channel_axes(rec, call.node)):
-        if not w.trainable or not roles or not ranking.weighs(rec.layer, w):
-            continue  # statistics, weights without channels, frozen weights, weights not weighed
+    for w, roles in weighed:
         grads = [g[id(w)] for g in gradients or () if id(w) in g]
         value = values[id(w)].astype(np.float64)
         if "group_in" in roles.values():  # all inputs, zero across groups
@@ -179,6 +199,40 @@ def _score_layer(call, origins, values, method, scores):
             covered[np.ravel(ids)] = True
             if ranking.needs != "data" or grads:
                 sides[flow.side(role)].append((ids, _per_index(ranking, value, grads, axis)))
+    for parts in sides.values():
+        if parts:
+            _accumulate(scores, parts)
+
+
+def _magnitudes(graph, ranking, batches, calls):
+    """The activation magnitudes a ranking that reads activations scores the ``calls`` by (see
+    ``activation.py``), from the forward passes of the model ``batches`` (``taylor.DataBatches``) holds."""
+    if not isinstance(batches, DataBatches):
+        raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to read the "
+                            "activations from.", importance=ranking.given)
+    scored = [(call, weighed) for call, _, weighed in calls if weighed]
+    return layer_magnitudes(graph, batches.model, batches.batches, scored)
+
+
+def _score_activations(call, origins, weighed, method, scores):
+    """Add one layer's shares, as :func:`_score_layer` does, from its activations' magnitudes.
+
+    Each source a weight axis of the layer is scored by (its output, an
+    input, its units: ``activation.source``) counts once in its side's share,
+    however many weights have an axis on it: ``method`` is the ranking and
+    ``{id(layer): {source: magnitudes per batch}}``.
+    """
+    ranking, magnitudes = method
+    scores, covered = scores
+    sides, done = {"in": [], "out": [], "unit": []}, set()
+    for _, roles in weighed:
+        for role in roles.values():
+            ids = flow.role_array(role, *origins)
+            covered[np.ravel(ids)] = True
+            if source(role) not in done:
+                done.add(source(role))
+                rows = ranking(magnitudes[id(call.record.layer)][source(role)])
+                sides[flow.side(role)].append((ids, _checked(ranking, rows, len(ids))))
     for parts in sides.values():
         if parts:
             _accumulate(scores, parts)

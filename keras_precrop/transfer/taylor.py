@@ -1,31 +1,40 @@
-"""The loss gradients that rankings needing data (Taylor importance) score channels by.
+"""The batches of ``data=`` that rankings needing data score channels by, and their loss gradients.
 
 A ranking of the table (``criteria.py``) whose ``needs`` is ``"data"`` is
 called with the gradients of the cross-entropy of the model's outputs on
-the batches of ``data=``, one set per batch; every entry point
-(``apply_plan``, ``precrop``, ``GradualPruning``) takes them here, after
-checking ``data=`` against the model. The backends' gradient machinery is
-the training wing's (``training/gradients.py``), shared with the pruning
-baselines of ``keras_precrop.pai``.
+the batches of ``data=``, one set per batch (Taylor importance), or reads
+the activations of the model on them (``"activation"``,
+``activation.py``); every entry point (``apply_plan``, ``precrop``,
+``GradualPruning``) takes the batches here, after checking ``data=``
+against the model, and only what the ranking reads is computed. The
+backends' gradient machinery is the training wing's
+(``training/gradients.py``), shared with the pruning baselines of
+``keras_precrop.pai``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from keras_precrop.training import gradients as _gradients
 from keras_precrop.training._user_data import outputs_probabilities
 
 
-def taylor_gradients(model, data, defined=None):
-    """The loss gradients of ``defined``'s trainable weights: ``{id(weight): array}`` per batch.
+def data_batches(model, data, defined=None):
+    """The batches of ``data`` on ``model``, for a ranking that needs data: a :class:`DataBatches`.
 
-    They are computed on ``model``, whose input size is the data's;
-    ``defined`` is ``model`` (the default) or its copy at a defined spatial
-    size, with the same weights in the same order. ``model`` is not changed
-    (its BatchNorm statistics neither). The outputs are taken as logits, or
-    as probabilities for a model that ends in a softmax (taken as logits,
-    they would rank channels by a wrong gradient).
+    Iterated, it gives the loss gradients of ``defined``'s trainable weights,
+    ``{id(weight): array}`` per batch (Taylor's, and those of the user's
+    rankings that need data), computed on first use; a ranking that reads
+    activations (``"activation"``) runs ``model`` on the batches instead.
+
+    The gradients are computed on ``model``, whose input size is the
+    data's; ``defined`` is ``model`` (the default) or its copy at a defined
+    spatial size, with the same weights in the same order. ``model`` is not
+    changed (its BatchNorm statistics neither). The outputs are taken as
+    logits, or as probabilities for a model that ends in a softmax (taken as
+    logits, they would rank channels by a wrong gradient).
 
     Args:
         model: the model to differentiate.
@@ -33,13 +42,44 @@ def taylor_gradients(model, data, defined=None):
             the model (``training._user_data.check_data``).
         defined: the model whose weights the keys are (default ``model``).
     """
-    defined = model if defined is None else defined
-    ids = [id(w) for w in defined.trainable_weights]
-    batches = list(_gradients.batches(data))
-    loss = functools.partial(_gradients.cross_entropy,
-                             from_logits=not outputs_probabilities(model, batches[0][0]))
-    return [dict(zip(ids, _gradients.weight_gradients(_loss(model, x, y, loss), model.trainable_weights)))
-            for x, y in batches]
+    return DataBatches(model, list(_gradients.batches(data)), model if defined is None else defined)
+
+
+class DataBatches(Sequence):
+    """The ``(x, y)`` batches of ``data=`` on the model they fit; as a sequence, the loss gradients.
+
+    Each ranking that needs data reads what it ranks by from here, and
+    only that is computed: the loss gradients per batch (``"taylor"``,
+    computed once, on first use) or the activations of a forward pass
+    (``"activation"``: ``transfer/activation.py`` reads :attr:`model` and
+    :attr:`batches`). It lives as long as the ranking of one call.
+
+    Attributes:
+        model: the model the batches fit.
+        batches: the ``(x, y)`` batches, backend tensors.
+        defined: the model whose weights the gradients' keys are.
+    """
+
+    def __init__(self, model, batches, defined):
+        self.model, self.batches, self.defined = model, batches, defined
+        self._gradients = None
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        if self._gradients is None:
+            self._gradients = self._computed()
+        return self._gradients[index]
+
+    def _computed(self):
+        """``{id(weight of defined): gradient}`` of the loss on each batch."""
+        ids = [id(w) for w in self.defined.trainable_weights]
+        loss = functools.partial(_gradients.cross_entropy, from_logits=not outputs_probabilities(
+            self.model, self.batches[0][0]))
+        return [dict(zip(ids, _gradients.weight_gradients(_loss(self.model, x, y, loss),
+                                                          self.model.trainable_weights)))
+                for x, y in self.batches]
 
 
 def _loss(model, x, y, loss):
