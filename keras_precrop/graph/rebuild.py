@@ -8,7 +8,10 @@ config with the widths a plan chose (``filters``/``units``/...), a stateless
 residual stream get a :class:`~keras_precrop.layers.ChannelSlice` in front,
 and an ``Add`` whose inputs end up with different widths becomes a
 :class:`~keras_precrop.layers.PrefixAdd`. Layer names are preserved; nested
-models are rebuilt as nested models.
+models are rebuilt as nested models. A layer whose class cannot re-create
+itself from its own config (three keras_hub 0.32 classes) is re-created by a
+repair, checked against the original (:mod:`keras_precrop.graph._hub_repairs`);
+any other such layer is refused by name.
 
 A ``seed`` fixes the rebuild's random draws without touching Keras' global
 random state: every random initializer and every random layer's own ``seed``
@@ -26,6 +29,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.graph import _hub_repairs
 from keras_precrop.graph import layers as _layers
 from keras_precrop.graph import replay as _replay
 from keras_precrop.graph.channels import channels_width
@@ -41,6 +45,12 @@ def layer_from_config(layer, config):
     or mask, and the arguments) from the layer itself, and Keras' safe mode is
     left as it was.
     """
+    return _from_config(layer, config, layer.name)
+
+
+def _from_config(layer, config, name):
+    """:func:`layer_from_config`, refusing as layer ``name`` (the user's name for it) a class whose
+    ``from_config`` cannot read ``config``."""
     if isinstance(layer, keras.layers.Lambda):
         config = {**config, "function": layer.function, "output_shape": layer._output_shape,
                   "mask": layer.mask, "arguments": layer.arguments}
@@ -48,27 +58,44 @@ def layer_from_config(layer, config):
     try:
         return type(layer).from_config(config)
     except (TypeError, ValueError) as err:  # a class whose get_config does not re-create it
-        raise _not_recreatable(layer, "be re-created from its own config", err) from err
+        raise _not_recreatable(layer, name, "be re-created from its own config", err) from err
 
 
-def _config_of(layer):
-    """``layer.get_config()``, or an error naming the layer where the class cannot write it
-    (keras_hub 0.32's Swin ``PatchEmbedding`` raises ``TypeError`` there)."""
+def _config_of(layer, name):
+    """``layer.get_config()``, or the config a repair writes (keras_hub 0.32's Swin
+    ``PatchEmbedding`` raises ``TypeError`` there, see :mod:`._hub_repairs`), and whether a repair
+    wrote it; an error naming the layer (as ``name``) where nothing writes it."""
     try:
-        return layer.get_config()
+        return layer.get_config(), False
     except (TypeError, ValueError, NotImplementedError) as err:
-        raise _not_recreatable(layer, "write its own config", err) from err
+        config = _hub_repairs.written_config(layer)
+        if config is None:
+            raise _not_recreatable(layer, name, "write its own config", err) from err
+        return config, True
 
 
-def _not_recreatable(layer, what, err):
+def _recreated(layer, config, name):
+    """A new layer of ``layer``'s class from ``config``, by a repair (:mod:`._hub_repairs`) where
+    its class cannot read it, and whether a repair made it."""
+    try:
+        return _from_config(layer, config, name), False
+    except UnsupportedModelError:
+        new = _hub_repairs.created(layer, config)
+        if new is None:
+            raise
+        return new, True
+
+
+def _not_recreatable(layer, name, what, err):
     """The :class:`UnsupportedModelError` of a layer the rebuild cannot re-create: it cannot
-    ``what``, for Keras' reason ``err``."""
+    ``what``, for the reason ``err`` (an exception, or a sentence)."""
+    reason = (f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+              if isinstance(err, Exception) else err)
     return UnsupportedModelError(
-        f"Layer {layer.name!r} of class {type(layer).__name__} cannot {what} "
-        f"({type(err).__name__}: {str(err).splitlines()[0][:200]}), and a pruned model is built "
-        "from its layers' configs, the layers kept whole too. Give the class a get_config() that "
-        "its constructor takes (the keras.layers.Layer contract), or keep the composite layer "
-        "around it whole with ignore=[its name].")
+        f"Layer {name!r} of class {type(layer).__name__} cannot {what} ({reason}), and a pruned "
+        "model is built from its layers' configs, the layers kept whole too. Give the class a "
+        "get_config() that its constructor takes (the keras.layers.Layer contract), or keep the "
+        "composite layer around it whole with ignore=[its name].")
 
 
 class _Rebuilder:
@@ -97,7 +124,7 @@ class _Rebuilder:
         """The new tensors of one call ``node`` of the original graph, on new ``inputs``."""
         op = node.operation
         args, kwargs = _replay.arguments(node, inputs)
-        new_op = self._new_op(op)
+        new_op = self._new_op(op, node)
         if not isinstance(op, keras.Model):
             rec = self.graph.record(op)
             call = self.calls.get(id(op), 0)
@@ -107,20 +134,14 @@ class _Rebuilder:
                 new_op = self._merge(op, rec)
         return keras.tree.flatten(new_op(*args, **kwargs))
 
-    def _new_op(self, op):
-        """The rebuilt counterpart of ``op`` (created once, then shared)."""
+    def _new_op(self, op, node):
+        """The rebuilt counterpart of ``op``, called as ``node`` (created once, then shared)."""
         if id(op) in self.new_ops:
             return self.new_ops[id(op)]
         if isinstance(op, keras.Model):
             new = self._nested(op)
         elif isinstance(op, keras.layers.Layer):
-            rec = self.graph.record(op)
-            config = rec.handler.configure(rec, _config_of(op), self.width)
-            if self.timing:
-                config = _timing_initializers(config)
-            elif self.seed is not None:
-                config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
-            new = layer_from_config(op, {**config, "name": self.graph.traced.name(op)})
+            new = self._layer(op, node)
         else:  # a stateless keras.ops operation: as recorded, unless its handler re-creates it
             rec = self.graph.record(op)
             new = rec.handler.rebuild_op(rec, op, self.width)
@@ -128,6 +149,31 @@ class _Rebuilder:
                 new = copy.copy(op)
                 new._inbound_nodes, new._outbound_nodes = [], []
         self.new_ops[id(op)] = new
+        return new
+
+    def _layer(self, op, node):
+        """Layer ``op`` re-created from its config with the plan's widths.
+
+        Where a repair (:mod:`._hub_repairs`) wrote its config or re-created it,
+        a twin made the same way from ``op``'s own config must be ``op``'s
+        equal (checked on random inputs of ``node``'s shapes), or the layer is
+        refused by name.
+        """
+        rec, name = self.graph.record(op), self.graph.traced.name(op)
+        own, written = _config_of(op, name)
+        config = rec.handler.configure(rec, own, self.width)
+        if self.timing:
+            config = _timing_initializers(config)
+        elif self.seed is not None:
+            config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
+        new, created = _recreated(op, {**config, "name": name}, name)
+        if written or created:
+            twin, _ = _recreated(op, {**_config_of(op, name)[0], "name": name}, name)
+            problem = _hub_repairs.difference(op, twin, node.arguments)
+            if problem:
+                what = "write its own config" if written else "be re-created from its own config"
+                raise _not_recreatable(op, name, f"{what}, nor by keras_precrop's repair of its "
+                                       "class", problem)
         return new
 
     def _nested(self, model):
