@@ -60,6 +60,7 @@ def run_name(args):
     parts = [args.arm, budget, args.layout if args.layout != "per_block" else None,
              f"mode{args.mode}" if args.mode != "auto" else None,
              "headdims" if args.attention == "head_dims" else None,
+             f"imp{args.importance}" if args.importance != "l1" else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
     return "vit_cifar-" + "-".join(p for p in parts if p)
@@ -79,8 +80,9 @@ def plan_of(teacher, args):
     return kp.Plan.from_json(args.plan)
 
 
-def student_of(args, steps):
-    """``(model to train, GradualPruning or None, plan)`` of ``args.arm``."""
+def student_of(args, steps, train):
+    """``(model to train, GradualPruning or None, plan)`` of ``args.arm``; a ranking that needs
+    data ranks on the first 4 training batches."""
     teacher = load_teacher(args)
     if args.layout == "homogeneous":
         if args.arm == "gradual":
@@ -91,10 +93,14 @@ def student_of(args, steps):
                                weights="keep" if args.arm == "oneshot" else None)
         return small, None, small.precrop_plan
     plan = plan_of(teacher, args)
+    ranking = {"importance": args.importance}
+    if args.importance in ("taylor", "activation"):
+        ranking["data"] = train.take(4)
     if args.arm == "gradual":
-        pruning = kp.GradualPruning(plan, end_step=round(args.gradual_epochs * steps), verbose=1)
+        pruning = kp.GradualPruning(plan, end_step=round(args.gradual_epochs * steps), verbose=1,
+                                    **ranking)
         return teacher, pruning, plan
-    keep = {"weights": "keep"} if args.arm == "oneshot" else {"seed": args.seed}
+    keep = {"weights": "keep", **ranking} if args.arm == "oneshot" else {"seed": args.seed}
     return kp.apply_plan(teacher, plan, **keep), None, plan
 
 
@@ -124,7 +130,7 @@ def main(argv=None):
     model_dir = pathlib.Path(args.model_dir or ROOT / "runs" / run_name(args))
     train, test = _teacher.cifar10(args)
     steps = args.steps_per_epoch or int(train.cardinality())
-    student, pruning, plan = student_of(args, steps)
+    student, pruning, plan = student_of(args, steps, train)
     _teacher.compile_teacher(student, 1, 1)  # to evaluate it
     pruned_accuracy = _teacher.accuracy(student, test)
     model = trained(student, args, steps)
@@ -136,7 +142,8 @@ def main(argv=None):
         "arm": args.arm, "layout": args.layout, "teacher": args.teacher.format(seed=args.seed),
         "budgets": {"flops": args.flops,
                     "latency": plan.solver.get("latency_calibration", {}).get("target")},
-        "plan": args.plan, "mode": args.mode, "attention": args.attention, "distill": args.distill,
+        "plan": args.plan, "mode": args.mode, "attention": args.attention,
+        "importance": args.importance, "distill": args.distill,
         "alpha": args.alpha, "gradual_epochs": args.gradual_epochs if pruning else None,
         "epochs": args.epochs, "seed": args.seed, "pruned_accuracy": pruned_accuracy,
         "test_accuracy": _teacher.accuracy(small, test), "params": small.count_params(),
@@ -159,6 +166,8 @@ def parse_args(argv=None):
                         "every width at one ratio, the layout Torch-Pruning's uniform pruning takes)")
     parser.add_argument("--attention", choices=("heads", "head_dims"), default="heads",
                         help="kp.plan's attention= with --flops: whole heads, or each head's dimension")
+    parser.add_argument("--importance", default="l1", choices=("l1", "taylor", "activation"),
+                        help="how kept channels are ranked (oneshot, gradual); data: 4 train batches")
     parser.add_argument("--teacher", default=TEACHER, help="{seed}: the run's seed")
     parser.add_argument("--distill", action="store_true")
     parser.add_argument("--alpha", type=float, default=0.5, help="the supervised loss' weight")

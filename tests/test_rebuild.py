@@ -19,9 +19,10 @@ def _check(model, params, flops, upper, residual):
     try:
         plan = kp.plan(model, params, flops, upper=upper, residual=residual)
     except kp.InfeasibleBudgetError:
-        # Only allowed when even the narrowest model (every free width 1) is too big.
+        # Only allowed when even the narrowest model is too big: every free width 1, or its
+        # multiple (a grouped convolution keeps at least one channel per group).
         cost = kp.profile(model, residual=residual).cost
-        narrowest = cost.totals(np.where(cost.fixed, cost.widths, 1.0))
+        narrowest = cost.totals(np.where(cost.fixed, cost.widths, [v.multiple for v in cost.variables]))
         budgets = np.array([params or np.inf, flops or np.inf]) * cost.totals(cost.widths)
         assert np.any(narrowest > budgets)
         return
