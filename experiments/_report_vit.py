@@ -135,12 +135,22 @@ def _distilled(distill, alpha):
     return " + distillation" + ("" if alpha == 0.5 else f" (alpha {alpha:g})")
 
 
+def _options(r):
+    """The label's part for ``vit_trained.py``'s options other than their defaults (runs written
+    before an option existed took its default): the ranking, the plan's mode and attention."""
+    options = [f"kept {r['importance']}"] * (r.get("importance", "l1") != "l1" and r["arm"] != "scratch")
+    options += [f"mode='{r['mode']}'"] * (r.get("mode", "auto") != "auto")
+    options += ["head dims (every head kept, narrower)"] * (r.get("attention", "heads") == "head_dims")
+    return f" [{', '.join(options)}]" if options else ""
+
+
 def _trained_record(r):
     """A ``vit_trained.py`` run's record."""
     base, index = _way((r["arm"], r["layout"]))
     gradual = f" (cubic, masks over {r['gradual_epochs']:g} epoch(s))" if r["arm"] == "gradual" else ""
     kind = "flops" if r["budgets"].get("flops") is not None else "latency"
-    return {"label": base + gradual + _distilled(r["distill"], r["alpha"]), "base": base, "order": index,
+    label = base + _options(r) + gradual + _distilled(r["distill"], r["alpha"])
+    return {"label": label, "base": base, "order": index,
             "point": (kind, r["budgets"][kind]), "epochs": r["epochs"], "seed": r["seed"],
             "pruned": r.get("pruned_accuracy"), "acc": r["test_accuracy"], "params": r["params"],
             "macs_ratio": r["macs"] / r["original_macs"], "teacher": pathlib.Path(r["teacher"]).parent.name,
@@ -218,6 +228,7 @@ def _point_table(point, records, cuts):
               "`python experiments/vit_cut_at_once.py` and `tp_vit.py`'s `prepare.json`"
               if point == _MACS_POINT else "")
     return lines + ["", "Reproduce: `python experiments/vit_trained.py --arm A [--layout homogeneous] "
+                    "[--mode uniform] [--attention head_dims] [--importance activation] "
                     f"{budget} --epochs E --distill --seed S` (A = oneshot, gradual, scratch; E = 3, 10)"
                     f"{others}.", ""]
 

@@ -27,6 +27,7 @@ latency model instead of fitting a new one (the ``floor`` plan of grid
 trains them)::
 
     python experiments/latency_plans.py --model vit_cifar --targets 0.5
+    python experiments/latency_plans.py --model vit_cifar --targets 0.5 --attention head_dims
 """
 
 import argparse
@@ -56,15 +57,17 @@ def main(argv=None):
     parser.add_argument("--calibrate", type=int, default=3, help="calibration rounds per plan")
     parser.add_argument("--latency_model", type=pathlib.Path,
                         help="plan with this fitted latency model (JSON) instead of fitting one")
+    parser.add_argument("--attention", choices=("heads", "head_dims"), default="heads",
+                        help="what attention layers lose (kp.plan's attention=)")
     parser.add_argument("--out", type=pathlib.Path, default=PLANS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = _model(args.model)
-    stem = f"{args.model}_tf_b{args.batch_size}"
+    stem = f"{args.model}_tf_b{args.batch_size}" + ("_headdims" if args.attention == "head_dims" else "")
     if args.latency_model:
         lm = kp.LatencyModel.from_json(args.latency_model)
     else:
-        lm = kp.latency_model(model, batch_size=args.batch_size)
+        lm = kp.latency_model(model, batch_size=args.batch_size, attention=args.attention)
         lm.to_json(args.out / f"{stem}_latency_model.json")
     lm.summary()
     path = args.out / f"{stem}_plans.json"
@@ -75,7 +78,7 @@ def main(argv=None):
         for mode in args.modes:
             options = FLOORS.get(mode, {"mode": mode})
             plan = kp.plan(model, latency=target, latency_model=lm, calibrate=args.calibrate,
-                           **options)
+                           attention=args.attention, **options)
             name = f"{stem}_latency{target:g}_{mode}"
             plan.to_json(args.out / f"{name}.json")
             record["plans"][name] = plan_record(plan, target)
