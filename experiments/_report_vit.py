@@ -119,7 +119,18 @@ def _records(runs):
             records.append(_tp_record(r))
         elif name.startswith("vit_cifar-") and "arm" in r:
             records.append(_trained_record(r))
-    return records
+    return _tp_at_latency(records)
+
+
+def _tp_at_latency(records):
+    """``records`` with Torch-Pruning's runs at the MACs ratio of the PreCrop runs at latency=0.5
+    (within 0.005) moved to that point: it takes no latency budget, so those stand against them."""
+    at_latency = [r["macs_ratio"] for r in records if r["precrop"] and r["point"] == _LATENCY_POINT]
+    if not at_latency:
+        return records
+    macs = statistics.mean(at_latency)
+    return [{**r, "point": _LATENCY_POINT, "label": r["label"] + f" (MACs {r['point'][1]:g})"}
+            if r["tp"] and abs(r["point"][1] - macs) < 0.005 else r for r in records]
 
 
 def _way(key):
@@ -224,7 +235,8 @@ def _point_table(point, records, cuts):
             cut = "" if acc is None else f"{acc:.2f} (s0)"
             lines.append(f"| {base} | {cut} | pending | pending | {'' if params is None else f'{params:,}'} "
                          f"| {'' if macs is None else f'{macs:.4f}'} | 0 / 0 |")
-    budget = f"--{point[0]} {point[1]:g}" + (" --latency_model M" if point[0] == "latency" else "")
+    budget = (f"--{point[0]} {point[1]:g}" if point[0] != "latency" else
+              f"--plan experiments/plans/vit_cifar_tf_b64[_headdims]_latency{point[1]:g}_<mode>.json")
     others = ("; `python experiments/tp_vit.py --teacher experiments/runs/vit_cifar-teacher-ep15-sS/"
               "final_model.keras --macs 0.5 --epochs E --distill --seed S`; the cuts (s0): "
               "`python experiments/vit_cut_at_once.py` and `tp_vit.py`'s `prepare.json`"
@@ -264,7 +276,7 @@ def _goals(records, teachers):
     precrop = [r for r in records if r["precrop"] and r["point"] == point]
     if at_latency:
         macs = statistics.mean(r["macs_ratio"] for r in at_latency)
-        tp = [r for r in records if r["tp"] and r["recipe"] and abs(r["point"][1] - macs) < 0.005]
+        tp = [r for r in records if r["tp"] and r["recipe"] and r["point"] == _LATENCY_POINT]
         where = (f"latency=0.5 (Torch-Pruning, which takes no latency budget: its runs at the same MACs "
                  f"ratio, {macs:.4f})")
     else:

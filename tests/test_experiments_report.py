@@ -574,7 +574,7 @@ def test_vit_goals_at_latency_count_distilled_pruning_and_the_seeds_teachers(tmp
         ("oneshot", "per_block", latency, True, 10, 1, 67.5)], tp=[(3, 0, 60.0)])
     assert goals == [
         _GOAL_3 + "**met so far** (fewer than 2 seeds): PreCrop one-shot (kept L1), one config for every "
-        f"block + distillation 61.50 vs {_TP} 60.00, +1.50 pp (n 1/1).",
+        f"block + distillation 61.50 vs {_TP} (MACs 0.5) 60.00, +1.50 pp (n 1/1).",
         _GOAL_10 + "**met so far** (fewer than 2 seeds): PreCrop one-shot (kept L1), per block + "
         "distillation 67.50 vs its teachers' 69.00, -1.50 pp (n 1/1)."]
     assert "| PreCrop one-shot (kept L1), per block + fine-tuning | 20.00 | 70.00 |  | 400,000 | 0.5000 " \
@@ -613,11 +613,14 @@ def test_vit_section_is_on_the_page(regenerated):
 
 @pytest.mark.parametrize("tp_macs, goal", [
     (0.5, "**pending** (no 3-epoch run of Torch-Pruning with the recipe yet)."),
-    (0.2831, f"**met so far** (fewer than 2 seeds): {_ONESHOT} 62.00 vs {_TP} 60.00, +2.00 pp (n 1/1)."),
+    (0.2831, f"**met so far** (fewer than 2 seeds): {_ONESHOT} 62.00 vs {_TP} (MACs 0.2831) 60.00, "
+             "+2.00 pp (n 1/1)."),
 ])
 def test_vit_goal_at_latency_is_judged_against_torch_pruning_at_the_same_macs(tmp_path, tp_macs, goal):
     """Torch-Pruning takes no latency budget: at latency=0.5 only its runs at the MACs ratio of the
     PreCrop runs there (here 16,421,768 / 58,002,176 = 0.2831) stand against them."""
-    _, goals = _vit_section(tmp_path, teachers=((0, 67.0),), macs=16421768, tp_macs=tp_macs, trained=[
+    rows, goals = _vit_section(tmp_path, teachers=((0, 67.0),), macs=16421768, tp_macs=tp_macs, trained=[
         ("oneshot", "per_block", ("latency", 0.5), True, 3, 0, 62.0)], tp=[(3, 0, 60.0)])
     assert goals[0] == _GOAL_3 + goal
+    at_latency = any(row.startswith(f"| {_TP} (MACs 0.2831) | 19.50 | 60.00 |") for row in rows)
+    assert at_latency == (tp_macs == 0.2831)  # in the latency table, beside the PreCrop run
