@@ -21,7 +21,7 @@ import keras_precrop as kp
 from keras_precrop import data as kp_data
 from keras_precrop import gradual
 from keras_precrop.graph.walker import walk
-from keras_precrop.planning import planned_widths, taylor_gradients
+from keras_precrop.planning import data_batches, planned_widths
 
 PLAN = "experiments/plans/resnet20_tf_b64_latency0.5_streamfloor.json"
 TEACHER = "experiments/runs/resnet20-baseline-ep10-s{seed}/final_model.keras"
@@ -52,7 +52,7 @@ def main():
     by_l1 = gradual.channel_masks(graph, widths, "l1")[1]
     batches, rows = iter(train.repeat()), []
     for draw in range(args.draws):
-        kept = [gradual.channel_masks(graph, widths, ("taylor", taylor_gradients(
+        kept = [gradual.channel_masks(graph, widths, ("taylor", data_batches(
             model, [next(batches) for _ in range(4)])))[1] for _ in range(2)]
         shares = [_common(graph, widths, *pair) for pair in ((kept[0], kept[1]), (kept[0], by_l1),
                                                              (kept[1], by_l1))]

@@ -62,7 +62,7 @@ def taylor():
     """
     import keras_precrop as kp
     from keras_precrop.graph.walker import walk
-    from keras_precrop.planning import planned_widths, taylor_gradients
+    from keras_precrop.planning import data_batches, planned_widths
 
     x, y = data()
     model = residual_cnn()
@@ -75,7 +75,7 @@ def taylor():
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[pruning], verbose=0)
     graph = walk(model, residual="tie")
     expected, _ = kp.gradual.channel_masks(graph, planned_widths(graph, plan, model),
-                                           ("taylor", taylor_gradients(model, (x[:16], y[:16]))))
+                                           ("taylor", data_batches(model, (x[:16], y[:16]))))
     got = {w.path: m for w, m in pruning._masks}
     differ = sum(int(np.sum(got[w.path] != m)) if w.path in got else m.size for w, m in expected)
     return {**report(pruning, model, plan, initial, x), "taylor_masks_differ": differ,
