@@ -148,11 +148,9 @@ def _distilled(distill, alpha):
 
 def _options(r):
     """The label's part for ``vit_trained.py``'s options other than their defaults (runs written
-    before an option existed took its default): the ranking, the plan's mode and attention."""
-    importance = r.get("importance", "l1")
-    options = [f"kept {importance}"] * (importance != "l1" and r["arm"] != "scratch")
+    before an option existed took its default): the plan's mode and attention."""
     mode = r.get("mode", "auto")
-    options += [f"mode='{mode}'"] * (mode != "auto")
+    options = [f"mode='{mode}'"] * (mode != "auto")
     options += ["head dims (every head kept, narrower)"] * (r.get("attention", "heads") == "head_dims")
     return f" [{', '.join(options)}]" if options else ""
 
@@ -162,7 +160,9 @@ def _trained_record(r):
     base, index = _way((r["arm"], r["layout"]))
     gradual = f" (cubic, masks over {r['gradual_epochs']:g} epoch(s))" if r["arm"] == "gradual" else ""
     kind = "flops" if r["budgets"].get("flops") is not None else "latency"
-    label = base + _options(r) + gradual + _distilled(r["distill"], r["alpha"])
+    ranking = r.get("importance", "l1")  # the way's name says L1, the default
+    label = (base if ranking == "l1" else base.replace("(kept L1)", f"(kept {ranking})")) + _options(r) \
+        + gradual + _distilled(r["distill"], r["alpha"])
     return {"label": label, "base": base, "order": index,
             "point": (kind, r["budgets"][kind]), "epochs": r["epochs"], "seed": r["seed"],
             "pruned": r.get("pruned_accuracy"), "acc": r["test_accuracy"], "params": r["params"],
