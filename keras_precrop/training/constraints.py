@@ -147,6 +147,25 @@ def factors_in_step(model):
     return backend == "tensorflow" or (backend == "torch" and not getattr(model, "jit_compile", False))
 
 
+def lend_call(layer, call):
+    """Lend ``call`` to ``layer`` as its ``call`` attribute (over its class's method; the layer's
+    config, weights and graph do not change). Returns the layer's own ``call`` attribute before
+    (``None``: its class's), for :func:`give_back_call`."""
+    own = layer.__dict__.get("call")
+    layer.call = call
+    return own
+
+
+def give_back_call(layer, call, own):
+    """Give ``layer`` its own call back (``own`` from :func:`lend_call`), where ``call`` is still
+    the one lent to it (another lender may have lent its own since)."""
+    if layer.__dict__.get("call") is call:
+        if own is None:
+            del layer.call
+        else:
+            layer.call = own
+
+
 class LentFactors:
     """The :class:`StepFactor` s one ``GradualPruning`` lends to a model's weights, fit by fit, and
     the calls it lends to layers (a norm's statistics over the kept channels) for as long.
@@ -179,8 +198,7 @@ class LentFactors:
                 factor.inner, w.constraint = own.inner if isinstance(own, StepFactor) else own, factor
             self.held[id(w)] = (w, factor)
         for layer, call in calls:
-            self.calls[id(layer)] = (layer, call, layer.__dict__.get("call"))
-            layer.call = call
+            self.calls[id(layer)] = (layer, call, lend_call(layer, call))
         if self._traced != (model.train_function, step, frozenset(self.held), frozenset(self.calls)):
             model.make_train_function(force=True)
         if self.calls:
@@ -205,11 +223,7 @@ class LentFactors:
                 w.constraint = factor.inner
             factor.set(1.0)
         for layer, call, own in self.calls.values():
-            if layer.__dict__.get("call") is call:
-                if own is None:
-                    del layer.call
-                else:
-                    layer.call = own
+            give_back_call(layer, call, own)
         if self.calls:
             model.test_function = model.predict_function = None
         self._traced = (model.train_function, step, frozenset(self.held), frozenset(self.calls))

@@ -42,6 +42,7 @@ from keras import ops
 
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph.channels import input_shape
+from keras_precrop.training.constraints import give_back_call, lend_call
 
 
 def source(role):
@@ -161,17 +162,15 @@ def _unobserved(call):
 @contextlib.contextmanager
 def _lent(wanted, noted):
     """Lend each wanted layer a call that notes its first call's magnitudes in ``noted``."""
-    own = {key: layer.__dict__.get("call") for key, (layer, _) in wanted.items()}
+    lent = []  # (layer, the call lent, its own call attribute before)
     try:
         for layer, reads in wanted.values():
-            layer.call = _noting(layer.call, reads, noted)
+            call = _noting(layer.call, reads, noted)
+            lent.append((layer, call, lend_call(layer, call)))
         yield
     finally:
-        for key, (layer, _) in wanted.items():
-            if own[key] is None:
-                del layer.call
-            else:
-                layer.call = own[key]
+        for layer, call, own in lent:
+            give_back_call(layer, call, own)
 
 
 def _noting(call, reads, noted):
