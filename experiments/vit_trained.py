@@ -55,7 +55,8 @@ TEACHER = "experiments/runs/vit_cifar-teacher-ep15-s{seed}/final_model.keras"
 
 
 def run_name(args):
-    """The run's directory name: ``vit_cifar-gradual-flops0.5-distill-ep3-s0``."""
+    """The run's directory name: ``vit_cifar-gradual-flops0.5-distill-ep3-s0`` (``-teacher-s0``
+    added where ``--teacher`` is not the seed's own)."""
     budget = f"flops{args.flops}" if args.flops is not None else pathlib.Path(args.plan).stem
     parts = [args.arm, budget, args.layout if args.layout != "per_block" else None,
              f"mode{args.mode}" if args.mode != "auto" else None,
@@ -63,6 +64,8 @@ def run_name(args):
              f"imp{args.importance}" if args.importance != "l1" else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
+    if args.teacher != TEACHER:  # another seed's teacher (or another file): its folder's seed part
+        parts.append("teacher-" + pathlib.Path(args.teacher).parent.name.rsplit("-", 1)[-1])
     return "vit_cifar-" + "-".join(p for p in parts if p)
 
 
