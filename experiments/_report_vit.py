@@ -241,9 +241,12 @@ def _point_table(point, records, cuts):
               "final_model.keras --macs 0.5 --epochs E --distill --seed S`; the cuts (s0): "
               "`python experiments/vit_cut_at_once.py` and `tp_vit.py`'s `prepare.json`"
               if point == _MACS_POINT else "")
-    return lines + ["", "Reproduce: `python experiments/vit_trained.py --arm A [--layout homogeneous] "
+    note = _teacher_note(records)
+    return lines + ([""] + [note.strip()] if note else []) + [
+                    "", "Reproduce: `python experiments/vit_trained.py --arm A [--layout homogeneous] "
                     "[--mode uniform] [--attention head_dims] [--importance activation] "
-                    f"{budget} --epochs E --distill --seed S` (A = oneshot, gradual, scratch; E = 3, 10)"
+                    f"{budget} --epochs E --distill --seed S [--teacher T]` (A = oneshot, gradual, "
+                    "scratch; E = 3, 10)"
                     f"{others}.", ""]
 
 
@@ -298,7 +301,20 @@ def _beat_tp(precrop, tp):
     difference = statistics.mean(ours[1]) - statistics.mean(theirs[1])
     verdict = _judged(difference >= _BEAT_TP_PP - 1e-9, len(ours[1]), len(theirs[1]))
     return goal + (f"{verdict}: {ours[0]} {_cell(ours[1])} vs {theirs[0]} {_cell(theirs[1])}, "
-                   f"{difference:+.2f} pp (n {len(ours[1])}/{len(theirs[1])}).")
+                   f"{difference:+.2f} pp (n {len(ours[1])}/{len(theirs[1])})."
+                   + _teacher_note(ours[2] + theirs[2]))
+
+
+def _teacher_note(records):
+    """A sentence where some of ``records`` prune another seed's teacher than their own (their
+    seeds then vary the fine-tuning and, for data rankings, the batches, not the teacher), else ""."""
+    borrowed = sorted({(r["seed"], r["teacher"]) for r in records
+                       if not r["teacher"].endswith(f"-s{r['seed']}")})
+    if not borrowed:
+        return ""
+    said = ", ".join(f"seed {seed} on {teacher}" for seed, teacher in borrowed)
+    return (f" Runs of another seed's teacher ({said}): those seeds vary the training after the cut "
+            "(and a data ranking's batches), not the teacher.")
 
 
 def _near_teacher(precrop, teachers):

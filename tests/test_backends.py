@@ -55,6 +55,8 @@ CORE_REST = [
     "tests/test_solve_models.py",
     "tests/test_trace.py",
     "tests/test_attention.py",
+    "tests/test_head_dims.py",
+    "tests/test_activation_importance.py",
 ]
 
 

@@ -148,8 +148,8 @@ def test_budgets_that_count_macs_need_the_spatial_size():
     (dict(weights="trained"), "weights='trained' must be None (fresh weights", {"weights": "trained"}),
     (dict(weights="keep", importance="l3"), "importance='l3' is unknown; use one of ['l1', 'l2', "
      "'taylor', 'activation', 'bn_scale', 'random']", {"importance": "l3"}),
-    (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: a few (x, y) "
-     "batches", {"importance": "taylor"}),
+    (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: it ranks the "
+     "channels by the loss gradients of a few (x, y) batches.", {"importance": "taylor"}),
     (dict(weights="keep", data=(np.zeros((1, 16, 16, 3)), np.zeros(1))), "data= is for "
      "a ranking that needs data (['taylor', 'activation']); importance='l1' takes none: leave data= "
      "out, or rank with one of ['taylor', 'activation'].", {"importance": "l1"}),

@@ -202,3 +202,22 @@ def test_a_table_repair_that_builds_another_layer_is_refused_by_name(monkeypatch
                        "class DINOV3Attention cannot be re-created .*\\(its twin differs in its "
                        "config: query_bias: False instead of True\\)"):
         kp.apply_plan(model, kp.plan(model, params=1.0, ignore="auto"))
+
+
+def test_a_repair_is_checked_once_per_walk_however_many_rebuilds(monkeypatch):
+    """A latency model rebuilds one walk many times; the repaired layer's twin check (a forward
+    pass) runs for the first rebuild only, and every rebuild still re-creates the layer."""
+    from keras_precrop.graph.rebuild import rebuild
+    from keras_precrop.graph.walker import walk
+
+    model, layer = _offset_model()
+    checks = []
+    check = _hub_repairs.difference
+    monkeypatch.setattr(_hub_repairs, "difference", lambda *a: checks.append(a[0]) or check(*a))
+    graph = walk(model, ignore=[layer.name])
+    widths = [v.width for v in graph.variables]
+    first, second = rebuild(graph, widths), rebuild(graph, widths)
+    assert checks == [layer]
+    assert type(first.get_layer(layer.name)) is type(second.get_layer(layer.name)) is Offset
+    assert graph.repairs_checked == {id(layer): None}
+    assert walk(model, ignore=[layer.name]).repairs_checked == {}  # a new walk checks anew

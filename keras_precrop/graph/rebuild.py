@@ -168,13 +168,22 @@ class _Rebuilder:
             config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
         new, created = _recreated(op, {**config, "name": name}, name)
         if written or created:
-            twin, _ = _recreated(op, {**_config_of(op, name)[0], "name": name}, name)
-            problem = _hub_repairs.difference(op, twin, node.arguments)
+            problem = self._repair_problem(op, name, node)
             if problem:
                 what = "write its own config" if written else "be re-created from its own config"
                 raise _not_recreatable(op, name, f"{what}, nor by keras_precrop's repair of its "
                                        "class", problem)
         return new
+
+    def _repair_problem(self, op, name, node):
+        """What tells ``op`` from a repair's twin of it made from its own config (``None``:
+        nothing), checked once per walk: every rebuild of the walk (a latency model's variants)
+        repairs it the same way."""
+        checked = self.graph.repairs_checked
+        if id(op) not in checked:
+            twin, _ = _recreated(op, {**_config_of(op, name)[0], "name": name}, name)
+            checked[id(op)] = _hub_repairs.difference(op, twin, node.arguments)
+        return checked[id(op)]
 
     def _nested(self, model):
         """Rebuild a nested Functional/Sequential model with its own inputs."""

@@ -131,6 +131,10 @@ class ModelGraph:
             the order of their first call.
         variables: the width variables (:class:`Variable`).
         notes: decisions of the walk a user should know about.
+        repairs_checked: ``{id(layer): problem or None}``: the layers a
+            rebuild re-created by a repair (``graph/_hub_repairs.py``) and
+            what their check found; held here so that the many rebuilds of
+            one walk check each repair once.
     """
 
     def __init__(self, model, walker: _Walker):
@@ -145,6 +149,7 @@ class ModelGraph:
         self.outputs = [walker.key(t) for t in fn.outputs]
         self._ctx = walker.ctx
         self._structure = _resolve(walker.ctx, walker.ctx.residual)
+        self.repairs_checked = {}
 
     @property
     def layers(self) -> list[LayerRecord]:

@@ -56,8 +56,7 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
                             "(the channels that survive keep their trained weights).", weights=weights)
     ranking = criterion(importance, place)
     if ranking.needs == "data" and data is None:
-        raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to rank the "
-                            "channels on.", importance=ranking.given)
+        raise ranking.missing_data()
     if ranking.needs != "data" and data is not None:
         needing = list(Names(needs=["data"]))
         raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({needing}); {{importance}} "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 
 from keras_precrop._views import NameView
+from keras_precrop.errors import ArgumentError
 
 NEEDS = ("weights", "data", "seed")
 # Where rankings are taken, and the needs each place can meet.
@@ -92,6 +93,12 @@ class Importance:
     def given(self):
         """What the user gave for it: its name, or the ranking itself (the fields of an error)."""
         return self.name
+
+    def missing_data(self):
+        """The error for this ranking given no ``data=`` (one wording for every place that checks)."""
+        what = "activations" if self.reads == "activations" else "loss gradients"
+        return ArgumentError("{importance} needs {data:=}: it ranks the channels by the " + what
+                             + " of a few (x, y) batches.", importance=self.given)
 
     def weighs(self, layer, weight):
         """Whether ``weight`` of ``layer`` is scored (default: every trainable weight with channels)."""

@@ -208,8 +208,7 @@ def _magnitudes(graph, ranking, batches, calls):
     """The activation magnitudes a ranking that reads activations scores the ``calls`` by (see
     ``activation.py``), from the forward passes of the model ``batches`` (``taylor.DataBatches``) holds."""
     if not isinstance(batches, DataBatches):
-        raise ArgumentError("{importance} needs {data:=}: a few (x, y) batches to read the "
-                            "activations from.", importance=ranking.given)
+        raise ranking.missing_data()
     scored = [(call, weighed) for call, _, weighed in calls if weighed]
     return layer_magnitudes(graph, batches.model, batches.batches, scored)
 
