@@ -125,7 +125,7 @@ def with_inputs(model, specs, share_layers=False):
     """
     inputs = [keras.Input(shape[1:], name=name, dtype=tensor.dtype)
               for (name, shape), tensor in zip(specs, model.inputs, strict=True)]
-    inputs = inputs if len(inputs) > 1 else inputs[0]
+    inputs = keras.tree.pack_sequence_as(model._inputs_struct, inputs)  # a dict of inputs stays one
     if share_layers:
         with calls_undone(model):
             return keras.models.clone_model(model, input_tensors=inputs, clone_function=lambda op: op)

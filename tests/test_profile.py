@@ -285,11 +285,18 @@ def test_subclassed_model_inside_functional_is_dissolved_into_its_layers():
     assert [rec.path for rec in graph.layers] == ["sub_conv"]
 
 
-def test_undefined_input_shape_is_rejected():
+def test_undefined_input_shape_is_rejected_with_a_remedy_in_the_inputs_own_shape():
     x = keras.Input((None, None, 3), name="img")
     h = L.Conv2D(4, 3, name="c0")(x)
     model = keras.Model(x, L.GlobalAveragePooling2D()(h))
-    with pytest.raises(kp.UnsupportedModelError, match=r"'img'.*undefined shape.*keras\.Input"):
+    with pytest.raises(kp.UnsupportedModelError, match=r"input 'img' has undefined shape \(None, None, "
+                       r"None, 3\).*e\.g\. keras\.Input\(\(224, 224, 3\), name='img'\)\.$"):
+        kp.profile(model)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")  # a text model's open length
+    model = keras.Model(ids, L.Dense(4, name="head")(L.Embedding(50, 8, name="embed")(ids)))
+    with pytest.raises(kp.UnsupportedModelError, match=r"input 'token_ids' has undefined shape "
+                       r"\(None, None\).*a sequence's length.*e\.g\. keras\.Input\(\(128,\), "
+                       r"name='token_ids', dtype='int32'\)\.$"):
         kp.profile(model)
 
 

@@ -1,4 +1,5 @@
-"""Handlers of the patch embeddings that create a vision transformer's hidden stream.
+"""Handlers of the embeddings that create a transformer's hidden stream: a vision
+transformer's patch embeddings and ``keras.layers.Embedding``'s token lookups.
 
 keras_hub's vision transformers begin with one layer that cuts the image into
 patches, projects each onto the hidden dimension with a strided ``Conv2D``
@@ -11,8 +12,12 @@ spatial, per channel), the projection's filters and bias. So the layer
 creates the hidden (residual-stream) channels, as a convolution creates its
 filters, and every later block reads and writes them.
 
-The handlers are registered by qualified name (``handlers.py``), so nothing
-of keras_hub is imported here.
+A ``keras.layers.Embedding`` creates its ``output_dim`` channels from integer
+ids the same way: its table's last axis runs along them, the ids' last axis is
+a sequence, not channels (:class:`TokenEmbedding`).
+
+The keras_hub handlers are registered by qualified name (``handlers.py``), so
+nothing of keras_hub is imported here.
 """
 
 from __future__ import annotations
@@ -87,6 +92,40 @@ class PatchEmbedding(Handler):
         return [{-2: "in", -1: "out"} if w is kernel
                 else {-1: "out"} if _along_hidden(w, layer.hidden_dim) else {}
                 for w in op_weights(layer)]
+
+
+class TokenEmbedding(Handler):
+    """``keras.layers.Embedding``: a table lookup that creates ``output_dim`` channels.
+
+    Parameters: ``input_dim`` per output channel; MACs: none (a gather). The
+    ids it reads have no channels, so nothing before it is pruned by it. A
+    rebuild sets ``output_dim``; kept weights slice the table's last axis.
+    A subclass whose ``call`` is not ``Embedding``'s (keras_hub's
+    ``ReversibleEmbedding`` also projects the hidden stream back onto the
+    vocabulary with the same table) and a table with LoRA weights are
+    refused by name: this rule reads the lookup alone.
+    """
+
+    def walk(self, ctx, rec, node, ins):
+        layer = rec.layer
+        if type(layer).call is not keras.layers.Embedding.call or getattr(layer, "lora_enabled", False):
+            what = ("overrides Embedding.call (keras_hub's ReversibleEmbedding also projects back "
+                    "onto the vocabulary with its table)" if type(layer).call is not
+                    keras.layers.Embedding.call else "has LoRA weights")
+            raise UnsupportedLayerError(
+                f"{rec.path}: {type(layer).__name__} {what}; the embedding rule reads a plain "
+                "lookup only. Keep its channels fixed with {ignore}.", ignore=[rec.path])
+        out = ctx.new_output(rec, layer.output_dim)
+        ctx.add_term(rec, layer.input_dim, 0, out[0])
+        return [out]
+
+    def configure(self, rec, config, width):
+        config["output_dim"] = width(rec.out_segment)
+        return config
+
+    def channel_axes(self, rec, node):
+        """The table's last axis holds the output channels."""
+        return [{-1: "out"} if w is rec.layer.embeddings else {} for w in op_weights(rec.layer)]
 
 
 def _along_hidden(weight, hidden_dim):

@@ -39,7 +39,7 @@ from keras_precrop.graph.channels import (
     width_of,
 )
 from keras_precrop.graph.einsum import EinsumDense
-from keras_precrop.graph.embedding import VIT_EMBEDDINGS
+from keras_precrop.graph.embedding import VIT_EMBEDDINGS, TokenEmbedding
 from keras_precrop.graph.handler_base import (
     BIAS,
     Handler,
@@ -88,9 +88,12 @@ class Tie(Handler):
     def walk(self, ctx, rec, node, ins):
         if getattr(rec.layer, "data_format", None) == "channels_first":
             raise UnsupportedLayerError(f"{rec.path}: only channels_last layers are supported.")
-        channels = ins[0]
-        for other in ins[1:]:
-            ctx.tie(channels, other, rec.path)
+        channels, masks = ins[0], _mask_arguments(node)
+        for i, other in enumerate(ins[1:], 1):
+            if i in masks:  # a Keras mask (GlobalAveragePooling1D's): its last axis is positions
+                ctx.fix(other)
+            else:
+                ctx.tie(channels, other, rec.path)
         total = width_of(ctx, channels)
         per_channel = _acts_on_channels(rec.layer, len(input_shape(node)))
         for w in op_weights(rec.layer):
@@ -112,6 +115,14 @@ class Tie(Handler):
         per_channel = _acts_on_channels(rec.layer, len(shape))
         return [{-1: "out"} if per_channel and tuple(w.shape)[-1:] == shape[-1:]
                 and "float" in str(w.dtype) else {} for w in op_weights(rec.layer)]
+
+
+def _mask_arguments(node):
+    """The indices (in the call's tensor arguments) of the tensors passed as ``mask=``: Keras
+    hands a layer whose ``call`` takes ``mask`` the mask of its input (``mask_zero`` embeddings)."""
+    mask = node.arguments.kwargs.get("mask")
+    ids = {id(t) for t in keras.tree.flatten(mask) if isinstance(t, keras.KerasTensor)}
+    return {i for i, t in enumerate(node.arguments.keras_tensors) if id(t) in ids}
 
 
 class BatchNorm(Tie):
@@ -595,6 +606,7 @@ for _cls in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
     register_handler(_cls, ConvTranspose())
 register_handler(L.Dense, Dense())
 register_handler(L.EinsumDense, EinsumDense())
+register_handler(L.Embedding, TokenEmbedding())
 for _cls in (L.DepthwiseConv1D, L.DepthwiseConv2D):
     register_handler(_cls, Depthwise())
 for _cls in (L.SeparableConv1D, L.SeparableConv2D):
@@ -624,6 +636,8 @@ for _name, _rule in (
     ("keras_hub.src.models.dinov3.dinov3_layers.DINOV3DropPath", Tie()),
     ("keras_hub.src.models.mit.mit_layers.DropPath", Tie()),
     ("keras_hub.src.models.swin_transformer.swin_transformer_layers.DropPath", Tie()),
+    # Learned positions added to a sequence: one vector per position along the hidden channels.
+    ("keras_hub.src.layers.modeling.position_embedding.PositionEmbedding", Tie()),
     *VIT_EMBEDDINGS,  # patch embeddings that create a vision transformer's stream (embedding.py)
 ):
     register_handler(_name, _rule)
@@ -648,8 +662,11 @@ for _cls in (
 ):
     register_handler(_cls, Tie())
 # keras.ops calls recorded inside functional models (e.g. ``x * 0.5``).
+# Comparisons and logic too: the masks of ``mask_zero`` embeddings (``not_equal``) and
+# of the layers that combine them (``logical_or``, ``logical_and``).
 for _name in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide", "Maximum",
-              "Minimum", "Power", "Where"):
+              "Minimum", "Power", "Where", "Equal", "NotEqual", "Less", "LessEqual",
+              "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalXor"):
     if hasattr(_ops_np, _name):
         register_handler(getattr(_ops_np, _name), Broadcast())
 for _name, _rule in (("Pad", OpPad()), ("Reshape", OpReshape()), ("Concatenate", Concat()),
@@ -663,7 +680,7 @@ for _op in (_ops_core.Cast, _ops_core.ConvertToTensor):
     register_handler(_op, Tie())
 for _module, _names in (
     (_ops_np, ("Abs", "Absolute", "Negative", "Square", "Sqrt", "Exp", "Log",
-               "Clip", "Tanh", "Sign")),
+               "Clip", "Tanh", "Sign", "LogicalNot")),
     (_ops_nn, ("Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu",
                "Swish", "HardSwish", "Gelu", "Elu", "Selu", "LeakyRelu",
                "Softplus", "Softsign", "Mish")),

@@ -196,8 +196,8 @@ class _Rebuilder:
             tensors[id(t)] = x
             inputs.append(x)
         outputs = self.model(fn, tensors)
-        return keras.Model(inputs if len(inputs) > 1 else inputs[0], outputs,
-                           name=self.graph.traced.name(model))
+        return keras.Model(keras.tree.pack_sequence_as(fn._inputs_struct, inputs), outputs,
+                           name=self.graph.traced.name(model))  # a dict of inputs stays one
 
     def _new_width_of_old_tensor(self, t):
         channels = self.graph.tensor_channels[id(t)]

@@ -248,11 +248,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attenti
     for index, t in enumerate(fn.inputs):
         shape = tuple(t.shape)
         if any(d is None for d in shape[1:]):
-            raise UnsupportedModelError(
-                f"Model {model.name!r} input {t.name!r} has undefined shape "
-                f"{shape}: MACs depend on spatial size. Build the model with a "
-                "full input shape, e.g. keras.Input((224, 224, 3))."
-            )
+            raise _undefined_input(model, t)
         seg = walker.ctx.new_segment(shape[-1], _input_variable_name(t, index), fixed=True)
         walker.tensors[id(t)] = (Part(seg),)
     try:
@@ -266,6 +262,19 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attenti
     for t in fn.outputs:
         walker.ctx.fix(walker.tensors[id(t)])
     return ModelGraph(model, walker)
+
+
+def _undefined_input(model, tensor):
+    """The refusal of an input with an open size (an image's height and width, a sequence's
+    length), its remedy written for that input: its shape with example sizes, its name and dtype."""
+    shape = tuple(tensor.shape)
+    size = 224 if len(shape) == 4 else 128  # an image side, else a sequence length
+    example = tuple(size if d is None else d for d in shape[1:])
+    dtype = "" if tensor.dtype == "float32" else f", dtype={tensor.dtype!r}"
+    return UnsupportedModelError(
+        f"Model {model.name!r} input {tensor.name!r} has undefined shape {shape}: MACs depend on "
+        "its sizes (an image's height and width, a sequence's length). Build the model on inputs "
+        f"of full shape, e.g. keras.Input({example}, name={tensor.name!r}{dtype}).")
 
 
 def _input_variable_name(tensor, index):
