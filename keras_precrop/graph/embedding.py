@@ -28,7 +28,7 @@ import keras
 from keras.src import backend as _backend
 
 from keras_precrop.errors import UnsupportedLayerError
-from keras_precrop.graph.channels import input_shape, output_shape
+from keras_precrop.graph.channels import Part, input_shape, output_shape
 from keras_precrop.graph.handler_base import Handler, op_weights
 
 
@@ -100,24 +100,34 @@ class TokenEmbedding(Handler):
     Parameters: ``input_dim`` per output channel; MACs: none (a gather). The
     ids it reads have no channels, so nothing before it is pruned by it. A
     rebuild sets ``output_dim``; kept weights slice the table's last axis.
-    A subclass whose ``call`` is not ``Embedding``'s (keras_hub's
-    ``ReversibleEmbedding`` also projects the hidden stream back onto the
-    vocabulary with the same table) and a table with LoRA weights are
-    refused by name: this rule reads the lookup alone.
+    A subclass whose ``call`` is not its handled class's (``base``) and a
+    table with LoRA weights are refused by name: this rule reads that call
+    alone.
     """
 
+    base = keras.layers.Embedding
+    ties_shared_inputs = False  # ids have no channels (and a reverse call reads the stream)
+
     def walk(self, ctx, rec, node, ins):
-        layer = rec.layer
-        if type(layer).call is not keras.layers.Embedding.call or getattr(layer, "lora_enabled", False):
-            what = ("overrides Embedding.call (keras_hub's ReversibleEmbedding also projects back "
-                    "onto the vocabulary with its table)" if type(layer).call is not
-                    keras.layers.Embedding.call else "has LoRA weights")
-            raise UnsupportedLayerError(
-                f"{rec.path}: {type(layer).__name__} {what}; the embedding rule reads a plain "
-                "lookup only. Keep its channels fixed with {ignore}.", ignore=[rec.path])
-        out = ctx.new_output(rec, layer.output_dim)
-        ctx.add_term(rec, layer.input_dim, 0, out[0])
+        self._check(rec)
+        out = ctx.new_output(rec, rec.layer.output_dim)
+        ctx.add_term(rec, self._tables(rec.layer) * rec.layer.input_dim, 0, out[0])
         return [out]
+
+    def _check(self, rec):
+        """Refuse, by name, a layer whose ``call`` or weights this rule does not read."""
+        layer, base = rec.layer, self.base
+        overridden = type(layer).call is not base.call
+        if overridden or getattr(layer, "lora_enabled", False):
+            what = f"overrides {base.__name__}.call" if overridden else "has LoRA weights"
+            raise UnsupportedLayerError(
+                f"{rec.path}: {type(layer).__name__} {what}; the embedding rule reads "
+                f"{base.__name__}'s own call only. Keep its channels fixed with {{ignore}}.",
+                ignore=[rec.path])
+
+    def _tables(self, layer):
+        """How many ``(input_dim, output_dim)`` tables the layer holds."""
+        return 1
 
     def configure(self, rec, config, width):
         config["output_dim"] = width(rec.out_segment)
@@ -126,6 +136,50 @@ class TokenEmbedding(Handler):
     def channel_axes(self, rec, node):
         """The table's last axis holds the output channels."""
         return [{-1: "out"} if w is rec.layer.embeddings else {} for w in op_weights(rec.layer)]
+
+
+class ReversibleEmbedding(TokenEmbedding):
+    """``keras.layers.ReversibleEmbedding`` (keras_hub's language models' token embedding):
+    a lookup, and called with ``reverse=True`` the projection of the hidden stream back onto
+    the vocabulary, by the same table transposed (``tie_weights``) or by its own
+    ``reverse_embeddings``.
+
+    Both calls index one segment, the table's channels: the lookup creates the
+    stream, the projection reads it whole (the stream it reads is tied to
+    it), so input and output embeddings keep one width. The projection writes
+    ``input_dim`` fixed channels (the vocabulary) at ``tokens x input_dim``
+    MACs per stream channel; an untied table adds ``input_dim`` parameters
+    per channel. Parameters count on the layer's first call, whichever it is.
+    """
+
+    base = keras.layers.ReversibleEmbedding
+
+    def walk(self, ctx, rec, node, ins):
+        if not _reverse(node):
+            return super().walk(ctx, rec, node, ins)
+        self._check(rec)
+        layer = rec.layer
+        out = ctx.new_output(rec, layer.output_dim)
+        ctx.tie(ins[0], out, rec.path)
+        tokens = math.prod(input_shape(node)[1:-1])
+        ctx.add_term(rec, self._tables(layer) * layer.input_dim, tokens * layer.input_dim, out[0])
+        return [(Part(ctx.new_segment(layer.input_dim, f"{rec.path}:logits", fixed=True)),)]
+
+    def _tables(self, layer):
+        return 1 if layer.tie_weights else 2
+
+    def channel_axes(self, rec, node):
+        """The lookup table's last axis and the untied projection's first hold the channels."""
+        layer = rec.layer
+        reverse = getattr(layer, "reverse_embeddings", None)
+        return [{-1: "out"} if w is layer.embeddings else {0: "out"} if w is reverse else {}
+                for w in op_weights(layer)]
+
+
+def _reverse(node):
+    """Whether a ``ReversibleEmbedding`` call projects onto the vocabulary (``reverse=True``)."""
+    args, kwargs = node.arguments.args, node.arguments.kwargs
+    return bool(kwargs.get("reverse", args[1] if len(args) > 1 else False))
 
 
 def _along_hidden(weight, hidden_dim):

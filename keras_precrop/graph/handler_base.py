@@ -169,6 +169,12 @@ class Handler:
     the order the layer applies them (a separable conv's depthwise kernel
     before its pointwise one); none by default."""
 
+    ties_shared_inputs: bool = True
+    """Whether the walk ties the inputs of every call of a layer with weights to its first
+    call's (one set of weights reads one set of channels). ``False`` for a rule that relates
+    its calls itself (a ``ReversibleEmbedding`` reads ids, then the stream it created) or
+    whose inputs it fixes (an opaque block)."""
+
     def walk(self, ctx, rec, node, ins):
         """Return output descriptors (one per output tensor); declare costs on ``ctx``."""
         raise NotImplementedError

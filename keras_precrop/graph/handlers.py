@@ -39,7 +39,7 @@ from keras_precrop.graph.channels import (
     width_of,
 )
 from keras_precrop.graph.einsum import EinsumDense
-from keras_precrop.graph.embedding import VIT_EMBEDDINGS, TokenEmbedding
+from keras_precrop.graph.embedding import VIT_EMBEDDINGS, ReversibleEmbedding, TokenEmbedding
 from keras_precrop.graph.handler_base import (
     BIAS,
     Handler,
@@ -270,6 +270,8 @@ class Fixed(Handler):
     is refused by name: its channels would be fixed at a width nobody knows,
     and keeping the layer whole is then no remedy.
     """
+
+    ties_shared_inputs = False  # every call's inputs are fixed
 
     def walk(self, ctx, rec, node, ins):
         for t in node.outputs:
@@ -607,6 +609,7 @@ for _cls in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
 register_handler(L.Dense, Dense())
 register_handler(L.EinsumDense, EinsumDense())
 register_handler(L.Embedding, TokenEmbedding())
+register_handler(L.ReversibleEmbedding, ReversibleEmbedding())
 for _cls in (L.DepthwiseConv1D, L.DepthwiseConv2D):
     register_handler(_cls, Depthwise())
 for _cls in (L.SeparableConv1D, L.SeparableConv2D):

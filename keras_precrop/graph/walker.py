@@ -356,7 +356,7 @@ class _Walker:
             rec = LayerRecord(op, path, handler, ignored)
             ctx.records[id(op)] = rec
             ctx.order.append(rec)
-        if rec.calls and getattr(op, "weights", None):  # shared weights
+        if rec.calls and getattr(op, "weights", None) and rec.handler.ties_shared_inputs:  # shared weights
             for first, now in zip(rec.inputs[0], ins):
                 ctx.tie(first, now, path)
         outs = _walk_layer(ctx, rec, node, ins, self.refused)
