@@ -181,26 +181,41 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
         return (widths, info, chosen) if ties is None else (ties.expand(widths), info, chosen)
 
     if calibrate:
-        options = latency_model if isinstance(latency_model, dict) else {}
-        ratio = _latency.time_ratio(lm, model, verbose=options.get("verbose", 1),
-                                    timer=options.get("timer"))
-        chosen = {}
-
-        def solve_widths(b):
-            widths, info, chosen["mode"] = solve_for(b)
-            return widths, info
-
-        widths, info = _latency.calibrated(
-            solve_widths, lambda w: ratio(rebuild(prof.graph, w.astype(int))),
-            lambda w: cm.totals(w)[cm.row_names.index(_latency.ROW)], budgets, latency, calibrate,
-            runtime=lm.runtime)
-        mode = chosen["mode"]
+        widths, info, mode = _calibrated(solve_for, prof, cm, model, lm, latency_model,
+                                         (budgets, latency, calibrate))
     else:
         widths, info, mode = solve_for(budgets)
     if measured is not model:
         info["spatial_probe"] = list(measured.inputs[0].shape[1:])
     return _make_plan(prof, cm, widths, budgets, mode, list(ignore), {**info, **timed},
                       [list(shape[1:]) for _, shape in input_specs(model)])
+
+
+def _calibrated(solve_for, prof, cm, model, lm, latency_model, budget):
+    """``plan(calibrate=...)``: the widths ``solve_for`` plans, re-planned until their rebuilt
+    model, timed against ``model`` as ``lm`` was fitted, meets the latency budget
+    (``latency.calibrate.calibrated``); ``budget``: the budgets, the latency ratio and the
+    rounds. Returns the widths, their info and the mode that planned them."""
+    options = latency_model if isinstance(latency_model, dict) else {}
+    ratio = _latency.time_ratio(lm, model, verbose=options.get("verbose", 1),
+                                timer=options.get("timer"))
+    chosen, built = {}, {}  # built: the last plan's model (a round timed again times it again)
+
+    def solve_widths(b):
+        widths, info, chosen["mode"] = solve_for(b)
+        return widths, info
+
+    def measure(w):
+        key = w.astype(int).tobytes()
+        if key not in built:
+            built.clear()
+            built[key] = rebuild(prof.graph, w.astype(int))
+        return ratio(built[key])
+
+    widths, info = _latency.calibrated(
+        solve_widths, measure, lambda w: cm.totals(w)[cm.row_names.index(_latency.ROW)], *budget,
+        runtime=lm.runtime)
+    return widths, info, chosen["mode"]
 
 
 def _counted_budgets(prof, budget_arguments, can_grow, timed):

@@ -8,7 +8,9 @@ is a ceiling, not a licence to return a model far below it: a kept plan that
 measures far under the target, or that cuts a layer to a few channels, is
 kept with a :class:`CalibrationWarning` saying so, and so is a search whose
 rounds measured slower at a lower budget (the runtime's time does not fall
-with width here: it names the runtime and the likely cause). A plan that cannot meet the
+with width here: it names the runtime and the likely cause). A round that measures far off the
+latency model's prediction is timed again before it steers the search (a
+disturbed timing would send it to a needlessly narrow plan). A plan that cannot meet the
 target while ``mode="auto"``'s floor holds the residual streams at the uniform plan's widths (at
 the target: the floor does not follow a corrected budget down) ends "not met", the warning naming
 the streams held and a lower ``floor=`` as the remedy.
@@ -29,6 +31,8 @@ CALIBRATION_SLACK = 0.03  # a measured time ratio this far above the budget meet
 FAR_UNDER = 0.7  # a kept plan measuring under this share of the target is far under it
 _CONVERGED = 1e-3  # bracketing budgets closer than this (relative) are one budget
 NOT_MONOTONE = 0.1  # a round at a lower budget measuring this much slower: time is not monotone
+SURPRISE = 0.25  # a round measuring this far off the latency model's prediction is timed again
+AGREE = 0.1  # two timings of one plan this close agree
 
 
 class CalibrationWarning(UserWarning):
@@ -70,7 +74,9 @@ def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None)
         ``target``, ``measured``, ``met``, ``rounds`` (each round's
         ``budget``, as a ratio of the original's predicted time, and
         ``measured`` ratio; ``same_plan_as``: the round, counted from 1,
-        whose plan a round repeats, which is not timed again),
+        whose plan a round repeats, which is not timed again; ``timings``:
+        a round timed again because it measured far off the latency
+        model's prediction (:func:`_timed`), its ratio their median),
         ``not_monotone`` (pairs of rounds whose measured ratios rose as the
         budget fell) and, where the kept plan measures under ``FAR_UNDER``
         times ``target``, cuts a layer to a few channels or the rounds are
@@ -89,11 +95,13 @@ def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None)
                 raise
             break
         same = next((j for j, p in enumerate(plans) if np.array_equal(p[1], widths)), None)
-        ratio = measure(widths) if same is None else plans[same][0]  # a plan is timed once
+        timings = _timed(measure, widths, predicted(widths) / original) if same is None else ()
+        ratio = _middle(timings) if same is None else plans[same][0]  # a plan is timed once
         if refused is not None and k == 0 and ratio > target * (1 + CALIBRATION_SLACK):
             raise refused  # the latency model was right: even the narrowest plan is too slow
         history.append({"budget": float(budget[ROW] / original), "measured": float(ratio),
-                        **({} if same is None else {"same_plan_as": same + 1})})
+                        **({} if same is None else {"same_plan_as": same + 1}),
+                        **({"timings": [float(t) for t in timings]} if len(timings) > 1 else {})})
         plans.append((ratio, widths, info))
         slack = predicted(widths) < budget[ROW] * (1 - 0.01)
         following = _next_budget(history, target)
@@ -110,6 +118,27 @@ def calibrated(solve, measure, predicted, budgets, target, rounds, runtime=None)
         calibration["warning"] = warning
         warnings.warn(CalibrationWarning(warning), stacklevel=3)
     return widths, {**info, "latency_calibration": calibration}
+
+
+def _timed(measure, widths, predicted):
+    """The plan's measured ratios: one, or where it is :data:`SURPRISE` off the latency model's
+    ``predicted`` ratio, a second, and a third where those two disagree (by over :data:`AGREE`).
+
+    One timing disturbed by other work on the machine (a round measured 0.73 of the original's
+    time for a plan that measured 0.44 alone) would steer the search to a needlessly narrow
+    plan; a surprise the runtime repeats is its real time.
+    """
+    timings = [measure(widths)]
+    if abs(timings[0] / predicted - 1) > SURPRISE:
+        timings.append(measure(widths))
+        if abs(timings[1] / timings[0] - 1) > AGREE:
+            timings.append(measure(widths))
+    return timings
+
+
+def _middle(timings):
+    """The median of one to three timings (of two that agree, the first)."""
+    return sorted(timings, key=float)[(len(timings) - 1) // 2] if len(timings) != 2 else timings[0]
 
 
 def _kept(plans, target):

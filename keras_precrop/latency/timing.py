@@ -217,7 +217,7 @@ def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
     log = logger(verbose)
     measure = timer or timer_of(latency_model.batch_size, latency_model.runtime,
                               latency_model.training, rounds, log)
-    done = itertools.count(1)
+    done, last = itertools.count(1), {}
 
     def ratio(candidate):
         seconds = measure({"original": model, "candidate": candidate})
@@ -225,8 +225,10 @@ def time_ratio(latency_model, model, rounds=7, verbose=1, timer=None):
                           narrowed(model, candidate))
         cut = "".join(f"; cuts {name!r} from {before} to {after} channels"
                       for name, after, before in result.narrowed[:3])
-        log(f"calibration round {next(done)}: the plan measures {result:.3f} of the "
-            f"original's time{cut}")
+        again = last.get("candidate") is candidate  # a surprising round timed again
+        last.update(candidate=candidate, round=last["round"] if again else next(done))
+        log(f"calibration round {last['round']}{' (timed again)' if again else ''}: the plan "
+            f"measures {result:.3f} of the original's time{cut}")
         return result
 
     return ratio
