@@ -82,11 +82,12 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
         flops: MAC budget as a ratio of the backbone's MACs (likewise).
         homogeneous: ``True``: the same widths in every block, which the
             backbone's own config can say (``hub_configs.CONFIG_WIDTHS``:
-            keras_hub's ``ViTBackbone`` and ``DeiTBackbone``), so the result is a task of the same
-            classes built from a new config (``hidden_dim``, ``num_heads``,
-            ``mlp_dim``); it saves and loads with keras_hub alone, and the
-            head is re-created on the new hidden width. A ViT keeps its head
-            size, so its heads and hidden width shrink together. ``False``:
+            keras_hub's ``ViTBackbone``, ``DeiTBackbone`` and ``BertBackbone``),
+            so the result is a task of the same classes built from a new
+            config (``hidden_dim``, ``num_heads``, ``mlp_dim``); it saves and
+            loads with keras_hub alone, and the head is re-created on the
+            new hidden width. A ViT (and BERT) keeps its head size, so its
+            heads and hidden width shrink together. ``False``:
             per-block widths, the backbone a functional
             :class:`PrunedBackbone` whose output width (the head's input) is
             kept. ``None``: ``True`` for a task of a backbone in that table.
@@ -155,8 +156,9 @@ def _homogeneous(model, params, flops, widths, options):
             "size from hidden_dim / num_heads, so the same class cannot say it; pass "
             "homogeneous=False for a functional model with narrower heads.",
             attention=options["attention"])
+    options.setdefault("residual", widths.residual)
     subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
-    graph = subject.profile(options.get("ignore", ()), options.get("residual", "prefix"), {}).graph
+    graph = subject.profile(options.get("ignore", ()), options["residual"], {}).graph
     the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
 
     def build(graph, new_widths, seed=None):

@@ -28,10 +28,14 @@ class ConfigWidths:
         keys: ``{config key: pattern}``: the free width variables whose name
             ends in the pattern (a regular expression) are that key's.
         ratios: tuples of keys whose widths keep one ratio (new / original).
+        residual: the ``residual`` mode a homogeneous plan walks under by
+            default: ``"tie"`` where the config gives every reader of the
+            stream all of it (no reader's view can be narrower).
     """
 
     keys: dict
     ratios: tuple = ()
+    residual: str = "prefix"
 
     def classes(self, variables):
         """``{config key: [variable names]}``, every free variable in exactly one key.
@@ -82,6 +86,15 @@ CONFIG_WIDTHS = {
         keys={**_VIT_LIKE, "mlp_dim": r"_mlp_dense"}, ratios=(("hidden_dim", "num_heads"),)),
     "keras_hub.src.models.deit.deit_backbone.DeiTBackbone": ConfigWidths(
         keys={**_VIT_LIKE, "intermediate_dim": r"_mlp_dense"},
+        ratios=(("hidden_dim", "num_heads"),)),
+    # BERT: the token, segment and position embeddings and the pooler are hidden_dim wide, heads
+    # hidden_dim // num_heads, as in a ViT; its post-norm blocks read the stream itself, and the
+    # config gives every reader all of it (residual="tie": no narrower views).
+    "keras_hub.src.models.bert.bert_backbone.BertBackbone": ConfigWidths(
+        residual="tie",
+        keys={"hidden_dim": r"(_token_embedding|_segment_embedding|_pooled_dense)",
+              "num_heads": r"_self_attention_layer",
+              "intermediate_dim": r"_feedforward_intermediate_dense"},
         ratios=(("hidden_dim", "num_heads"),)),
 }
 

@@ -35,7 +35,7 @@ from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import ignore_names
 from keras_precrop.plans import Plan, check_input_shapes, named_for, plan_argument, planned_widths
-from keras_precrop.subject import Subject, with_inputs
+from keras_precrop.subject import Subject, at_sizes_of
 from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.taylor import data_batches
 from keras_precrop.verify import build_checked
@@ -427,8 +427,8 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
         _transfer.carry_weights(graph, new, widths, importance, gradients,
                                 random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size
-        clone = with_inputs(new, input_specs(model))
-        if importance:  # a clone has new layers: carry the weights once more
+        clone = at_sizes_of(new, model)  # (a task kp.hub built from its config is there already)
+        if importance and clone is not new:  # a clone has new layers: carry the weights once more
             clone.set_weights(new.get_weights())
         new = clone
     return new

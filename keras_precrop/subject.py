@@ -109,6 +109,16 @@ def probe_specs(model, macs_arguments):
             for name, shape in specs]
 
 
+def at_sizes_of(model, reference, share_layers=False):
+    """``model`` on inputs of ``reference``'s sizes: itself where they already are, else
+    :func:`with_inputs` of ``reference``'s specs (``kp.hub`` builds a homogeneous task from its
+    config at the original's open sizes; a plan walked it at defined ones)."""
+    specs = input_specs(reference)
+    if [tuple(shape) for _, shape in input_specs(model)] == [tuple(shape) for _, shape in specs]:
+        return model
+    return with_inputs(model, specs, share_layers=share_layers)
+
+
 def with_inputs(model, specs, share_layers=False):
     """Functional ``model`` on inputs of other spatial sizes (``(name, shape)`` in ``specs``; the
     inputs keep their dtypes).

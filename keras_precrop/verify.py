@@ -17,6 +17,7 @@ from keras_precrop.errors import RebuildMismatchError, UnsupportedLayerError, Un
 from keras_precrop.graph import walker as _graph
 from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.rebuild import rebuild
+from keras_precrop.subject import at_sizes_of
 
 
 def _planned_width(graph, widths, rec):
@@ -60,8 +61,9 @@ def check(new_model, graph, widths, plan):
         it does not walk) and a sentence naming the first mismatching layer
         and both values, or ``None`` when every layer, and both totals, agree.
     """
+    walked = at_sizes_of(new_model, graph.model, share_layers=True)  # its own layers, at the walk's sizes
     try:
-        rebuilt = _graph.walk(new_model, ignore=plan.ignore, residual="prefix", attention=plan.attention)
+        rebuilt = _graph.walk(walked, ignore=plan.ignore, residual="prefix", attention=plan.attention)
         prof = _costs.ModelProfile(rebuilt)
     except (UnsupportedLayerError, UnsupportedModelError) as err:
         return None, f"the rebuilt model's channels do not fit together: {str(err).rstrip('.')}"

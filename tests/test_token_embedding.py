@@ -112,7 +112,8 @@ def test_a_reversible_embedding_ties_the_input_and_output_embeddings_to_one_widt
     assert small.count_params() == small.precrop_plan.params <= 0.5 * model.count_params()
     assert tf_macs(small) == small.precrop_plan.macs
     if not tie_weights:  # the projection's rows are the kept channels, as the table's columns
-        table, reverse = model.get_layer("embed").embeddings.numpy(), model.get_layer("embed").reverse_embeddings
+        original = model.get_layer("embed")
+        table, reverse = original.embeddings.numpy(), original.reverse_embeddings
         kept = [int(np.flatnonzero((table == embed.embeddings.numpy()[:, [j]]).all(axis=0))[0])
                 for j in range(embed.output_dim)]
         np.testing.assert_array_equal(embed.reverse_embeddings.numpy(), reverse.numpy()[kept])
