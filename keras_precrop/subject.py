@@ -16,7 +16,7 @@ from keras_precrop.budget import costs as _costs
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph.rebuild import layer_from_config
 from keras_precrop.graph.trace import calls_undone, input_specs, is_functional
-from keras_precrop.graph.walker import ignore_names
+from keras_precrop.graph.walker import ignore_names, input_example
 
 # The spatial size that stands in for an input's undefined one where only parameters count.
 _PROBE_SIZE = 224
@@ -94,17 +94,21 @@ def probe_specs(model, macs_arguments):
     if all(None not in shape[1:] for shape in shapes):
         return None
     given = {k: v for k, v in macs_arguments.items() if v is not None}
+    name, shape = next((name, shape) for name, shape in specs if None in shape[1:])
+    dtype = next((str(t.dtype) for t in getattr(model, "inputs", None) or () if t.name == name), "float32")
     if given:
         raise ArgumentError(
             f"{' and '.join('{' + k + '}' for k in given)} need{'s' * (len(given) == 1)} MACs or "
-            f"time, which depend on the spatial size, but model {model.name!r} has the undefined input shape "
-            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)), "
+            f"time, which depend on the sizes of the inputs (an image's height and width, a "
+            f"sequence's length), but model {model.name!r} has input {name!r} of undefined shape "
+            f"{shape}; build it on inputs of full shape, e.g. {input_example(name, shape, dtype)}, "
             "or give a parameter budget alone.", **given)
     if not is_functional(model):  # a copy at the probe size needs a functional graph
+        full = (None,) + tuple((224 if len(shape) == 4 else 128) if d is None else d for d in shape[1:])
         raise UnsupportedModelError(
             f"Subclassed model {model.name!r} has the undefined input shape "
-            f"{shapes[0]}; build it with a full input shape, e.g. keras.Input((224, 224, 3)) "
-            "or model.build((None, 224, 224, 3)).")
+            f"{shape}; build it with a full input shape, e.g. {input_example(name, shape, dtype)} "
+            f"or model.build({full}).")
     return [(name, shape[:1] + tuple(_PROBE_SIZE if d is None else d for d in shape[1:]))
             for name, shape in specs]
 

@@ -140,8 +140,21 @@ def test_budgets_that_count_macs_need_the_spatial_size():
     with pytest.raises(kp.ArgumentError) as err:
         kp.plan(_flexible_cnn(), params=0.5, flops=0.5)
     assert err.value.arguments == {"flops": 0.5}
-    assert str(err.value).startswith("flops=0.5 needs MACs or time, which depend on the spatial "
-                                     "size, but model 'flex' has the undefined input shape")
+    assert str(err.value) == (
+        "flops=0.5 needs MACs or time, which depend on the sizes of the inputs (an image's height "
+        "and width, a sequence's length), but model 'flex' has input 'img' of undefined shape "
+        "(None, None, None, 3); build it on inputs of full shape, e.g. keras.Input((224, 224, 3), "
+        "name='img'), or give a parameter budget alone.")
+
+
+def test_a_text_models_open_length_is_said_in_its_own_terms():
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    model = keras.Model(ids, L.Dense(2, name="head")(L.Embedding(50, 8, name="embed")(ids)))
+    with pytest.raises(kp.ArgumentError, match=r"input 'token_ids' of undefined shape \(None, None\); "
+                       r"build it on inputs of full shape, e\.g\. keras\.Input\(\(128,\), "
+                       r"name='token_ids', dtype='int32'\)"):
+        kp.plan(model, flops=0.5)
+    assert kp.plan(model, params=0.5).params <= 0.5 * model.count_params()  # parameters need no length
 
 
 @pytest.mark.parametrize("options, message, arguments", [

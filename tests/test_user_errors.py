@@ -117,6 +117,8 @@ def test_an_open_input_shape_is_printed_as_the_user_built_it():
         kp.precrop(model, params=0.5)
     assert "(None, None, None, 3)" in str(info.value)
     assert "224, 224, 224" not in str(info.value)
+    assert str(info.value).endswith("e.g. keras.Input((224, 224, 3), name='open_input') or "
+                                    "model.build((None, 224, 224, 3)).")
 
 
 def _cnn(size=32):

@@ -267,14 +267,18 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attenti
 def _undefined_input(model, tensor):
     """The refusal of an input with an open size (an image's height and width, a sequence's
     length), its remedy written for that input: its shape with example sizes, its name and dtype."""
-    shape = tuple(tensor.shape)
-    size = 224 if len(shape) == 4 else 128  # an image side, else a sequence length
-    example = tuple(size if d is None else d for d in shape[1:])
-    dtype = "" if tensor.dtype == "float32" else f", dtype={tensor.dtype!r}"
     return UnsupportedModelError(
-        f"Model {model.name!r} input {tensor.name!r} has undefined shape {shape}: MACs depend on "
-        "its sizes (an image's height and width, a sequence's length). Build the model on inputs "
-        f"of full shape, e.g. keras.Input({example}, name={tensor.name!r}{dtype}).")
+        f"Model {model.name!r} input {tensor.name!r} has undefined shape {tuple(tensor.shape)}: MACs "
+        "depend on its sizes (an image's height and width, a sequence's length). Build the model "
+        f"on inputs of full shape, e.g. {input_example(tensor.name, tensor.shape, tensor.dtype)}.")
+
+
+def input_example(name, shape, dtype="float32"):
+    """``keras.Input(...)`` for an input of ``shape`` (batch first) with its open sizes filled
+    in: 224 for an image's sides, 128 for a sequence's length (the remedy of a refusal)."""
+    size = 224 if len(shape) == 4 else 128
+    example = tuple(size if d is None else d for d in tuple(shape)[1:])
+    return f"keras.Input({example}, name={name!r}{'' if dtype == 'float32' else f', dtype={dtype!r}'})"
 
 
 def _input_variable_name(tensor, index):
