@@ -13,8 +13,6 @@ from __future__ import annotations
 import numbers
 import string
 
-import numpy as np
-
 
 class _NameOnly:
     """The value of an argument a message names without a value (``params=``, ``--params``)."""
@@ -45,8 +43,8 @@ def is_integer(value):
 
 def spelled(name, value):
     """``name=value`` as a Python caller wrote the argument (numpy scalars as numbers)."""
-    if isinstance(value, np.generic):
-        value = value.item()
+    if type(value).__module__ == "numpy" and not getattr(value, "shape", None):  # a scalar
+        value = value.item()  # (numpy is not imported here: the command line's errors load none)
     return f"{name}={value!r}"
 
 

@@ -118,7 +118,7 @@ def at_sizes_of(model, reference, share_layers=False):
     :func:`with_inputs` of ``reference``'s specs (``kp.hub`` builds a homogeneous task from its
     config at the original's open sizes; a plan walked it at defined ones)."""
     specs = input_specs(reference)
-    if [tuple(shape) for _, shape in input_specs(model)] == [tuple(shape) for _, shape in specs]:
+    if [tuple(shape[1:]) for _, shape in input_specs(model)] == [tuple(shape[1:]) for _, shape in specs]:
         return model
     return with_inputs(model, specs, share_layers=share_layers)
 
