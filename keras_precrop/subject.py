@@ -16,7 +16,7 @@ from keras_precrop.budget import costs as _costs
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
 from keras_precrop.graph.rebuild import layer_from_config
 from keras_precrop.graph.trace import calls_undone, input_specs, is_functional
-from keras_precrop.graph.walker import ignore_names, input_example
+from keras_precrop.graph.walker import example_shape, ignore_names, input_example
 
 # The spatial size that stands in for an input's undefined one where only parameters count.
 _PROBE_SIZE = 224
@@ -104,7 +104,7 @@ def probe_specs(model, macs_arguments):
             f"{shape}; build it on inputs of full shape, e.g. {input_example(name, shape, dtype)}, "
             "or give a parameter budget alone.", **given)
     if not is_functional(model):  # a copy at the probe size needs a functional graph
-        full = (None,) + tuple((224 if len(shape) == 4 else 128) if d is None else d for d in shape[1:])
+        full = (None,) + example_shape(shape)[1:]
         raise UnsupportedModelError(
             f"Subclassed model {model.name!r} has the undefined input shape "
             f"{shape}; build it with a full input shape, e.g. {input_example(name, shape, dtype)} "

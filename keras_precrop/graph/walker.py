@@ -273,11 +273,17 @@ def _undefined_input(model, tensor):
         f"on inputs of full shape, e.g. {input_example(tensor.name, tensor.shape, tensor.dtype)}.")
 
 
-def input_example(name, shape, dtype="float32"):
-    """``keras.Input(...)`` for an input of ``shape`` (batch first) with its open sizes filled
-    in: 224 for an image's sides, 128 for a sequence's length (the remedy of a refusal)."""
+def example_shape(shape):
+    """``shape`` (batch first, kept) with its open sizes filled in: 224 for an image's sides, 128
+    for a sequence's length (the remedy of a refusal)."""
     size = 224 if len(shape) == 4 else 128
-    example = tuple(size if d is None else d for d in tuple(shape)[1:])
+    return tuple(shape)[:1] + tuple(size if d is None else d for d in tuple(shape)[1:])
+
+
+def input_example(name, shape, dtype="float32"):
+    """``keras.Input(...)`` for an input of ``shape`` (batch first), its open sizes filled in
+    (:func:`example_shape`)."""
+    example = example_shape(shape)[1:]
     return f"keras.Input({example}, name={name!r}{'' if dtype == 'float32' else f', dtype={dtype!r}'})"
 
 
