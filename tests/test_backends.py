@@ -4,9 +4,12 @@ Every other backend runs in a subprocess (Keras picks its backend once per
 process), with TensorFlow hidden by ``tests/without_tensorflow/sitecustomize.py``
 so "works without TensorFlow installed" is what is tested:
 
-* the backend-neutral core test files pass under JAX and PyTorch (ResNet-20
-  and the custom layers by default; with ``-m slow`` MobileNetV2, EfficientNetB0
-  and the fast tests of every other core file);
+* the backend-neutral core test files pass under JAX and PyTorch (by default
+  ``test_layers.py`` under JAX; with ``-m slow`` under PyTorch too, with
+  MobileNetV2, EfficientNetB0 and the fast tests of every other core file);
+* by default each check below runs under JAX; ``-m slow`` repeats it under
+  PyTorch and resumes a fit on both (the default suite's time: 15 minutes on
+  two cores);
 * ``profile``'s MACs equal a reference from each layer's kernel and
   activation shapes (checked against TensorFlow's graph here), where that
   graph, the suite's usual reference, is not available;
@@ -42,11 +45,14 @@ from tests.conftest import tf_macs
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WITHOUT_TENSORFLOW = REPO / "tests" / "without_tensorflow"
 OTHER_BACKENDS = ("jax", "torch")
+# The default suite checks under JAX; `-m slow` repeats it under PyTorch.
+JAX_BY_DEFAULT = ["jax", pytest.param("torch", marks=pytest.mark.slow)]
 
 # Core test files that import no TensorFlow; test_profile.py and test_graph.py
 # check MACs against TensorFlow's traced graph and run under TensorFlow only.
-CORE_FAST = ["tests/test_layers.py", "tests/test_acceptance.py"]
+CORE_FAST = ["tests/test_layers.py"]
 CORE_REST = [
+    "tests/test_acceptance.py",
     "tests/test_rebuild.py",
     "tests/test_plan.py",
     "tests/test_models.py",
@@ -100,7 +106,7 @@ def _pytest(backend, files, marker, jax_cache):
     return out
 
 
-@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+@pytest.mark.parametrize("backend", JAX_BY_DEFAULT)
 def test_core_tests_pass_without_tensorflow(backend, jax_cache):
     _pytest(backend, CORE_FAST, "not slow", jax_cache)
 
@@ -155,7 +161,7 @@ def test_kernel_shape_macs_are_tensorflows_graph_macs():
     _assert_macs_agree(macs.run())
 
 
-@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+@pytest.mark.parametrize("backend", JAX_BY_DEFAULT)
 def test_profile_macs_match_kernel_shapes_without_tensorflow(backend, jax_cache):
     script = REPO / "tests" / "backend_scripts" / "macs.py"
     result = json.loads(_check(_run(backend, [str(script)], jax_cache)).strip().splitlines()[-1])
@@ -167,7 +173,7 @@ def test_profile_macs_match_kernel_shapes_without_tensorflow(backend, jax_cache)
 # -- latency budgets on the real clock ----------------------------------------------
 
 
-@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+@pytest.mark.parametrize("backend", JAX_BY_DEFAULT)
 def test_a_latency_budget_is_planned_and_a_timed_step_trains(backend, jax_cache):
     """The runner times the model itself, not ``predict_on_batch``'s overhead: under JAX that
     overhead made ``latency=0.5`` infeasible. Torch's clock on a shared 2-core machine is too
@@ -207,7 +213,7 @@ def pruner_inputs(tmp_path_factory):
         return folder, dict(reference)
 
 
-@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+@pytest.mark.parametrize("backend", JAX_BY_DEFAULT)
 def test_pruners_match_tensorflow_on_the_same_weights(backend, pruner_inputs, jax_cache):
     folder, reference = pruner_inputs
     output = folder / f"{backend}.npz"
@@ -346,6 +352,7 @@ _RESUME = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_epoch", [None, 4])
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_a_resumed_fit_reads_the_epochs_own_shuffles(backend, steps_per_epoch, tmp_path, jax_cache):

@@ -125,6 +125,7 @@ def test_cifar_synflow_keeps_masked_weights_zero(tmp_path):
     assert "Density" in stdout and stdout.index("Density") < stdout.index("Epoch 1/2")
 
 
+@pytest.mark.slow
 def test_cifar_export_init_writes_the_untrained_model_and_its_record(tmp_path):
     """--export_init: the model that would train, untrained, and the record results.json would start
     with; nothing is trained (no history, no checkpoints)."""
@@ -317,6 +318,7 @@ def teacher(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_cifar_keep_weights_prunes_the_init_model_as_the_library_does(tmp_path, teacher):
     """--keep_weights at a plan file: the model to train is apply_plan(weights="keep") of the
     --init_model, weight for weight (--export_init writes it untrained)."""
@@ -413,7 +415,8 @@ def test_cifar_gradual_rebuild_trains_the_smaller_model_as_the_masked_one_would(
 
 @pytest.mark.parametrize(
     "flags, message",
-    [(["--method=precrop_params"], "needs --params"), (["--method=magic"], "magic")],
+    [(["--method=precrop_params"], "needs --params"),
+     pytest.param(["--method=magic"], "magic", marks=pytest.mark.slow)],
 )
 def test_script_reports_bad_flags_in_one_line(tmp_path, flags, message):
     proc = _run("train_cifar.py", [*flags, f"--model_dir={tmp_path}"])

@@ -181,7 +181,7 @@ def _pruned_cnn(seed):
     return model, kp.plan(model, params=0.5)
 
 
-@pytest.mark.parametrize("teacher", [False, True])
+@pytest.mark.parametrize("teacher", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_going_on_with_the_finalized_model_trains_as_the_masked_model(teacher):
     """fine_tune 1 epoch of 3 with GradualPruning (masks final at step 4), then fine_tune the
     finalized model from epoch 1 with optimizer_from=: the weights end where 3 epochs of the masked

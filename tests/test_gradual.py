@@ -533,8 +533,9 @@ def _on_smaller(pruning, small, x, y, seed, kind, distill, carry=True):
     return before
 
 
-@pytest.mark.parametrize("kind, distill", [("sgd", False), ("adam", False), ("sgd", True),
-                                           ("nadam", False), ("rmsprop", False)])
+@pytest.mark.parametrize("kind, distill", [
+    ("adam", False), *(pytest.param(*case, marks=pytest.mark.slow)
+                       for case in [("sgd", False), ("sgd", True), ("nadam", False), ("rmsprop", False)])])
 def test_training_on_smaller_with_the_carried_optimizer_is_training_on_masked(kind, distill):
     """Masks final at step 4, then 8 more steps: of the masked model (reference), or of the
     finalized smaller model with the optimizer's state carried over (step count, momentum or

@@ -85,7 +85,8 @@ def test_gradual_pruning_under_torch(tmp_path):
     _backend_run("torch", tmp_path)
 
 
-@pytest.mark.parametrize("distiller", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("distiller", [False, True])
 def test_gradual_pruning_under_mirrored_strategy_on_two_cpus(distiller):
     args = [SCRIPT, "--mirrored"] + (["--distiller"] if distiller else [])
     process = run_python(args, env={**os.environ, "KERAS_BACKEND": "tensorflow"})

@@ -30,7 +30,7 @@ def _images(n=2, seed=1):
     return np.random.default_rng(seed).random((n, 32, 32, 3)).astype("float32")
 
 
-@pytest.mark.parametrize("budget", [{"params": 0.5}, {"flops": 0.4}])
+@pytest.mark.parametrize("budget", [{"params": 0.5}, pytest.param({"flops": 0.4}, marks=pytest.mark.slow)])
 def test_a_vit_task_comes_back_as_keras_hub_classes_with_a_new_config(budget, tmp_path):
     model = _vit()
     small = kp.hub.precrop(model, **budget)

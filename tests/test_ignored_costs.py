@@ -144,7 +144,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", pytest.param("torch", marks=pytest.mark.slow)])
 def test_an_ignored_layer_costed_by_the_backend_is_exact_or_unknown(backend):
     """Every input pixel of a strided transposed convolution times its 3x3x4x6 kernel, as the walker
     counts a ``Conv2DTranspose`` (not the zeros the stride inserts, which JAX's and TensorFlow's

@@ -156,7 +156,8 @@ def test_an_identity_plan_with_kept_weights_is_the_original_and_permutes_its_str
     assert_same_function(model, tied, x, tol=0)
 
 
-@pytest.mark.parametrize("name", ["MobileNetV2", "EfficientNetB0", "DenseNet121"])
+@pytest.mark.parametrize("name", ["MobileNetV2", *(pytest.param(name, marks=pytest.mark.slow)
+                                                    for name in ("EfficientNetB0", "DenseNet121"))])
 def test_an_identity_plan_keeps_keras_applications(name):
     keras.utils.set_random_seed(0)
     model = getattr(keras.applications, name)(input_shape=(64, 64, 3), weights=None, classes=10,

@@ -457,7 +457,8 @@ def test_bad_calibrate(small, fitted, kwargs, match):
         kp.plan(small, latency_model=fitted, **kwargs)
 
 
-@pytest.mark.parametrize("runtime", ["litert", "tflite", "onnx", "litert_int8", "onnx_int8"])
+@pytest.mark.parametrize("runtime", ["litert", "tflite", "onnx", "litert_int8",
+                                     pytest.param("onnx_int8", marks=pytest.mark.slow)])
 def test_every_runtime_times_a_pruned_model_on_the_real_clock(runtime):
     """Each runtime builds, runs and times the original ResNet-20 and a pruned one (with its
     ChannelSlice and PrefixAdd layers), a positive time per round. How much faster the pruned one

@@ -123,8 +123,9 @@ def test_rebuilt_chain_equals_explicit_zero_padding(params):
     np.testing.assert_allclose(_numpy(new(x)), _numpy(hand(x)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["resnet20", "mobilenet_v2_cifar", "EfficientNetB0",
-                                  pytest.param("NASNetMobile", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["resnet20", "mobilenet_v2_cifar",
+                                  *(pytest.param(name, marks=pytest.mark.slow)
+                                    for name in ("EfficientNetB0", "NASNetMobile"))])
 def test_identity_plan_with_copied_weights_gives_the_original_outputs(name):
     if name in ("EfficientNetB0", "NASNetMobile"):
         model = getattr(keras.applications, name)(input_shape=(32, 32, 3), weights=None)

@@ -219,7 +219,8 @@ def test_compare_traces_and_walks_the_model_once(monkeypatch):
 # -- defect 9: nothing keeps the model alive -------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("kind", ["functional", *(pytest.param(kind, marks=pytest.mark.slow)
+                                                   for kind in ("sequential", "subclassed"))])
 def test_results_keep_neither_the_model_nor_its_layers_alive(kind):
     model = MODELS[kind]()
     model_ref = weakref.ref(model)

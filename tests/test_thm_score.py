@@ -28,7 +28,7 @@ def _relu_cnn():
     return keras.Model(inputs, L.Dense(3, use_bias=False, name="fc")(x))
 
 
-@pytest.mark.parametrize("granularity", ["weight", "filter"])
+@pytest.mark.parametrize("granularity", ["weight", pytest.param("filter", marks=pytest.mark.slow)])
 def test_expected_score_is_the_mean_score_under_random_masks(granularity):
     model = _relu_cnn()
     densities = {"c1/kernel": 0.5, "c2/kernel": 0.25, "fc/kernel": 0.5}

@@ -60,6 +60,7 @@ def test_tf_runner_puts_the_input_once_and_waits_for_every_timed_call():
     assert result["events"][:2] == ["put", "put"]  # before the warm-up calls
 
 
+@pytest.mark.slow
 def test_torch_runner_puts_the_input_once_and_waits_for_every_timed_call(tmp_path):
     result = _in_subprocess("torch", tmp_path)
     _assert_each_timed_call_is_waited_for(result)

@@ -58,6 +58,7 @@ def test_notebook_installs_the_package_and_defaults_to_tpu_and_gcs(notebook):
     assert 'get_strategy("tpu" if USE_TPU' in source
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_cpu_with_the_switch_off(notebook, tmp_path):
     namespace = {}
     with tfds.testing.mock_data(num_examples=5 * 32):  # STEPS_PER_EPOCH x BATCH_PER_REPLICA

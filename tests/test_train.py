@@ -434,7 +434,8 @@ def test_fit_without_tensorboard(reference, tmp_path):
         result.final_accuracy  # noqa: B018 - reading the property raises
 
 
-@pytest.mark.parametrize("data", ["fixed", "shuffled", "shuffled, steps_per_epoch", "shuffled, mirrored"])
+@pytest.mark.parametrize("data", ["shuffled", *(pytest.param(data, marks=pytest.mark.slow) for data in
+                                              ["fixed", "shuffled, steps_per_epoch", "shuffled, mirrored"])])
 def test_resumes_after_kill(reference, tmp_path, data):
     """Killed after epoch 0 and rerun, the run trains epochs 1-2 as the uninterrupted one did: the
     weights, optimizer and schedule restored, and (shuffled) the data of epochs 1-2, not epoch 0's
@@ -473,6 +474,7 @@ def test_resumes_after_kill(reference, tmp_path, data):
     )
 
 
+@pytest.mark.slow
 def test_mirrored_two_logical_cpus_matches_default(reference, tmp_path):
     init_weights, reference_history = reference
     _wait(_spawn(["mirrored", tmp_path / "run", init_weights, tmp_path / "out.json", "--logical_cpus", 2]))
