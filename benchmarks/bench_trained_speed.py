@@ -28,11 +28,17 @@ in the same round (same-round pairs saw the same machine load). Masked runs
 (SynFlow etc.) are not timed: their kernels are dense, so they run at the
 original's cost (1.0x).
 
+``--model vit_cifar`` times issue 61's ViT pruned at initialization instead
+(``experiments/vit_at_init.py``'s runs of methods ``precrop`` and ``uniform``:
+the teacher's architecture re-planned at the run's budget and mode, or its
+calibrated latency plan loaded by name), against the unpruned architecture.
+
 Usage::
 
     python benchmarks/bench_trained_speed.py                    # ~3 min on 2 cores, quiet machine
     python benchmarks/bench_trained_speed.py --model mobilenet_v2_cifar
     python benchmarks/bench_trained_speed.py --runs ../main/experiments/runs
+    python benchmarks/bench_trained_speed.py --model vit_cifar   # needs keras_hub
     python benchmarks/bench_trained_speed.py --limit 3 --rounds 2 --out /tmp/speed   # smoke run
 
 Writes ``trained_speed_<model>.json`` (per run id: params, MACs, median
@@ -56,12 +62,17 @@ import _timing  # noqa: E402
 import keras_precrop as kp  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import train_vit_teacher  # noqa: E402  (the ViT's architecture; it imports keras_hub when building)
+
 RESULTS = REPO / "benchmarks" / "results"
 PLANS = REPO / "experiments" / "plans"  # where the grids keep the plan files they train
 # The structured methods of examples/train_cifar.py that plan from budgets, and the cap on widths
 # their library call sets (precrop: only removes channels; reconfigure: lets layers grow).
 UPPER = {"precrop_params": 1.0, "precrop_flops": 1.0, "preconfig": None}
 PLAN_METHOD = "precrop_plan"  # trains the widths of a plan file (the latency plans)
+VIT = "vit_cifar"  # issue 61's ViT: experiments/vit_at_init.py's runs, its methods' modes
+VIT_MODES = {"precrop": "auto", "uniform": "uniform"}
 ORIGINAL = _timing.ORIGINAL
 
 
@@ -74,13 +85,25 @@ def stem(run_id):
     return re.sub(r"-s\d+$", "", run_id)
 
 
+def base_model(model):
+    """The unpruned network the runs of ``model`` cut: a zoo model, or the ViT teacher's
+    architecture (``experiments/train_vit_teacher.py``, initialized from seed 0)."""
+    return train_vit_teacher.build(0) if model == VIT else kp.models.get(model)
+
+
+def _timed(name, result, model):
+    """Whether run ``name`` (its ``result``) is a structured run of ``model`` this benchmark times."""
+    if model == VIT:
+        return name.startswith(f"{VIT}-") and result.get("method") in VIT_MODES
+    return result.get("method") in (*UPPER, PLAN_METHOD) and result.get("model") == model
+
+
 def structured_runs(runs_dir, model, epochs):
     """``{run id: results}`` of the finished structured runs of ``model`` at ``epochs``, sorted by id."""
     found = {}
     for path in sorted(pathlib.Path(runs_dir).glob("*/results.json")):
         result = json.loads(path.read_text())
-        timed = result["method"] in (*UPPER, PLAN_METHOD)
-        if timed and result.get("model") == model and result["epochs"] == epochs:
+        if _timed(path.parent.name, result, model) and result["epochs"] == epochs:
             found[path.parent.name] = result
     return found
 
@@ -89,8 +112,12 @@ def replan(base, result):
     """The plan of the model a run trained: its plan file, found by name in ``PLANS`` (the run
     recorded the absolute path of the checkout that trained it), else made again from its flags by
     the current library."""
-    if result["method"] == PLAN_METHOD:
-        return kp.Plan.from_json(PLANS / pathlib.Path(result["plan_file"]).name)
+    if result["method"] == PLAN_METHOD or result.get("plan"):
+        return kp.Plan.from_json(PLANS / pathlib.Path(result.get("plan") or result["plan_file"]).name)
+    if result["method"] in VIT_MODES:
+        budgets = result["budgets"]
+        return kp.plan(base, params=budgets["params"], flops=budgets["flops"], upper=1.0,
+                       mode=VIT_MODES[result["method"]])
     return kp.plan(base, params=result.get("params_budget"), flops=result.get("flops_budget"),
                    upper=UPPER[result["method"]], **result.get("plan_options") or {})
 
@@ -112,7 +139,7 @@ def distinct_plans(base, runs):
             skipped[name] = f"cannot re-plan it: {type(err).__name__}: {err}"
             continue
         if plan.params != result["params"]:
-            made = ("its plan file holds {:,} params" if result["method"] == PLAN_METHOD
+            made = ("its plan file holds {:,} params" if result["method"] == PLAN_METHOD or result.get("plan")
                     else "the current library plans {:,} params at its flags")
             skipped[name] = f"{made.format(plan.params)}, it trained {result['params']:,}"
             continue
@@ -194,7 +221,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=pathlib.Path, default=REPO / "experiments" / "runs",
                         help="folder of the runs (one folder per run id with its results.json)")
-    parser.add_argument("--model", default="resnet20", help="zoo model whose runs are timed")
+    parser.add_argument("--model", default="resnet20",
+                        help=f"zoo model whose runs are timed, or {VIT} (vit_at_init.py's runs)")
     parser.add_argument("--epochs", type=int, default=10, help="the schedule whose runs are timed")
     parser.add_argument("--batch-size", type=int, default=64, help="inference batch")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
@@ -204,7 +232,7 @@ def main(argv=None):
                         help="folder for trained_speed_<model>.json/.md (default benchmarks/results)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    base = kp.models.get(args.model)
+    base = base_model(args.model)
     runs = structured_runs(args.runs, args.model, args.epochs)
     plans, skipped = distinct_plans(base, runs)
     _log(f"{len(runs)} runs, {len(plans)} distinct plans, {len(skipped)} skipped")

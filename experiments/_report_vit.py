@@ -62,10 +62,11 @@ _RECIPE = (
     "of the 3- and 10-epoch runs).")
 
 
-def _vit(runs, results_dir):
+def _vit(runs, results_dir, speed=None):
     """The section's lines: teachers, a table per pruning point of the trained teachers, the goals,
     the at-initialization table. ``runs``: ``{run folder: results}``; ``results_dir``: the folder of
-    the one-shot cuts' JSON files."""
+    the one-shot cuts' JSON files; ``speed``: ``bench_trained_speed.py --model vit_cifar``'s record
+    of the at-initialization runs (None before it ran)."""
     teachers = {name: r for name, r in runs.items() if name.startswith("vit_cifar-teacher-")}
     records = _records(runs)
     lines = ["## A vision transformer: the CIFAR-10 ViT (issue 61)", "", *_teachers(teachers, runs),
@@ -76,7 +77,7 @@ def _vit(runs, results_dir):
     for point in points:
         lines += _point_table(point, [r for r in records if r["point"] == point],
                               cuts if point == _MACS_POINT else {})
-    return lines + _goals(records, teachers) + _at_init(runs)
+    return lines + _goals(records, teachers) + _at_init(runs, speed)
 
 
 def _cell(values):
@@ -334,28 +335,42 @@ def _near_teacher(precrop, teachers):
                    f"{difference:+.2f} pp (n {len(ours[1])}/{len(teacher)}).")
 
 
-def _at_init(runs):
-    """The at-initialization table (``vit_at_init.py``): method x budget, or "pending"."""
+def _speedup(rows):
+    """The median measured speedup of a table row's timed runs, or blank."""
+    return f"{statistics.median(row['speedup'] for row in rows):.2f}x" if rows else ""
+
+
+_AT_INIT_COMMAND = ("`python experiments/vit_at_init.py --method M --params 0.5 --seed S`, M = precrop, "
+                    "uniform, homogeneous; the latency rows: `--method M --plan experiments/plans/"
+                    "vit_cifar_tf_b64_headdims_latency0.5_P.json`, (M, P) = (precrop, auto), (uniform, "
+                    "uniform), plans calibrated once on a quiet machine")
+
+
+def _at_init(runs, speed=None):
+    """The at-initialization table (``vit_at_init.py``): method x budget, or "pending"; the measured
+    speedup of each row's models where ``speed`` (``bench_trained_speed.py``'s record) timed them."""
     lines = ["### The ViT pruned at initialization", ""]
-    found = [r for name, r in sorted(runs.items())
+    found = [{**r, "run": name} for name, r in sorted(runs.items())
              if name.startswith("vit_cifar-") and r.get("method") in _AT_INIT]
     if not found:
-        return lines + ["Pending: no run yet (`python experiments/vit_at_init.py --method M --params 0.5 "
-                        "--seed S`, M = precrop, uniform, homogeneous; and `--latency 0.5`).", ""]
+        return lines + [f"Pending: no run yet ({_AT_INIT_COMMAND}).", ""]
     groups = {}
     for r in found:
         budget = ", ".join(f"{k} {v:g}" for k, v in r["budgets"].items() if v is not None)
         groups.setdefault((list(_AT_INIT).index(r["method"]), budget, r["epochs"]), []).append(r)
+    timed = (speed or {}).get("runs", {})
     lines += ["The teacher's architecture freshly initialized, cut before training, trained with the "
-              "teachers' recipe (2 warm-up epochs, cosine). Speeds are `benchmarks`' (measured "
-              "interleaved).", "",
-              "| method | budget | epochs | test accuracy % | params | MACs ratio | n |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "teachers' recipe (2 warm-up epochs, cosine). *speedup*: the unpruned architecture's "
+              "time / the row's, measured interleaved by `python benchmarks/bench_trained_speed.py "
+              "--model vit_cifar` (TensorFlow, inference, batch "
+              f"{(speed or {}).get('settings', {}).get('batch_size', 64)}; blank: not timed yet).", "",
+              "| method | budget | epochs | test accuracy % | params | MACs ratio | speedup | n |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for (index, budget, epochs), group in sorted(groups.items()):
         lines.append(f"| {list(_AT_INIT.values())[index]} | {budget} | {epochs} "
                      f"| {_cell([r['test_accuracy'] for r in group])} "
                      f"| {statistics.mean(r['params'] for r in group):,.0f} "
                      f"| {statistics.mean(r['macs'] / r['original_macs'] for r in group):.4f} "
+                     f"| {_speedup([timed[r['run']] for r in group if r['run'] in timed])} "
                      f"| {len(group)} |")
-    return lines + ["", "Reproduce: `python experiments/vit_at_init.py --method M --params 0.5 --seed S` "
-                    "(M = precrop, uniform, homogeneous; `--latency 0.5` for the latency rows).", ""]
+    return lines + ["", f"Reproduce: {_AT_INIT_COMMAND}.", ""]

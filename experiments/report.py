@@ -53,6 +53,7 @@ FIGURES = HERE / "figures"
 # Measured speedups of the trained structured models (benchmarks/bench_trained_speed.py), a
 # trained_speed_<network>.json per network.
 SPEED_DIR = HERE.parent / "benchmarks" / "results"
+_VIT_SPEED = "trained_speed_vit_cifar.json"  # the ViT's (issue 61), read by its section alone
 # The latency plans' records (experiments/latency_plans.py): target, mode, costs, calibration.
 PLANS = HERE / "plans"
 # The runs' train.log files and git history, read from this checkout (HERE holds the results only
@@ -109,7 +110,7 @@ def _load_speed():
         ValueError: naming the files, when they were timed at other batch
             sizes or on other CPUs (one figure axis and one note say both).
     """
-    files = sorted(SPEED_DIR.glob("trained_speed_*.json"))
+    files = sorted(path for path in SPEED_DIR.glob("trained_speed_*.json") if path.name != _VIT_SPEED)
     if not files:
         return None
     found = [json.loads(path.read_text()) for path in files]
@@ -119,6 +120,13 @@ def _load_speed():
                          f"on other CPUs {sorted(shared)}: time every network alike, or compare them apart.")
     return {**found[0], "runs": {k: v for f in found for k, v in f["runs"].items()},
             "skipped": {k: v for f in found for k, v in f.get("skipped", {}).items()}}
+
+
+def _load_vit_speed():
+    """``bench_trained_speed.py --model vit_cifar``'s record (the ViT section's own, timed apart from
+    the CNN grids), or None before it ran."""
+    path = SPEED_DIR / _VIT_SPEED
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _load_plans():
@@ -314,7 +322,7 @@ def main():
             lines += (_against_uniform(entries[grid], [], ("layerwise",), "this grid")
                       + _equal_time(entries[grid], entries[grid], speed, plans, "this grid"))
     lines += (_keep_weights(runs, entries, FIGURES) + _gradual(runs, entries, FIGURES)
-              + _gradual_mobilenet(runs, entries, FIGURES) + _vit(runs, RESULTS))
+              + _gradual_mobilenet(runs, entries, FIGURES) + _vit(runs, RESULTS, _load_vit_speed()))
     long_body, long_entries = _section(*_LONG, runs)
     lines += long_body
     if _plot_curves(long_entries, FIGURES / "long_curves.png", "Longer schedule: test accuracy per epoch"):

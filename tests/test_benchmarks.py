@@ -73,3 +73,32 @@ def test_masked_and_dense_runs_are_not_rebuilt(tmp_path, method):
     (tmp_path / name / "results.json").write_text(json.dumps({"method": method, "model": "resnet20",
                                                               "epochs": 10}))
     assert bench.structured_runs(tmp_path, "resnet20", 10) == {}
+
+
+def test_the_vits_at_init_runs_are_rebuilt_as_vit_at_init_cut_them(tmp_path):
+    """``--model vit_cifar`` times vit_at_init.py's precrop and uniform runs only (not the teachers,
+    the trained arms or the keras_hub configs): a budget's run is re-planned to the model
+    ``kp.precrop`` made for it, a calibrated latency plan's run is its plan file."""
+    pytest.importorskip("keras_hub")
+    base = bench.base_model("vit_cifar")
+    plan_file = "experiments/plans/vit_cifar_tf_b64_headdims_latency0.5_uniform.json"
+    records = {
+        "vit_cifar-precrop-params0.5-ep10-s0": {
+            "method": "precrop", "budgets": {"params": 0.5, "flops": None, "latency": None},
+            "params": bench.kp.precrop(base, params=0.5).count_params()},
+        "vit_cifar-uniform-vit_cifar_tf_b64_headdims_latency0.5_uniform-ep10-s1": {
+            "method": "uniform", "budgets": {"params": None, "flops": None, "latency": 0.5},
+            "plan": f"/elsewhere/{plan_file}", "params": 211554},
+        "vit_cifar-homogeneous-params0.5-ep10-s0": {"method": "homogeneous"},
+        "vit_cifar-teacher-ep10-s0": {"seed": 0},
+        "vit_cifar-oneshot-flops0.5-distill-ep10-s0": {"arm": "oneshot"},
+    }
+    for name, record in records.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({**record, "epochs": 10}))
+    runs = bench.structured_runs(tmp_path, "vit_cifar", 10)
+    assert sorted(runs) == sorted(list(records)[:2])
+    plans, skipped = bench.distinct_plans(base, runs)
+    assert skipped == {}
+    assert sorted((p["runs"], p["plan"].params) for p in plans) == sorted(
+        ([name], records[name]["params"]) for name in runs)

@@ -592,10 +592,21 @@ def test_vit_at_init_table_groups_methods_and_budgets(tmp_path):
             "method": method, "budgets": {"params": 0.5, "flops": None, "latency": None}, "epochs": 10,
             "seed": seed, "test_accuracy": acc, "params": 405000, "macs": 29001088,
             "original_macs": 58002176}
-    rows = [line for line in _report_vit._at_init(runs) if line.startswith("| ")]
+    # A latency row: a calibrated plan's run records its target as the budget.
+    runs["vit_cifar-precrop-vit_cifar_tf_b64_headdims_latency0.5_auto-ep10-s0"] = {
+        "method": "precrop", "budgets": {"params": None, "flops": None, "latency": 0.5}, "epochs": 10,
+        "seed": 0, "test_accuracy": 50.0, "params": 200000, "macs": 14500544, "original_macs": 58002176,
+        "plan": "experiments/plans/vit_cifar_tf_b64_headdims_latency0.5_auto.json"}
+    # bench_trained_speed.py --model vit_cifar timed both precrop seeds (the median is shown), not uniform.
+    speed = {"settings": {"batch_size": 64}, "runs": {
+        "vit_cifar-precrop-params0.5-ep10-s0": {"speedup": 1.5},
+        "vit_cifar-precrop-params0.5-ep10-s1": {"speedup": 1.7}}}
+    rows = [line for line in _report_vit._at_init(runs, speed) if line.startswith("| ")]
     assert rows[1:] == [
-        "| PreCrop (the solver's widths per block) | params 0.5 | 10 | 56.50 ± 0.71 | 405,000 | 0.5000 | 2 |",
-        "| uniform widths (mode='uniform') | params 0.5 | 10 | 55.00 | 405,000 | 0.5000 | 1 |"]
+        "| PreCrop (the solver's widths per block) | latency 0.5 | 10 | 50.00 | 200,000 | 0.2500 |  | 1 |",
+        "| PreCrop (the solver's widths per block) | params 0.5 | 10 | 56.50 ± 0.71 | 405,000 | 0.5000 "
+        "| 1.60x | 2 |",
+        "| uniform widths (mode='uniform') | params 0.5 | 10 | 55.00 | 405,000 | 0.5000 |  | 1 |"]
 
 
 def test_vit_fake_tp_arguments_are_tp_vits_own():
