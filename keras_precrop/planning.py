@@ -79,7 +79,8 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
             ``"heads"`` (whole heads: ``num_heads`` shrinks) or
             ``"head_dims"`` (every head stays and narrows: ``key_dim`` and
             ``value_dim`` shrink, the same in every head, as Torch-Pruning's
-            ``prune_head_dims``).
+            ``prune_head_dims``); ``GroupQueryAttention`` layers by whole
+            groups (a key-value head with its query heads) or ``head_dim``.
         latency: time budget as a ratio of the original model's time as
             ``latency_model`` predicts it (e.g. 0.5).
         latency_model: a :class:`~keras_precrop.latency.LatencyModel` fitted

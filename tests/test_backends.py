@@ -62,6 +62,7 @@ CORE_REST = [
     "tests/test_trace.py",
     "tests/test_attention.py",
     "tests/test_head_dims.py",
+    "tests/test_gqa.py",
     "tests/test_activation_importance.py",
 ]
 

@@ -76,7 +76,7 @@ class MultiHeadAttention(Handler):
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
-        places = _places(layer, node, rec.path)
+        places = call_places(layer, node, rec.path)
         query, value = ins[places["query"]], ins[places["value"]]
         key = ins[places.get("key", places["value"])]
         for i in places["other"]:  # masks: their last axis is key positions, read whole
@@ -119,10 +119,10 @@ class MultiHeadAttention(Handler):
         ``(heads, value_dim, channels out)``. Under ``attention="head_dims"``
         the units are along the per-head dimension, the same in every head.
         """
-        layer, places = rec.layer, _places(rec.layer, node, rec.path)
+        layer, places = rec.layer, call_places(rec.layer, node, rec.path)
         unit = 2 if rec.out_kind == "head_dims" else 1  # a projection's dim axis / head axis
-        reads = {"query": _in_role(places["query"]), "key": _in_role(places.get("key", places["value"])),
-                 "value": _in_role(places["value"]), "gate": _in_role(places["query"])}
+        reads = {"query": input_role(places["query"]), "key": input_role(places.get("key", places["value"])),
+                 "value": input_role(places["value"]), "gate": input_role(places["query"])}
         roles = {}
         for name in (*_PROJECTIONS, "gate"):
             dense = getattr(layer, f"_{name}_dense", None)
@@ -180,12 +180,12 @@ def _new_output_channels(ctx, rec, layer):
     return (Part(ctx.new_segment(_output_width(layer), f"{rec.path}:output")),)
 
 
-def _in_role(index):
+def input_role(index):
     """The role of a kernel axis reading input ``index`` of the call."""
     return "in" if index == 0 else f"in:{index}"
 
 
-def _places(layer, node, path):
+def call_places(layer, node, path):
     """``{"query": i, "value": j[, "key": k], "other": [...]}``: where each input sits in ``ins``."""
     names = tensor_arguments(layer, node)
     places = {"other": []}

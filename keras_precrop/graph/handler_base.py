@@ -256,7 +256,10 @@ class Handler:
           layer's key and value; new ones start at zero);
         * ``"unit"`` / ``"unit_in"``: the units the layer creates inside and
           writes / reads (attention heads: a projection's head axis / the
-          output projection's; new ones start from the initializer / at zero).
+          output projection's; new ones start from the initializer / at zero);
+          ``"unit*<g>"`` / ``"unit_in*<g>"``: an axis of ``g`` consecutive
+          entries per unit (a grouped-query layer's query heads of each
+          key-value head).
 
         The default reads :meth:`specs_of`: a kernel's ``in_axis`` and
         ``out_axis``, a depthwise kernel's ``in_axis``, the last axis of

@@ -40,6 +40,7 @@ from keras_precrop.graph.channels import (
 )
 from keras_precrop.graph.einsum import EinsumDense
 from keras_precrop.graph.embedding import VIT_EMBEDDINGS, ReversibleEmbedding, TokenEmbedding
+from keras_precrop.graph.gqa import GroupedQueryAttention
 from keras_precrop.graph.handler_base import (
     BIAS,
     Handler,
@@ -620,6 +621,7 @@ for _cls in (L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum):
     register_handler(_cls, Broadcast())
 register_handler(L.Concatenate, Concat())
 register_handler(L.MultiHeadAttention, MultiHeadAttention())
+register_handler(L.GroupQueryAttention, GroupedQueryAttention())
 register_handler(L.GroupNormalization, GroupNorm())
 # Layers of keras.applications and keras_hub, by name (nothing is imported):
 # ConvNeXt's per-channel LayerScale, InceptionResNetV2's ``x + scale * r`` (a

@@ -202,10 +202,12 @@ def batches(data, num_batches=None):
     for i, item in enumerate(items):
         if not isinstance(item, (tuple, list)) or len(item) < 2:
             raise ValueError(f"Batch {i} of data is not an (x, y) pair: {type(item).__name__}.")
-        x, y = (np.asarray(ops.convert_to_numpy(t)) for t in item[:2])
-        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+        # x may be a model's several inputs (a list, tuple or dict of arrays): each converted alone.
+        x, y = (keras.tree.map_structure(lambda t: np.asarray(ops.convert_to_numpy(t)), t) for t in item[:2])
+        leaves = keras.tree.flatten(x)
+        if any(np.issubdtype(t.dtype, np.floating) and not np.all(np.isfinite(t)) for t in leaves):
             raise ValueError(f"Batch {i} of data has NaN or Inf inputs.")
-        out.append((ops.convert_to_tensor(x), ops.convert_to_tensor(y)))
+        out.append(keras.tree.map_structure(ops.convert_to_tensor, (x, y)))
     if not out:
         raise ValueError("data yielded no batch.")
     return out

@@ -43,10 +43,12 @@ from keras import ops
 from keras_precrop.errors import UnsupportedLayerError
 from keras_precrop.graph.channels import input_shape
 from keras_precrop.training.constraints import give_back_call, lend_call
+from keras_precrop.transfer import flow
 
 
 def source(role):
     """What a weight axis of ``role`` is scored by: ``"out"``, ``"in:<i>"`` or ``"unit"``."""
+    role = flow.unit_block(role)[0]
     if role == "out":
         return "out"
     if role in ("unit", "unit_in"):
@@ -109,10 +111,10 @@ def _reads(call, roles):
                 found[key] = (rec.layer, None, -1)
             elif key != "unit":
                 found[key] = (rec.layer, int(key[3:]), -1)
-            elif role == "unit_in":
+            elif flow.unit_block(role)[0] == "unit_in":
                 axis = axis % len(w.shape)
                 found[key] = (_owner(rec.layer, w), 0, axis - len(w.shape) + 1)
-    if any(role == "unit" for _, axes in roles for role in axes.values()) and "unit" not in found:
+    if any(source(role) == "unit" for _, axes in roles for role in axes.values()) and "unit" not in found:
         raise UnsupportedLayerError(
             f"{rec.path}: importance='activation' reads an attention layer's units from the input "
             "of the sublayer that reads them, but no weight of this layer reads them. Rank with "

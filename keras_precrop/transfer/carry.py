@@ -242,14 +242,15 @@ def _sliced(value, new_w, roles, selections, width):
     zero = fresh = np.zeros((1,) * value.ndim, bool)
     for axis, role in roles.items():
         index = flow.role_array(role, *selections)
-        if role == "mid":  # each input channel's depth_multiplier channels in turn
-            m = value.shape[axis] // width
+        # "mid": each input channel's depth_multiplier channels in turn; "unit*<g>": each unit's g.
+        m = value.shape[axis] // width if role == "mid" else flow.unit_block(role)[1]
+        if m > 1:
             index = np.where(index[:, None] >= 0, index[:, None] * m + np.arange(m), -1).ravel()
         value = np.take(value, np.maximum(index, 0), axis=axis)
         shape = [1] * value.ndim
         shape[axis] = len(index)
         new = (index < 0).reshape(shape)
-        if role in ("out", "channel", "unit"):
+        if flow.unit_block(role)[0] in ("out", "channel", "unit"):
             fresh = fresh | new
         else:
             zero = zero | new

@@ -45,6 +45,14 @@ def propagate(graph, start, outputs):
 _UNIT_ROLES = ("unit", "unit_in")
 
 
+def unit_block(role):
+    """``(role, block)``: a unit role ``"unit*<g>"`` / ``"unit_in*<g>"`` is an axis of ``g``
+    consecutive entries per unit (a grouped-query layer's query heads of each key-value head);
+    every other role is its own entry per channel, ``block`` 1."""
+    base, _, block = role.partition("*")
+    return base, int(block or 1)
+
+
 def role_array(role, ins, out, unit):
     """The channels along a weight axis of ``role``: of an input, the output or the layer's units.
 
@@ -53,10 +61,12 @@ def role_array(role, ins, out, unit):
             (the first input's channels); ``"in:<i>"`` (input ``i``'s, e.g.
             an attention layer's key and value); ``"unit"``/``"unit_in"``
             (the units the layer creates inside, e.g. attention heads,
-            written and read).
+            written and read; with ``*<g>``, ``g`` entries per unit: the
+            array is the units', one entry per unit).
         ins, out: the arrays of the call's inputs and first output.
         unit: the array of the layer's own units (``None`` if it has none).
     """
+    role = unit_block(role)[0]
     if role == "out":
         return out
     if role in _UNIT_ROLES:
@@ -68,6 +78,7 @@ def role_array(role, ins, out, unit):
 
 def side(role):
     """Whether an axis of ``role`` writes (``"out"``), reads (``"in"``) or is the layer's units."""
+    role = unit_block(role)[0]
     return "unit" if role in _UNIT_ROLES else "out" if role == "out" else "in"
 
 

@@ -196,6 +196,7 @@ def _score_layer(call, origins, weighed, method, scores):
             ids = flow.role_array(role, *origins)
             if role == "mid":
                 ids = np.repeat(ids, value.shape[axis] // width)
+            ids = np.repeat(ids, flow.unit_block(role)[1])  # a unit's block of entries
             covered[np.ravel(ids)] = True
             if ranking.needs != "data" or grads:
                 sides[flow.side(role)].append((ids, _per_index(ranking, value, grads, axis)))
@@ -230,7 +231,7 @@ def _score_activations(call, origins, weighed, method, scores):
             covered[np.ravel(ids)] = True
             if source(role) not in done:
                 done.add(source(role))
-                rows = ranking(magnitudes[id(call.record.layer)][source(role)])
+                rows = ranking(_per_unit(magnitudes[id(call.record.layer)][source(role)], role))
                 sides[flow.side(role)].append((ids, _checked(ranking, rows, len(ids))))
     for parts in sides.values():
         if parts:
@@ -253,6 +254,13 @@ def _per_index(ranking, value, grads, axis):
 def _rows(value, axis):
     """``value`` with one row per index along ``axis``, the rest flattened."""
     return np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)
+
+
+def _per_unit(magnitudes, role):
+    """``(batches, entries)`` magnitudes of an axis of ``role`` summed over each unit's block of
+    entries (``"unit*<g>"``: a key-value head's ``g`` query heads), one column per unit."""
+    block = flow.unit_block(role)[1]
+    return magnitudes if block == 1 else magnitudes.reshape(len(magnitudes), -1, block).sum(axis=2)
 
 
 def _checked(ranking, scores, count):
