@@ -213,6 +213,22 @@ def assert_matches_plan(model, plan, new):
     assert shapes[0] == shapes[1]
 
 
+def assert_equals_zeroed_head_dims(model, small, name, dropped, x):
+    """``small`` computes what ``model`` does with the per-head dimensions ``dropped`` of its
+    attention layer ``name`` zeroed in the query, key and value projections (kernels ``(in, heads,
+    dim)``, biases ``(heads, dim)``): an independent reference for a head-dimension cut."""
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    layer = reference.get_layer(name)
+    for dense in (layer._query_dense, layer._key_dense, layer._value_dense):
+        for w in dense.weights:
+            array = keras.ops.convert_to_numpy(w)
+            array[..., dropped] = 0
+            w.assign(array)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)),
+                               keras.ops.convert_to_numpy(reference(x)), atol=1e-5)
+
+
 def assert_budget_use(plan, model, upper, round_to=1, min_channels=1):
     """The budgets hold, and the binding one is used as far as the grid allows.
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from tests.conftest import assert_matches_plan, tf_macs
+from tests.conftest import assert_equals_zeroed_head_dims, assert_matches_plan, tf_macs
 
 
 def _gqa_model(query_heads=6, kv_heads=3, head_dim=4, width=16, tokens=5, use_gate=False,
@@ -157,17 +157,7 @@ def test_dropping_dimensions_equals_zeroing_them():
     assert 1 <= pruned.head_dim < 4 and pruned.num_query_heads == 6
     kept = _kept(model.get_layer("gqa"), pruned, pruned.head_dim, axis=2)
     assert len(kept) == pruned.head_dim
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    layer = reference.get_layer("gqa")
-    dropped = [i for i in range(4) if i not in kept]
-    for dense in (layer._query_dense, layer._key_dense, layer._value_dense):
-        for w in dense.weights:  # kernel (in, heads, dim), bias (heads, dim)
-            array = _np(w)
-            array[..., dropped] = 0
-            w.assign(array)
-    x = _batch(model)
-    np.testing.assert_allclose(_np(small(x)), _np(reference(x)), atol=1e-5)
+    assert_equals_zeroed_head_dims(model, small, "gqa", [i for i in range(4) if i not in kept], _batch(model))
 
 
 @pytest.mark.parametrize("attention", ["heads", "head_dims"])

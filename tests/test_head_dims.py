@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_precrop as kp
-from tests.conftest import assert_matches_plan, tf_macs
+from tests.conftest import assert_equals_zeroed_head_dims, assert_matches_plan, tf_macs
 from tests.test_attention import VARIANTS, _attention_model, _batch, _np
 
 _SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -77,17 +77,8 @@ def test_dropping_dimensions_equals_zeroing_them(variant):
     kept = [i for i in range(6) if any(np.allclose(value[:, :, i], _np(pruned._value_dense.kernel)[:, :, j])
                                        for j in range(pruned.key_dim))]
     assert len(kept) == pruned.key_dim
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    layer = reference.get_layer("b0_mha")
-    dropped = [i for i in range(6) if i not in kept]
-    for dense in (layer._query_dense, layer._key_dense, layer._value_dense):
-        for w in dense.weights:  # kernel (in, heads, dim), bias (heads, dim)
-            array = _np(w)
-            array[..., dropped] = 0
-            w.assign(array)
-    x = _batch(model)
-    np.testing.assert_allclose(_np(small(x)), _np(reference(x)), atol=1e-5)
+    assert_equals_zeroed_head_dims(model, small, "b0_mha", [i for i in range(6) if i not in kept],
+                                   _batch(model))
 
 
 def test_a_layer_whose_value_dim_differs_is_refused_by_name():

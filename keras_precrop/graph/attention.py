@@ -76,11 +76,7 @@ class MultiHeadAttention(Handler):
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
-        places = call_places(layer, node, rec.path)
-        query, value = ins[places["query"]], ins[places["value"]]
-        key = ins[places.get("key", places["value"])]
-        for i in places["other"]:  # masks: their last axis is key positions, read whole
-            ctx.fix(ins[i])
+        places, query, key, value = read_call(ctx, rec, node, ins)
         per_k, per_v, unit, per_pair = _units(ctx, rec, layer)
         q_shape, v_shape = node.arguments.keras_tensors[places["query"]].shape, \
             node.arguments.keras_tensors[places["value"]].shape
@@ -178,6 +174,17 @@ def _new_output_channels(ctx, rec, layer):
     if rec.calls:
         return rec.outputs[0][0]
     return (Part(ctx.new_segment(_output_width(layer), f"{rec.path}:output")),)
+
+
+def read_call(ctx, rec, node, ins):
+    """``(places, query, key, value)`` of an attention call: where each input sits
+    (:func:`call_places`) and the channels of each stream; masks (every other tensor) are fixed,
+    their last axis being key positions, read whole."""
+    places = call_places(rec.layer, node, rec.path)
+    for i in places["other"]:
+        ctx.fix(ins[i])
+    value = ins[places["value"]]
+    return places, ins[places["query"]], ins[places.get("key", places["value"])], value
 
 
 def input_role(index):

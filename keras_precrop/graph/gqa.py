@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from keras_precrop.graph.attention import call_places, input_role
+from keras_precrop.graph.attention import call_places, input_role, read_call
 from keras_precrop.graph.channels import Part
 from keras_precrop.graph.handler_base import Handler
 
@@ -43,11 +43,7 @@ class GroupedQueryAttention(Handler):
 
     def walk(self, ctx, rec, node, ins):
         layer = rec.layer
-        places = call_places(layer, node, rec.path)
-        query, value = ins[places["query"]], ins[places["value"]]
-        key = ins[places.get("key", places["value"])]
-        for i in places["other"]:  # masks: their last axis is key positions, read whole
-            ctx.fix(ins[i])
+        places, query, key, value = read_call(ctx, rec, node, ins)
         for other in (key, value):  # the layer takes query, key and value of one width
             ctx.tie(query, other, rec.path)
         per_query, per_kv, unit, per_pair = _units(ctx, rec, layer)
