@@ -373,4 +373,22 @@ def _at_init(runs, speed=None):
                      f"| {statistics.mean(r['macs'] / r['original_macs'] for r in group):.4f} "
                      f"| {_speedup([timed[r['run']] for r in group if r['run'] in timed])} "
                      f"| {len(group)} |")
-    return lines + ["", f"Reproduce: {_AT_INIT_COMMAND}.", ""]
+    return lines + ["", *_at_init_goal(groups), f"Reproduce: {_AT_INIT_COMMAND}.", ""]
+
+
+def _at_init_goal(groups):
+    """Issue 61's goal at initialization, per budget and schedule both methods ran: PreCrop's layout
+    never worse than uniform widths beyond the stds (the larger of the two; 0 for one seed)."""
+    precrop, uniform = list(_AT_INIT).index("precrop"), list(_AT_INIT).index("uniform")
+    lines = []
+    for (index, budget, epochs), group in sorted(groups.items()):
+        other = groups.get((uniform, budget, epochs))
+        if index != precrop or other is None:
+            continue
+        (a, sa), (b, sb) = (_mean_std([r["test_accuracy"] for r in g]) for g in (group, other))
+        tolerance = max(sa or 0.0, sb or 0.0)
+        lines.append(f"- {budget}, {epochs} epochs: PreCrop's layout never worse than uniform widths "
+                     f"beyond the stds: {_judged(a >= b - tolerance, len(group), len(other))}: "
+                     f"{a:.2f} vs {b:.2f}, {a - b:+.2f} pp (tolerance {tolerance:.2f}; n "
+                     f"{len(group)}/{len(other)}).")
+    return [*lines, ""] if lines else []
