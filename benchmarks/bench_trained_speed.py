@@ -108,12 +108,18 @@ def structured_runs(runs_dir, model, epochs):
     return found
 
 
+def _plan_file(result):
+    """The plan file a run trained (a latency plan's: ``plan_file`` of the grids, ``plan`` of
+    vit_at_init.py), or None for a run planned from its budgets."""
+    return result["plan_file"] if result["method"] == PLAN_METHOD else result.get("plan")
+
+
 def replan(base, result):
     """The plan of the model a run trained: its plan file, found by name in ``PLANS`` (the run
     recorded the absolute path of the checkout that trained it), else made again from its flags by
     the current library."""
-    if result["method"] == PLAN_METHOD or result.get("plan"):
-        return kp.Plan.from_json(PLANS / pathlib.Path(result.get("plan") or result["plan_file"]).name)
+    if _plan_file(result):
+        return kp.Plan.from_json(PLANS / pathlib.Path(_plan_file(result)).name)
     if result["method"] in VIT_MODES:
         budgets = result["budgets"]
         return kp.plan(base, params=budgets["params"], flops=budgets["flops"], upper=1.0,
@@ -139,7 +145,7 @@ def distinct_plans(base, runs):
             skipped[name] = f"cannot re-plan it: {type(err).__name__}: {err}"
             continue
         if plan.params != result["params"]:
-            made = ("its plan file holds {:,} params" if result["method"] == PLAN_METHOD or result.get("plan")
+            made = ("its plan file holds {:,} params" if _plan_file(result)
                     else "the current library plans {:,} params at its flags")
             skipped[name] = f"{made.format(plan.params)}, it trained {result['params']:,}"
             continue

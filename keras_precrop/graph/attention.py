@@ -117,8 +117,7 @@ class MultiHeadAttention(Handler):
         """
         layer, places = rec.layer, call_places(rec.layer, node, rec.path)
         unit = 2 if rec.out_kind == "head_dims" else 1  # a projection's dim axis / head axis
-        reads = {"query": input_role(places["query"]), "key": input_role(places.get("key", places["value"])),
-                 "value": input_role(places["value"]), "gate": input_role(places["query"])}
+        reads = projection_reads(places)
         roles = {}
         for name in (*_PROJECTIONS, "gate"):
             dense = getattr(layer, f"_{name}_dense", None)
@@ -183,8 +182,13 @@ def read_call(ctx, rec, node, ins):
     places = call_places(rec.layer, node, rec.path)
     for i in places["other"]:
         ctx.fix(ins[i])
-    value = ins[places["value"]]
-    return places, ins[places["query"]], ins[places.get("key", places["value"])], value
+    return places, *(ins[places[name]] for name in ("query", "key", "value"))
+
+
+def projection_reads(places):
+    """The role of each projection's input axis (query, key, value, gate) for a call's ``places``."""
+    return {"query": input_role(places["query"]), "key": input_role(places["key"]),
+            "value": input_role(places["value"]), "gate": input_role(places["query"])}
 
 
 def input_role(index):
@@ -193,7 +197,8 @@ def input_role(index):
 
 
 def call_places(layer, node, path):
-    """``{"query": i, "value": j[, "key": k], "other": [...]}``: where each input sits in ``ins``."""
+    """``{"query": i, "value": j, "key": k, "other": [...]}``: where each input sits in ``ins`` (the
+    key at the value's place when the call gives none)."""
     names = tensor_arguments(layer, node)
     places = {"other": []}
     for i, name in enumerate(names):
@@ -205,6 +210,7 @@ def call_places(layer, node, path):
         raise UnsupportedLayerError(
             f"{path}: a {type(layer).__name__} call whose query or value is not a tensor of the "
             "model cannot be walked. Keep it whole with {ignore}.", ignore=[layer.name])
+    places.setdefault("key", places["value"])  # no key given: the value is the key
     return places
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from keras_precrop.graph.attention import call_places, input_role, read_call
+from keras_precrop.graph.attention import call_places, projection_reads, read_call
 from keras_precrop.graph.channels import Part
 from keras_precrop.graph.handler_base import Handler
 
@@ -80,25 +80,21 @@ class GroupedQueryAttention(Handler):
         ``(heads, head_dim)``; the output projection's kernel is
         ``(query heads, head_dim, channels out)``.
         """
-        layer, places = rec.layer, call_places(rec.layer, node, rec.path)
-        if rec.out_kind == "head_dims":
-            axis, query_units, kv_units = 2, "unit", "unit"
-        else:
-            g = _group(layer)
-            axis, query_units, kv_units = 1, "unit" if g == 1 else f"unit*{g}", "unit"
-        reads = {"query": places["query"], "key": places.get("key", places["value"]),
-                 "value": places["value"], "gate": places["query"]}
+        layer = rec.layer
+        reads = projection_reads(call_places(layer, node, rec.path))
+        # A query head axis holds g entries per group; a head_dim axis one per unit.
+        axis, block = (2, "") if rec.out_kind == "head_dims" else (1, f"*{_group(layer)}")
         roles = {}
         for name in _PROJECTIONS:
             dense = getattr(layer, f"_{name}_dense", None)
             if dense is None:
                 continue
-            units = kv_units if name in ("key", "value") else query_units
-            roles[id(dense.kernel)] = {0: input_role(reads[name]), axis: units}
+            units = "unit" if name in ("key", "value") else f"unit{block}"
+            roles[id(dense.kernel)] = {0: reads[name], axis: units}
             if dense.bias is not None:
                 roles[id(dense.bias)] = {axis - 1: units}
         out = layer._output_dense
-        roles[id(out.kernel)] = {axis - 1: query_units.replace("unit", "unit_in"), 2: "out"}
+        roles[id(out.kernel)] = {axis - 1: f"unit_in{block}", 2: "out"}
         if out.bias is not None:
             roles[id(out.bias)] = {-1: "out"}
         return [roles.get(id(w), {}) for w in layer.weights]

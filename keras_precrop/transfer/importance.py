@@ -196,7 +196,9 @@ def _score_layer(call, origins, weighed, method, scores):
             ids = flow.role_array(role, *origins)
             if role == "mid":
                 ids = np.repeat(ids, value.shape[axis] // width)
-            ids = np.repeat(ids, flow.unit_block(role)[1])  # a unit's block of entries
+            block = flow.unit_block(role)[1]
+            if block > 1:  # a unit's block of entries
+                ids = np.repeat(ids, block)
             covered[np.ravel(ids)] = True
             if ranking.needs != "data" or grads:
                 sides[flow.side(role)].append((ids, _per_index(ranking, value, grads, axis)))
