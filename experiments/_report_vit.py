@@ -32,6 +32,8 @@ _LATENCY_POINT = ("latency", 0.5)  # where issue 61 sets the trained goals
 _TP_RECIPE = {"optimizer": "adamw", "lr": 0.001, "weight_decay": 0.05, "schedule": "cosine",
               "warmup_epochs": 0, "batch_size": 128, "distill": True, "alpha": 0.5, "temperature": 4.0}
 _BEAT_TP_PP, _NEAR_TEACHER_PP = 1.0, 2.0  # issue 61's goals for 3 and 10 epochs
+_EQUAL_TIME = 0.03  # at initialization: two rows' measured speedups this close take equal time
+_REPO = pathlib.Path(__file__).resolve().parent.parent  # where a run's plan path starts
 # The one-shot cuts of teacher s0 measured before any run: (file, the way's arm and layout, where its
 # accuracy, params and MACs ratio are in the file: a key path each).
 _CUTS = (
@@ -337,13 +339,19 @@ def _near_teacher(precrop, teachers):
 
 def _speedup(rows):
     """The median measured speedup of a table row's timed runs, or blank."""
-    return f"{statistics.median(row['speedup'] for row in rows):.2f}x" if rows else ""
+    speed = _median_speedup(rows)
+    return "" if speed is None else f"{speed:.2f}x"
 
 
 _AT_INIT_COMMAND = ("`python experiments/vit_at_init.py --method M --params 0.5 --seed S`, M = precrop, "
                     "uniform, homogeneous; the latency rows: `--method M --plan experiments/plans/"
                     "vit_cifar_tf_b64_headdims_latency0.5_P.json`, (M, P) = (precrop, auto), (uniform, "
-                    "uniform), plans calibrated once on a quiet machine")
+                    "uniform), plans calibrated once on a quiet machine; uniform at the measured time of "
+                    "PreCrop's latency plan: `--method uniform --plan experiments/plans/"
+                    "vit_cifar_tf_b64_headdims_flops0.234_uniform.json`, `kp.plan(model, flops=0.234, "
+                    "mode=\"uniform\", attention=\"head_dims\")` of the teacher's architecture (the MACs "
+                    "ratio of PreCrop's latency plan, which timed as fast untrained: 1.84x vs 1.83x, "
+                    "interleaved)")
 
 
 def _at_init(runs, speed=None):
@@ -356,8 +364,8 @@ def _at_init(runs, speed=None):
         return lines + [f"Pending: no run yet ({_AT_INIT_COMMAND}).", ""]
     groups = {}
     for r in found:
-        budget = ", ".join(f"{k} {v:g}" for k, v in r["budgets"].items() if v is not None)
-        groups.setdefault((list(_AT_INIT).index(r["method"]), budget, r["epochs"]), []).append(r)
+        key = (list(_AT_INIT).index(r["method"]), _at_init_budget(r), r["epochs"])
+        groups.setdefault(key, []).append(r)
     timed = (speed or {}).get("runs", {})
     lines += ["The teacher's architecture freshly initialized, cut before training, trained with the "
               "teachers' recipe (2 warm-up epochs, cosine). *speedup*: the unpruned architecture's "
@@ -371,24 +379,70 @@ def _at_init(runs, speed=None):
                      f"| {_cell([r['test_accuracy'] for r in group])} "
                      f"| {statistics.mean(r['params'] for r in group):,.0f} "
                      f"| {statistics.mean(r['macs'] / r['original_macs'] for r in group):.4f} "
-                     f"| {_speedup([timed[r['run']] for r in group if r['run'] in timed])} "
-                     f"| {len(group)} |")
-    return lines + ["", *_at_init_goal(groups), f"Reproduce: {_AT_INIT_COMMAND}.", ""]
+                     f"| {_speedup(_timed_rows(group, timed))} | {len(group)} |")
+    return lines + ["", *_at_init_goal(groups, timed), f"Reproduce: {_AT_INIT_COMMAND}.", ""]
 
 
-def _at_init_goal(groups):
-    """Issue 61's goal at initialization, per budget and schedule both methods ran: PreCrop's layout
-    never worse than uniform widths beyond the stds (the larger of the two; 0 for one seed)."""
+def _timed_rows(group, timed):
+    """``bench_trained_speed.py``'s records of a table row's runs that it timed."""
+    return [timed[r["run"]] for r in group if r["run"] in timed]
+
+
+def _at_init_budget(r):
+    """A run's budget as the table shows it: its budgets, or for a ``--plan`` run its plan file's
+    (a calibrated latency target, else its params or MACs budget as a ratio of the original's)."""
+    if not r.get("plan"):
+        return ", ".join(f"{k} {v:g}" for k, v in r["budgets"].items() if v is not None)
+    plan = json.loads((_REPO / r["plan"]).read_text())
+    target = plan["solver"].get("latency_calibration", {}).get("target")
+    if target is not None:
+        return f"latency {target:g}"
+    ratios = {("flops" if k == "macs" else k): v / plan["original"][k]
+              for k, v in plan["budgets"].items() if v is not None}
+    return ", ".join(f"{k} {v:.3g}" for k, v in ratios.items())
+
+
+def _at_init_goal(groups, timed):
+    """Issue 61's goal at initialization: PreCrop's layout never worse than uniform widths beyond the
+    stds (the larger of the two; 0 for one seed), at equal budget and at equal measured time.
+
+    Equal time is read from the interleaved benchmark (``timed``): a uniform row whose median speedup
+    is within :data:`_EQUAL_TIME` of PreCrop's row at the same schedule. A latency budget's two plans,
+    calibrated on another machine, may not take equal time here: their line says so.
+    """
     precrop, uniform = list(_AT_INIT).index("precrop"), list(_AT_INIT).index("uniform")
     lines = []
     for (index, budget, epochs), group in sorted(groups.items()):
-        other = groups.get((uniform, budget, epochs))
-        if index != precrop or other is None:
+        if index != precrop:
             continue
-        (a, sa), (b, sb) = (_mean_std([r["test_accuracy"] for r in g]) for g in (group, other))
-        tolerance = max(sa or 0.0, sb or 0.0)
-        lines.append(f"- {budget}, {epochs} epochs: PreCrop's layout never worse than uniform widths "
-                     f"beyond the stds: {_judged(a >= b - tolerance, len(group), len(other))}: "
-                     f"{a:.2f} vs {b:.2f}, {a - b:+.2f} pp (tolerance {tolerance:.2f}; n "
-                     f"{len(group)}/{len(other)}).")
+        speed = _median_speedup(_timed_rows(group, timed))
+        for (other_index, other_budget, other_epochs), other in sorted(groups.items()):
+            if other_index != uniform or other_epochs != epochs:
+                continue
+            other_speed = _median_speedup(_timed_rows(other, timed))
+            equal_time = None not in (speed, other_speed) and abs(speed / other_speed - 1) <= _EQUAL_TIME
+            if other_budget == budget:
+                where = f"{budget}, {epochs} epochs"
+                if "latency" in budget and None not in (speed, other_speed) and not equal_time:
+                    where += f" (not at equal measured time here: {speed:.2f}x vs {other_speed:.2f}x)"
+            elif equal_time:
+                where = (f"equal measured time ({budget} at {speed:.2f}x vs uniform's {other_budget} at "
+                         f"{other_speed:.2f}x), {epochs} epochs")
+            else:
+                continue
+            lines.append(_layout_verdict(where, group, other))
     return [*lines, ""] if lines else []
+
+
+def _median_speedup(rows):
+    """The median measured speedup of a row's timed runs, or None."""
+    return statistics.median(row["speedup"] for row in rows) if rows else None
+
+
+def _layout_verdict(where, group, other):
+    """A goal line: PreCrop's runs ``group`` against uniform's ``other``, within the larger std."""
+    (a, sa), (b, sb) = (_mean_std([r["test_accuracy"] for r in g]) for g in (group, other))
+    tolerance = max(sa or 0.0, sb or 0.0)
+    return (f"- {where}: PreCrop's layout never worse than uniform widths beyond the stds: "
+            f"{_judged(a >= b - tolerance, len(group), len(other))}: {a:.2f} vs {b:.2f}, {a - b:+.2f} "
+            f"pp (tolerance {tolerance:.2f}; n {len(group)}/{len(other)}).")

@@ -1,4 +1,4 @@
-"""keras-precrop: structured pruning-at-initialization for Keras 3 CNNs.
+"""keras-precrop: structured pruning for Keras 3, at initialization or of trained models.
 
 Public API (everything else is private):
 
@@ -138,7 +138,8 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC) | set(_SUBPACKAGES))
+    """The public API (``__all__``) and the version: not the modules this file imports."""
+    return sorted({*__all__, "__version__"})
 
 
 __all__ = [

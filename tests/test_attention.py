@@ -262,3 +262,21 @@ def test_a_latency_models_prediction_of_a_model_does_not_round_its_heads():
                           verbose=0)
     assert lm.block == 16
     assert lm.predict(model) == pytest.approx(lm.seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("variant", ["self", "gate"])
+def test_a_layers_density_is_the_share_of_its_kernel_weights_kept(variant):
+    """The plan's density of an attention layer reads like a dense layer's: kept kernel weights
+    over the original's, counted on the rebuilt model (not the product of its kernels' densities,
+    which shrinks with their number)."""
+    model = _attention_model(**VARIANTS[variant])
+    small = kp.precrop(model, params=0.4, mode="uniform", attention="head_dims")
+
+    def kernel_weights(m, name):
+        return sum(int(np.prod(w.shape)) for w in m.get_layer(name).weights
+                   if w.path.endswith("kernel"))
+
+    densities = {layer["name"]: layer["density"] for layer in small.precrop_plan.layers}
+    for name in ("b0_mha", "b0_fc1", "embed"):
+        kept = kernel_weights(small, name) / kernel_weights(model, name)
+        assert densities[name] == pytest.approx(kept, rel=1e-9), name

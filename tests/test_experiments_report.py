@@ -614,6 +614,32 @@ def test_vit_at_init_table_groups_methods_and_budgets(tmp_path):
                      "0.71; n 2/1)."]
 
 
+def test_vit_at_init_goal_is_judged_at_equal_measured_time():
+    """A latency budget's two plans, calibrated elsewhere, may time apart here: their line says so,
+    and a uniform plan that times within 3% of PreCrop's (here a MACs-budget plan file, whose run
+    records no budget of its own) is judged against it at equal measured time."""
+    plans = "experiments/plans/vit_cifar_tf_b64_headdims_"
+    arms = (("precrop", "latency0.5_auto", 63.0, 1.83), ("uniform", "latency0.5_uniform", 64.0, 1.67),
+            ("uniform", "flops0.234_uniform", 62.5, 1.84))
+    runs, speed = {}, {"settings": {"batch_size": 64}, "runs": {}}
+    for method, stem, acc, speedup in arms:
+        name = f"vit_cifar-{method}-vit_cifar_tf_b64_headdims_{stem}-ep10-s0"
+        runs[name] = {"method": method, "budgets": {"params": None, "flops": None, "latency": None},
+                      "epochs": 10, "seed": 0, "test_accuracy": acc, "params": 170000,
+                      "macs": 13572194, "original_macs": 58002176, "plan": f"{plans}{stem}.json"}
+        speed["runs"][name] = {"speedup": speedup}
+    lines = _report_vit._at_init(runs, speed)
+    assert [line.split(" | ")[1] for line in lines if line.startswith("| ") and " 10 " in line] == [
+        "latency 0.5", "flops 0.234", "latency 0.5"]
+    assert [line for line in lines if line.startswith("- ")] == [
+        "- equal measured time (latency 0.5 at 1.83x vs uniform's flops 0.234 at 1.84x), 10 epochs: "
+        "PreCrop's layout never worse than uniform widths beyond the stds: **met so far** (fewer than 2 "
+        "seeds): 63.00 vs 62.50, +0.50 pp (tolerance 0.00; n 1/1).",
+        "- latency 0.5, 10 epochs (not at equal measured time here: 1.83x vs 1.67x): PreCrop's layout "
+        "never worse than uniform widths beyond the stds: **not met so far** (fewer than 2 seeds): 63.00 "
+        "vs 64.00, -1.00 pp (tolerance 0.00; n 1/1)."]
+
+
 def test_vit_fake_tp_arguments_are_tp_vits_own():
     """The hand-built Torch-Pruning runs above carry the arguments tp_vit.py writes by default."""
     pytest.importorskip("torch_pruning")

@@ -136,6 +136,7 @@ class CostModel:
         self.obj_weight = np.asarray(obj_weight, dtype=np.float64)
         self.obj_layer = np.asarray(obj_layer, dtype=np.int64)
         self.n_layers = len(graph.layers)
+        self.layer_kernels = np.array([max(rec.kernels, 1) for rec in graph.layers], dtype=np.float64)
         self.widths = np.array([v.width for v in self.variables], dtype=np.float64)
         self.fixed = np.array([v.fixed for v in self.variables], dtype=bool)
         self.bound = _live_bounds(self.variables, self.fixed)
@@ -289,12 +290,18 @@ class CostModel:
                 np.concatenate(blocks))
 
     def layer_densities(self, widths):
-        """Per-layer kernel density implied by the widths (product of ratios)."""
+        """Per-layer kernel density implied by the widths: the share of a kernel's weights kept.
+
+        A kernel's density is the product of its input and output width ratios (SynExp's
+        ``p_l``); a layer of several kernels (attention's query, key, value and output) gets
+        their geometric mean, so that a density reads as the share of the layer's kernel
+        weights kept whatever the number of kernels (their product would shrink with it).
+        """
         w = np.asarray(widths, dtype=np.float64)
         logs = np.zeros(self.n_layers)
         np.add.at(logs, self.obj_layer,
                   self.obj_weight * np.log(w[self.obj_var] / self.widths[self.obj_var]))
-        return np.exp(logs)
+        return np.exp(logs / self.layer_kernels)
 
 
 def _live_bounds(variables, fixed):

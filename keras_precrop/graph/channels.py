@@ -85,6 +85,7 @@ class LayerRecord:
     outputs: list = dataclasses.field(default_factory=list)  # Channels per call
     terms: list = dataclasses.field(default_factory=list)
     objective: list = dataclasses.field(default_factory=list)  # [(weight, seg)]
+    kernels: int = 0  # prunable kernels declared (add_kernel), which the objective entries sum
     out_segment: int | None = None  # the segment the layer creates (new_output)
     out_kind: str = "channels"  # what out_segment counts (see _Segment.kind)
     read_segments: list = dataclasses.field(default_factory=list)  # inputs of its kernels
@@ -305,6 +306,7 @@ class WalkContext:
             for q in outs:
                 self.add_term(rec, 1, 0, q)
         if rec.calls == 0:
+            rec.kernels += 1
             self._add_objective(rec, ins, *(() if out is None else (out,)))
             if out is not None and view:
                 rec.read_segments.extend(p.segment for p in ins)

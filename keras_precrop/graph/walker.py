@@ -407,6 +407,7 @@ def _walk_layer(ctx, rec, node, ins, refused):
     except UnsupportedLayerError:
         rec.terms.clear()
         rec.objective.clear()
+        rec.kernels = 0
         rec.handler = handlers.OPAQUE
         outs = rec.handler.walk(ctx, rec, node, ins)
     for ch in list(ins) + list(outs):
