@@ -14,7 +14,7 @@ import keras
 
 from keras_precrop.budget import costs as _costs
 from keras_precrop.errors import ArgumentError, UnsupportedModelError
-from keras_precrop.graph.rebuild import layer_from_config
+from keras_precrop.graph.rebuild import layer_copy
 from keras_precrop.graph.trace import calls_undone, input_specs, is_functional
 from keras_precrop.graph.walker import example_shape, ignore_names, input_example
 
@@ -143,5 +143,4 @@ def with_inputs(model, specs, share_layers=False):
     if share_layers:
         with calls_undone(model):
             return keras.models.clone_model(model, input_tensors=inputs, clone_function=lambda op: op)
-    return keras.models.clone_model(model, input_tensors=inputs,
-                                    clone_function=lambda op: layer_from_config(op, op.get_config()))
+    return keras.models.clone_model(model, input_tensors=inputs, clone_function=layer_copy)

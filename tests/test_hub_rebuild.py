@@ -191,6 +191,26 @@ def test_a_layer_nothing_repairs_is_still_refused_by_name(cls, what):
         kp.precrop(model, params=0.5, ignore="auto")
 
 
+class _MissingAttribute(_Renamed):
+    """Its get_config reads an attribute its constructor never set (keras_hub 0.32's
+    ``LlamaTransformerDecoder``: ``rope_scaling_factor``)."""
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
+
+
+def test_a_layer_whose_config_raises_is_refused_by_name_on_an_open_length_too():
+    """A params budget on a sequence of open length walks a copy at a probe length; that copy is
+    made from configs, so a get_config that raises AttributeError is refused by the layer's name,
+    not passed on raw."""
+    x = keras.Input((None, 8), name="tokens")
+    h = _MissingAttribute(name="odd")(keras.layers.Dense(8, name="d0")(x))
+    model = keras.Model(x, keras.layers.Dense(3, name="head")(h))
+    with pytest.raises(kp.UnsupportedModelError, match=r"Layer 'odd' of class _MissingAttribute "
+                       r"cannot write its own config \(AttributeError: .*'scale'"):
+        kp.precrop(model, params=0.5)
+
+
 def test_a_table_repair_that_builds_another_layer_is_refused_by_name(monkeypatch):
     """The check covers the table's repairs too: one that would drop DINOv3's query bias."""
     key = "keras_hub.src.models.dinov3.dinov3_layers.DINOV3Attention"

@@ -48,6 +48,12 @@ def layer_from_config(layer, config):
     return _from_config(layer, config, layer.name)
 
 
+def layer_copy(layer):
+    """A new layer of ``layer``'s class from its own config (a repair's where keras_hub's cannot
+    write or read it, :mod:`._hub_repairs`); an error naming the layer where neither can."""
+    return _recreated(layer, _config_of(layer, layer.name)[0], layer.name)[0]
+
+
 def _from_config(layer, config, name):
     """:func:`layer_from_config`, refusing as layer ``name`` (the user's name for it) a class whose
     ``from_config`` cannot read ``config``."""
@@ -67,7 +73,9 @@ def _config_of(layer, name):
     wrote it; an error naming the layer (as ``name``) where nothing writes it."""
     try:
         return layer.get_config(), False
-    except (TypeError, ValueError, NotImplementedError) as err:
+    # A get_config may read an attribute its constructor never set (keras_hub 0.32's
+    # LlamaTransformerDecoder: rope_scaling_factor).
+    except (TypeError, ValueError, NotImplementedError, AttributeError, KeyError) as err:
         config = _hub_repairs.written_config(layer)
         if config is None:
             raise _not_recreatable(layer, name, "write its own config", err) from err
