@@ -37,8 +37,8 @@ setup(
     name="keras-precrop",
     version="0.1.0",
     description=(
-        "Structured pruning-at-initialization (PreCrop) and width "
-        "reconfiguration (PreConfig) of Keras 3 CNNs."
+        "Structured pruning (PreCrop) and width reconfiguration (PreConfig) of "
+        "Keras 3 models, CNNs and transformers, at initialization or trained."
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

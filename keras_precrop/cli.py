@@ -59,8 +59,8 @@ def _parser(defaults=True):
     """
     parser = argparse.ArgumentParser(
         prog="keras-precrop",
-        description="Structured pruning-at-initialization (PreCrop) and width "
-        "reconfiguration (PreConfig) of Keras CNNs.",
+        description="Structured pruning (PreCrop) and width reconfiguration (PreConfig) of "
+        "Keras models, CNNs and transformers, at initialization or trained.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     default = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
@@ -505,9 +505,9 @@ def _run_planner(args, model):
 def save_loadable(model, path):
     """Save ``model`` to ``path`` and load it back: a file Keras cannot read is removed, not left.
 
-    A layer whose ``get_config`` its own constructor refuses (keras_hub 0.32's
-    ``ViTPatchingAndEmbedding`` writes ``num_patches``) saves, but no one can
-    load the file.
+    A layer that a repair re-created (keras_hub 0.32's Swin ``PatchEmbedding``,
+    ``DINOV3Attention``, ``SegFormerMultiheadAttention``: their own configs do not
+    re-create them) saves, but no one can load the file.
 
     Raises:
         ValueError: naming ``--out``, Keras' reason and the remedy.
@@ -522,8 +522,9 @@ def save_loadable(model, path):
         raise ValueError(
             f"--out {path}: the pruned model was saved, but Keras cannot load it back "
             f"({str(err).splitlines()[0][:200]}), so no file is written. A layer's config does "
-            "not re-create it; for a keras_hub ViT or DeiT task prune it in Python with "
-            "kp.hub.precrop(task, ...), which rebuilds it from its own config.") from None
+            "not re-create it; for a keras_hub task prune it in Python with "
+            "kp.hub.precrop(task, ...), which rebuilds the task from its own config, or export "
+            "the pruned model (model.export) instead of saving it.") from None
 
 
 def _print_plan(args, the_plan):

@@ -94,6 +94,20 @@ def _recreated(layer, config, name):
         return new, True
 
 
+def _pin_config(layer, config):
+    """Make ``layer`` save the config it was created from, where its class writes another.
+
+    A handler may leave out what a class's ``get_config`` writes but its constructor refuses,
+    or add what it forgets (keras_hub 0.32's ``ViTPatchingAndEmbedding`` writes
+    ``num_patches`` and forgets ``use_patch_bias``): the layer is then created, but saved
+    with its class's config a ``.keras`` file could not load it (or would load another layer).
+    Such a layer's ``get_config`` returns a copy of ``config``, which created it, so the
+    saved model loads with the layer's own class; any other layer is left as it is.
+    """
+    if set(layer.get_config()) != set(config):
+        layer.get_config = lambda: copy.deepcopy(config)
+
+
 def _not_recreatable(layer, name, what, err):
     """The :class:`UnsupportedModelError` of a layer the rebuild cannot re-create: it cannot
     ``what``, for the reason ``err`` (an exception, or a sentence)."""
@@ -174,13 +188,16 @@ class _Rebuilder:
             config = _timing_initializers(config)
         elif self.seed is not None:
             config = _seeded(config, np.random.SeedSequence([self.seed, self.positions[id(op)]]))
-        new, created = _recreated(op, {**config, "name": name}, name)
+        config = {**config, "name": name}
+        new, created = _recreated(op, config, name)
         if written or created:
             problem = self._repair_problem(op, name, node)
             if problem:
                 what = "write its own config" if written else "be re-created from its own config"
                 raise _not_recreatable(op, name, f"{what}, nor by keras_precrop's repair of its "
                                        "class", problem)
+        else:
+            _pin_config(new, config)
         return new
 
     def _repair_problem(self, op, name, node):
