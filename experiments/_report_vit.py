@@ -424,7 +424,8 @@ def _at_init_goal(groups, timed):
             if other_budget == budget:
                 where = f"{budget}, {epochs} epochs"
                 if "latency" in budget and None not in (speed, other_speed) and not equal_time:
-                    where += f" (not at equal measured time here: {speed:.2f}x vs {other_speed:.2f}x)"
+                    lines.append(_unjudged(where, group, other, speed, other_speed))
+                    continue
             elif equal_time:
                 where = (f"equal measured time ({budget} at {speed:.2f}x vs uniform's {other_budget} at "
                          f"{other_speed:.2f}x), {epochs} epochs")
@@ -432,6 +433,15 @@ def _at_init_goal(groups, timed):
                 continue
             lines.append(_layout_verdict(where, group, other))
     return [*lines, ""] if lines else []
+
+
+def _unjudged(where, group, other, speed, other_speed):
+    """A line for a latency budget whose two plans do not take equal time here: the accuracies,
+    no verdict (the goal compares layouts at equal measured time)."""
+    a, b = (statistics.mean(r["test_accuracy"] for r in g) for g in (group, other))
+    return (f"- {where}: not judged, the two plans do not take equal time on this CPU ({speed:.2f}x "
+            f"vs {other_speed:.2f}x; calibrated on another): {a:.2f} vs {b:.2f}, {a - b:+.2f} pp (n "
+            f"{len(group)}/{len(other)}).")
 
 
 def _median_speedup(rows):
