@@ -158,14 +158,23 @@ def _options(r):
     return f" [{', '.join(options)}]" if options else ""
 
 
+def _ranked(base, ranking):
+    """A way's name with its ranking: one-shot names say "(kept L1)", the default; GradualPruning's,
+    which ranks the channels it masks, gain "(ranked by ...)" where it is not L1."""
+    if ranking == "l1":
+        return base
+    if "(kept L1)" in base:
+        return base.replace("(kept L1)", f"(kept {ranking})")
+    return f"{base} (ranked by {ranking})" if "GradualPruning" in base else base
+
+
 def _trained_record(r):
     """A ``vit_trained.py`` run's record."""
     base, index = _way((r["arm"], r["layout"]))
     gradual = f" (cubic, masks over {r['gradual_epochs']:g} epoch(s))" if r["arm"] == "gradual" else ""
     kind = "flops" if r["budgets"].get("flops") is not None else "latency"
-    ranking = r.get("importance", "l1")  # the way's name says L1, the default
-    label = (base if ranking == "l1" else base.replace("(kept L1)", f"(kept {ranking})")) + _options(r) \
-        + gradual + _distilled(r["distill"], r["alpha"])
+    label = _ranked(base, r.get("importance", "l1")) + _options(r) + gradual \
+        + _distilled(r["distill"], r["alpha"])
     return {"label": label, "base": base, "order": index,
             "point": (kind, r["budgets"][kind]), "epochs": r["epochs"], "seed": r["seed"],
             "pruned": r.get("pruned_accuracy"), "acc": r["test_accuracy"], "params": r["params"],

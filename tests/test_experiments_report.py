@@ -688,3 +688,13 @@ def test_vit_goal_at_latency_is_judged_against_torch_pruning_at_the_same_macs(tm
     assert goals[0] == _GOAL_3 + goal
     at_latency = any(row.startswith(f"| {_TP} (MACs 0.2831) | 19.50 | 60.00 |") for row in rows)
     assert at_latency == (tp_macs == 0.2831)  # in the latency table, beside the PreCrop run
+
+
+def test_vit_way_labels_name_a_ranking_other_than_l1():
+    """One-shot names say "(kept L1)" and take the run's ranking there; GradualPruning's name has
+    no such part, so a ranking other than L1 is added, never left for the reader to assume L1."""
+    assert _report_vit._ranked("PreCrop one-shot (kept L1), per block", "activation") == \
+        "PreCrop one-shot (kept activation), per block"
+    assert _report_vit._ranked("PreCrop GradualPruning, per block", "activation") == \
+        "PreCrop GradualPruning, per block (ranked by activation)"
+    assert _report_vit._ranked("PreCrop GradualPruning, per block", "l1") == "PreCrop GradualPruning, per block"
