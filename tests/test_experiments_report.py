@@ -697,4 +697,5 @@ def test_vit_way_labels_name_a_ranking_other_than_l1():
         "PreCrop one-shot (kept activation), per block"
     assert _report_vit._ranked("PreCrop GradualPruning, per block", "activation") == \
         "PreCrop GradualPruning, per block (ranked by activation)"
-    assert _report_vit._ranked("PreCrop GradualPruning, per block", "l1") == "PreCrop GradualPruning, per block"
+    gradual = "PreCrop GradualPruning, per block"
+    assert _report_vit._ranked(gradual, "l1") == gradual
