@@ -521,10 +521,9 @@ def save_loadable(model, path):
         os.remove(path)
         raise ValueError(
             f"--out {path}: the pruned model was saved, but Keras cannot load it back "
-            f"({str(err).splitlines()[0][:200]}), so no file is written. A layer's config does "
-            "not re-create it; for a keras_hub task prune it in Python with "
-            "kp.hub.precrop(task, ...), which rebuilds the task from its own config, or export "
-            "the pruned model (model.export) instead of saving it.") from None
+            f"({str(err).splitlines()[0][:200]}), so no file is written. A layer's config does not "
+            "re-create it; prune a keras_hub task in Python with kp.hub.precrop(task, ...), which "
+            "rebuilds it from its own config, or export the pruned model (model.export).") from None
 
 
 def _print_plan(args, the_plan):
