@@ -211,6 +211,23 @@ def test_a_layer_whose_config_raises_is_refused_by_name_on_an_open_length_too():
         kp.precrop(model, params=0.5)
 
 
+def test_a_layer_only_a_repair_recreates_is_refused_on_an_open_size():
+    """A params budget on an image of open size walks a copy at a probe size. A repair is trusted
+    only once checked against the original on inputs of its sizes, which open sizes do not give;
+    a repaired copy would later be checked against a twin of itself. So the copy is made without
+    repairs and the layer is refused by name: here a repair would have kept ``offset`` 0.5, its
+    config's, where the layer adds 2.0."""
+    layer = Offset(0.5)
+    x = keras.Input((None, None, 3), name="img")
+    h = keras.layers.Conv2D(16, 3, padding="same", name="c0")(x)
+    h = keras.layers.Conv2D(16, 3, padding="same", name="c1")(layer(h))
+    model = keras.Model(x, keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(h)))
+    layer.offset = 2.0
+    with pytest.raises(kp.UnsupportedModelError, match=rf"Layer '{layer.name}' of class Offset cannot "
+                       r"be re-created from its own config \(TypeError"):
+        kp.precrop(model, params=0.5, ignore="auto", weights="keep")
+
+
 def test_a_table_repair_that_builds_another_layer_is_refused_by_name(monkeypatch):
     """The check covers the table's repairs too: one that would drop DINOv3's query bias."""
     key = "keras_hub.src.models.dinov3.dinov3_layers.DINOV3Attention"

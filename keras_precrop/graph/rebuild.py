@@ -35,6 +35,10 @@ from keras_precrop.graph import replay as _replay
 from keras_precrop.graph.channels import channels_width
 from keras_precrop.graph.walker import ModelGraph
 
+# What a get_config that cannot write its class's config raises; it may read an attribute its
+# constructor never set (keras_hub 0.32's LlamaTransformerDecoder: rope_scaling_factor).
+_CONFIG_ERRORS = (TypeError, ValueError, NotImplementedError, AttributeError, KeyError)
+
 
 def layer_from_config(layer, config):
     """A new layer of ``layer``'s class from ``config``; a ``Lambda`` keeps its function object.
@@ -49,9 +53,18 @@ def layer_from_config(layer, config):
 
 
 def layer_copy(layer):
-    """A new layer of ``layer``'s class from its own config (a repair's where keras_hub's cannot
-    write or read it, :mod:`._hub_repairs`); an error naming the layer where neither can."""
-    return _recreated(layer, _config_of(layer, layer.name)[0], layer.name)[0]
+    """A new layer of ``layer``'s class from its own config, or an error naming the layer where
+    the class cannot write or read it.
+
+    No repair (:mod:`._hub_repairs`) makes the copy: a repair is trusted only once a twin matches
+    the original on inputs of the original's sizes (:meth:`_Rebuilder._layer`), and a copy at
+    other sizes would later be checked against a twin of itself, the same repair on both sides.
+    """
+    try:
+        config = layer.get_config()
+    except _CONFIG_ERRORS as err:
+        raise _not_recreatable(layer, layer.name, "write its own config", err) from err
+    return _from_config(layer, config, layer.name)
 
 
 def _from_config(layer, config, name):
@@ -73,9 +86,7 @@ def _config_of(layer, name):
     wrote it; an error naming the layer (as ``name``) where nothing writes it."""
     try:
         return layer.get_config(), False
-    # A get_config may read an attribute its constructor never set (keras_hub 0.32's
-    # LlamaTransformerDecoder: rope_scaling_factor).
-    except (TypeError, ValueError, NotImplementedError, AttributeError, KeyError) as err:
+    except _CONFIG_ERRORS as err:
         config = _hub_repairs.written_config(layer)
         if config is None:
             raise _not_recreatable(layer, name, "write its own config", err) from err
