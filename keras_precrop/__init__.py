@@ -131,7 +131,10 @@ def __getattr__(name):
             if err.name != f"{__name__}.{name}":
                 raise
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    if "keras" in sys.modules:  # e.g. Keras was imported by that module (see _AfterKeras)
+    # Keras may have come with that module (see _AfterKeras). Registering while one of the
+    # package's modules is part-way through its import (``from keras_precrop import _json`` in
+    # it) would re-enter that module; the next public name registers instead.
+    if "keras" in sys.modules and not _importing_package_modules():
         _register_serializables()
     globals()[name] = value
     return value

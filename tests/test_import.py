@@ -86,3 +86,26 @@ def test_the_plan_function_and_the_planning_module_have_their_own_names():
     planning = importlib.import_module("keras_precrop.planning")
     assert kp.planning is planning and kp.plan is planning.plan
     assert isinstance(kp.plan(_residual_model(), params=0.5), kp.Plan)
+
+
+def test_every_public_name_loads_as_the_first_one_used():
+    """Each public name and subpackage as the first use of a fresh package, Keras not loaded
+    (each round forgets both; NumPy's backend keeps a round light): ``kp.GradualPruning`` first
+    once failed with a circular import (``plans``' ``from keras_precrop import _json`` registered
+    the hub's classes part-way through ``plans``)."""
+    failed = json.loads(_python(
+        "import json, os, sys\n"
+        "os.environ['KERAS_BACKEND'] = 'numpy'\n"
+        "failed, names, attempt = {}, None, 0\n"
+        "while names is None or attempt < len(names):\n"
+        "    for module in [m for m in sys.modules if m.split('.')[0] in ('keras', 'keras_precrop')]:\n"
+        "        del sys.modules[module]\n"
+        "    import keras_precrop as kp\n"
+        "    names = names or sorted(kp._PUBLIC) + sorted(kp._SUBPACKAGES)\n"
+        "    try:\n"
+        "        getattr(kp, names[attempt])\n"
+        "    except Exception as err:\n"
+        "        failed[names[attempt]] = repr(err)\n"
+        "    attempt += 1\n"
+        "print(json.dumps([failed, attempt]))\n"))
+    assert failed == [{}, len(kp._PUBLIC) + len(kp._SUBPACKAGES)]
