@@ -280,3 +280,17 @@ def test_a_layers_density_is_the_share_of_its_kernel_weights_kept(variant):
     for name in ("b0_mha", "b0_fc1", "embed"):
         kept = kernel_weights(small, name) / kernel_weights(model, name)
         assert densities[name] == pytest.approx(kept, rel=1e-9), name
+
+
+@pytest.mark.parametrize("attention", ["heads", "head_dims"])
+def test_an_ignored_attention_layer_keeps_every_head_and_its_weights(attention):
+    """``ignore=`` keeps an attention layer whole: its heads and head size, not only the channels
+    it reads and writes (they once shrank while the plan listed the layer as ignored)."""
+    model = _attention_model(blocks=2)
+    small = kp.precrop(model, params=0.6, weights="keep", ignore=["b0_mha"], attention=attention)
+    kept, other = small.get_layer("b0_mha"), small.get_layer("b1_mha")
+    assert (kept.num_heads, kept.key_dim) == (4, 6)
+    assert (other.num_heads, other.key_dim) != (4, 6)  # the budget still cuts the other one
+    for ours, theirs in zip(kept.weights, model.get_layer("b0_mha").weights, strict=True):
+        np.testing.assert_array_equal(_np(ours), _np(theirs))
+    assert_matches_plan(model, small.precrop_plan, small)

@@ -200,3 +200,15 @@ def test_random_gqa_models_prune_exactly(kv_heads, group, head_dim, cross, gate,
     assert_matches_plan(model, plan, small)
     layer = small.get_layer("gqa")
     assert layer.num_query_heads == group * layer.num_key_value_heads
+
+
+@pytest.mark.parametrize("attention", ["heads", "head_dims"])
+def test_an_ignored_group_query_attention_keeps_its_groups_and_weights(attention):
+    """``ignore=["gqa"]`` keeps its key-value groups and head size (they were once cut)."""
+    model = _gqa_model()
+    small = kp.precrop(model, params=0.7, weights="keep", ignore=["gqa"], attention=attention)
+    kept = small.get_layer("gqa")
+    assert (kept.num_query_heads, kept.num_key_value_heads, kept.head_dim) == (6, 3, 4)
+    assert small.count_params() < model.count_params()
+    for ours, theirs in zip(kept.weights, model.get_layer("gqa").weights, strict=True):
+        np.testing.assert_array_equal(_np(ours), _np(theirs))

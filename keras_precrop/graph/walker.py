@@ -24,6 +24,7 @@ and view). The result, a :class:`ModelGraph`, holds:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Iterable
@@ -211,6 +212,32 @@ class ModelGraph:
         return width_of(self._ctx, channels)
 
 
+def _check_ignored_names(model, ignore, names):
+    """Refuse the ``ignore=`` names that name no layer, each with the names it may have meant.
+
+    A layer inside a keras_hub backbone or another composite layer is named by
+    its place (``vi_t_backbone_vit_encoder_transformer_block_1_ln_1``), not by
+    the short name its own ``summary()`` shows (``ln_1``): the names that end
+    in the given one, or else the closest spellings, are offered.
+    """
+    missing = sorted(ignore - names)
+    if not missing:
+        return
+    hints = []
+    for name in missing:
+        near = sorted(n for n in names if n.endswith(("_" + name, "/" + name))) or \
+            difflib.get_close_matches(name, sorted(names), n=3)
+        if near and name != AUTO:
+            hints.append(f"{name!r} may mean {', '.join(map(repr, near[:4]))}"
+                         + (f" (and {len(near) - 4} more)" if len(near) > 4 else ""))
+    auto = (f" ({AUTO!r} is resolved by kp.profile, kp.plan, kp.precrop and kp.reconfigure; "
+            "pass the names it resolved to, a plan's plan.ignore, here)" if AUTO in missing else "")
+    raise ArgumentError(
+        f"{{ignore}} names no layer of model {model.name!r}; layers are named as in "
+        f"model.summary() or, inside a composite layer, by their place (`keras-precrop profile` "
+        f"lists them){auto}{'. ' + '; '.join(hints) if hints else ''}.", ignore=missing)
+
+
 def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attention: str = "heads"):
     """Walk ``model`` into a :class:`ModelGraph`.
 
@@ -236,13 +263,7 @@ def walk(model, *, ignore: Iterable[str] = (), residual: str = "prefix", attenti
     refused = []  # every unsupported layer, named at once (see UnsupportedLayerError.together)
     traced = _trace.traced(model, ignore, refused)  # the one trace of this walk; the graph holds it
     fn = traced.functional
-    missing = sorted(ignore - set(layer_names(traced)))
-    if missing:
-        auto = (f" ({AUTO!r} is resolved by kp.profile, kp.plan, kp.precrop and kp.reconfigure; "
-                "pass the names it resolved to, a plan's plan.ignore, here)" if AUTO in missing else "")
-        raise ArgumentError(
-            f"{{ignore}} names no layer of model {model.name!r}; layers are "
-            f"named as in model.summary() (or `keras-precrop profile`){auto}.", ignore=missing)
+    _check_ignored_names(model, ignore, set(layer_names(traced)))
     ignore |= {name for err in refused for name in err.arguments["ignore"]}
     walker = _Walker(WalkContext(residual, attention), ignore, traced, refused)
     for index, t in enumerate(fn.inputs):
@@ -389,6 +410,9 @@ def _refuse_quantized(op, path):
 def _walk_layer(ctx, rec, node, ins, refused):
     """Run a layer's handler; an ignored layer's channels are then fixed.
 
+    Fixed are its inputs, its outputs and the units it creates inside (an
+    attention layer's heads or head dimensions), so that it stays whole.
+
     An ignored layer whose handler refuses it (a Reshape that moves channels,
     a grouped conv) is treated as an opaque block instead. A refusal that
     ``ignore`` remedies joins ``refused`` and the layer is walked as ignored,
@@ -410,7 +434,8 @@ def _walk_layer(ctx, rec, node, ins, refused):
         rec.kernels = 0
         rec.handler = handlers.OPAQUE
         outs = rec.handler.walk(ctx, rec, node, ins)
-    for ch in list(ins) + list(outs):
+    inner = [(Part(rec.out_segment),)] if rec.out_segment is not None else []  # attention's heads
+    for ch in list(ins) + list(outs) + inner:
         ctx.fix(ch)
     return outs
 
