@@ -18,6 +18,8 @@ rebuilds (``graph.rebuild``), checking the result (``verify``); with
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import os
 import random
@@ -472,6 +474,7 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
+    check_option_names("precrop", options)
     ranking = _transfer.check_options(weights, importance, data)
     if ranking is not None and ranking.needs == "data":  # before the solve
         data = check_data(model, data, "data").data
@@ -495,5 +498,21 @@ def reconfigure(model, params=None, flops=None, **options):
     are extrapolated. With ``weights="keep"`` the original channels keep their
     weights and the new ones start out silent (see :func:`apply_plan`).
     """
+    check_option_names("reconfigure", options)
     options.setdefault("upper", None)
     return precrop(model, params, flops, **options)
+
+
+def check_option_names(caller, options):
+    """Refuse a keyword that :func:`plan` does not take, as ``caller``'s own, with its likely spelling.
+
+    ``precrop``/``reconfigure`` hand their other keywords to :func:`plan`, whose
+    own ``TypeError`` would name ``plan()``, a function the user did not call.
+    """
+    known = [name for name, p in inspect.signature(plan).parameters.items()
+             if p.kind == p.KEYWORD_ONLY or name in ("params", "flops")]
+    for name in options:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}"
+                            + (f"; did you mean {near[0]!r}?" if near else ""))

@@ -162,3 +162,74 @@ def test_a_plan_applied_at_another_input_size_names_both_sizes():
     old = {k: v for k, v in the_plan.to_dict().items() if k != "input_shapes"}
     assert kp.Plan.from_dict(old).input_shapes is None  # older files load
     assert kp.apply_plan(_cnn(32), kp.Plan.from_dict(old)).count_params() == the_plan.params
+
+
+def _small_vit():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=2,
+                                            num_heads=4, hidden_dim=32, mlp_dim=64)
+    return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=10, preprocessor=None)
+
+
+def test_a_short_name_inside_a_backbone_is_answered_with_the_names_it_may_mean():
+    """``ignore=["ln_1"]`` (the name the block's own summary shows) is refused with the names
+    of the task's layers it may mean; each of them is then accepted and kept whole."""
+    task = _small_vit()
+    with pytest.raises(kp.ArgumentError, match="ln_1") as caught:
+        kp.plan(task, params=0.5, ignore=["ln_1"])
+    meant = ["vi_t_backbone_vit_encoder_transformer_block_1_ln_1",
+             "vi_t_backbone_vit_encoder_transformer_block_2_ln_1"]
+    assert all(repr(name) in str(caught.value) for name in meant)
+    assert caught.value.arguments["ignore"] == ["ln_1"]
+    plan = kp.plan(task, params=0.8, ignore=meant)
+    assert sorted(plan.ignore) == meant
+
+
+def test_the_ignore_a_refusal_offers_is_accepted_as_given():
+    """A refusal's remedy names the layer as ``ignore=`` takes it (once the composite's inner
+    name ``ln_1``, which ``ignore=`` then refused), and taking it gives the widened model whose
+    new channels compute nothing: the original's outputs."""
+    task = _small_vit()
+    with pytest.raises(kp.ArgumentError, match="normalizes over the channel axis") as caught:
+        kp.hub.reconfigure(task, params=1.2, weights="keep")
+    offered = caught.value.arguments["ignore"]
+    assert f"ignore={offered!r}" in str(caught.value)
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    for _ in range(8):  # each pass names the next normalization that cannot widen
+        try:
+            wide = kp.hub.reconfigure(task, params=1.2, weights="keep", ignore=offered)
+            break
+        except kp.ArgumentError as err:
+            assert "normalizes over the channel axis" in str(err), err
+            offered = offered + err.arguments["ignore"]
+    assert wide.count_params() > task.count_params()
+    np.testing.assert_allclose(ops.convert_to_numpy(wide(x)), ops.convert_to_numpy(task(x)),
+                               atol=1e-5)
+
+
+def test_taylor_on_a_model_of_several_outputs_is_refused_by_its_outputs():
+    """Taylor's loss is one cross-entropy of one output (a raw AttributeError on a list once);
+    the refusal names the output layers, and the activation ranking it offers works."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((10, 16))
+    h = L.Dense(24, name="proj")(x)
+    attended, scores = L.MultiHeadAttention(4, 6, name="att")(h, h, return_attention_scores=True)
+    logits = L.Dense(5, name="head")(L.GlobalAveragePooling1D()(attended))
+    model = keras.Model(x, [logits, scores])
+    batch = np.random.default_rng(0).random((3, 10, 16)).astype("float32")
+    data = (batch, [np.array([0, 1, 2]), np.zeros((3, 4, 10, 10), "float32")])
+    refused = r"importance='taylor'.* 2 outputs \(of layers 'head', 'att'\)"
+    with pytest.raises(kp.ArgumentError, match=refused):
+        kp.precrop(model, params=0.5, weights="keep", importance="taylor", data=data)
+    small = kp.precrop(model, params=0.5, weights="keep", importance="activation", data=data)
+    assert small.count_params() == small.precrop_plan.params
+
+
+@pytest.mark.parametrize("call", ["precrop", "reconfigure"])
+def test_a_misspelt_keyword_is_named_as_the_called_functions_with_its_spelling(call):
+    """``kp.precrop(model, attenton=...)`` once raised ``plan() got an unexpected keyword``."""
+    model = keras.Sequential([keras.Input((4,)), L.Dense(8), L.Dense(2)])
+    with pytest.raises(TypeError, match=rf"^{call}\(\) got an unexpected keyword argument "
+                                        r"'attenton'; did you mean 'attention'\?$"):
+        getattr(kp, call)(model, params=0.5, attenton="heads")

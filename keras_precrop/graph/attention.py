@@ -89,7 +89,7 @@ class MultiHeadAttention(Handler):
             ctx.add_kernel(rec, query, per_v, params=1, macs=q_tokens, **whole)
         pairs = _attention_pairs(layer, q_shape, v_shape, rec.path)
         ctx.add_term(rec, 0, pairs * per_pair, unit)
-        out = query if _output_width(layer) is None else _new_output_channels(ctx, rec, layer)
+        out = query if _output_width(rec) is None else _new_output_channels(ctx, rec, layer)
         ctx.add_kernel(rec, per_v, out, params=1, macs=q_tokens, bias=layer.use_bias)
         outs = [out]
         for extra in node.outputs[1:]:  # attention scores: (batch, heads, queries, keys)
@@ -101,7 +101,7 @@ class MultiHeadAttention(Handler):
             config["key_dim"] = config["value_dim"] = width(rec.out_segment)
         else:
             config["num_heads"] = width(rec.out_segment)
-        if _output_width(rec.layer) is not None:
+        if _output_width(rec) is not None:
             new = channels_width(rec.outputs[0][0], width)
             shape = config["output_shape"]
             config["output_shape"] = new if isinstance(shape, int) else (*shape[:-1], new)
@@ -160,7 +160,7 @@ def _units(ctx, rec, layer):
             raise UnsupportedLayerError(
                 f"{rec.path}: attention='head_dims' narrows key_dim and value_dim together, but "
                 f"this {type(layer).__name__} has key_dim={k_dim} and value_dim={v_dim}. Prune its "
-                "whole heads (attention='heads') or keep it whole with {ignore}.", ignore=[layer.name])
+                "whole heads (attention='heads') or keep it whole with {ignore}.", ignore=[rec.path])
         dims = ctx.new_output(rec, k_dim, kind="head_dims")[0]
         per = (Part(dims.segment, heads),)
         return per, per, dims, 2 * heads
@@ -172,7 +172,7 @@ def _new_output_channels(ctx, rec, layer):
     """The channels an ``output_shape`` sets: created on the first call, shared by the later ones."""
     if rec.calls:
         return rec.outputs[0][0]
-    return (Part(ctx.new_segment(_output_width(layer), f"{rec.path}:output")),)
+    return (Part(ctx.new_segment(_output_width(rec), f"{rec.path}:output")),)
 
 
 def read_call(ctx, rec, node, ins):
@@ -209,22 +209,22 @@ def call_places(layer, node, path):
     if "query" not in places or "value" not in places:
         raise UnsupportedLayerError(
             f"{path}: a {type(layer).__name__} call whose query or value is not a tensor of the "
-            "model cannot be walked. Keep it whole with {ignore}.", ignore=[layer.name])
+            "model cannot be walked. Keep it whole with {ignore}.", ignore=[path])
     places.setdefault("key", places["value"])  # no key given: the value is the key
     return places
 
 
-def _output_width(layer):
+def _output_width(rec):
     """The channels ``output_shape`` sets, or ``None`` when the output keeps the query's."""
-    shape = layer._output_shape
+    shape = rec.layer._output_shape
     if shape is None:
         return None
     if isinstance(shape, int):
         return shape
     if len(shape) != 1:
         raise UnsupportedLayerError(
-            f"{layer.name}: an output_shape of several axes ({tuple(shape)}) is not supported. "
-            "Keep the layer whole with {ignore}.", ignore=[layer.name])
+            f"{rec.path}: an output_shape of several axes ({tuple(shape)}) is not supported. "
+            "Keep the layer whole with {ignore}.", ignore=[rec.path])
     return shape[-1]
 
 
@@ -240,6 +240,6 @@ def _attention_pairs(layer, q_shape, v_shape, path):
     if any(not 0 < a < rank - 1 for a in axes):
         raise UnsupportedLayerError(
             f"{path}: attention_axes {layer._attention_axes} include the batch or channel axis. "
-            "Keep the layer whole with {ignore}.", ignore=[layer.name])
+            "Keep the layer whole with {ignore}.", ignore=[path])
     groups = math.prod(q_shape[a] for a in range(1, rank - 1) if a not in axes)
     return groups * math.prod(q_shape[a] for a in axes) * math.prod(v_shape[a] for a in axes)

@@ -45,7 +45,7 @@ class Reshape(Handler):
             return [ins[0]]
         raise UnsupportedLayerError(
             f"{rec.path} (Reshape {shape_in} -> {shape_out}) moves channels "
-            f"to other axes. Pass {{ignore}} to keep it fixed.", ignore=[rec.layer.name]
+            f"to other axes. Pass {{ignore}} to keep it fixed.", ignore=[rec.path]
         )
 
     def channel_map(self, rec, node):

@@ -118,7 +118,7 @@ def _reads(call, roles):
         raise UnsupportedLayerError(
             f"{rec.path}: importance='activation' reads an attention layer's units from the input "
             "of the sublayer that reads them, but no weight of this layer reads them. Rank with "
-            "another importance, or keep the layer whole with {ignore}.", ignore=[rec.layer.name])
+            "another importance, or keep the layer whole with {ignore}.", ignore=[rec.path])
     return [(key, *value) for key, value in found.items()]
 
 
@@ -158,7 +158,7 @@ def _unobserved(call):
         f"{call.record.path}: importance='activation' reads each layer's activations from a forward "
         "pass of the model, which does not call this layer as the walk did (input shape "
         f"{input_shape(call.node)}). Rank with another importance, or keep the layer whole with "
-        "{ignore}.", ignore=[call.record.layer.name])
+        "{ignore}.", ignore=[call.record.path])
 
 
 @contextlib.contextmanager

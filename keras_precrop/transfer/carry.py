@@ -130,7 +130,7 @@ def carried(graph, new_graph, widths, selection, values):
         if not grows and min(a.min(initial=0) for a in (*ins, out_sel)) < 0:
             raise UnsupportedLayerError(  # a channel lost on the way: never carry a guess
                 f"{path}: cannot follow the kept channels to carry its weights. Keep its "
-                "channels with {ignore}.", ignore=[old.record.layer.name])
+                "channels with {ignore}.", ignore=[old.record.path])
         unit = flow.unit_variable(graph, old.record)
         selections = (ins, out_sel, None if unit is None else selection[unit])
         yield from _carried_layer(old, new_layers[path], values, selections)
@@ -205,7 +205,7 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
         raise ArgumentError(
             f"{{weights}} cannot widen the channels of {rec.path!r} ({rec.class_name}): it "
             "normalizes over the channel axis, so new channels would change what the trained "
-            "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.layer.name])
+            "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.path])
 
 
 def _carried_layer(old, new_layer, values, selections):
@@ -224,7 +224,7 @@ def _carried_layer(old, new_layer, values, selections):
             raise UnsupportedLayerError(
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "
                 f"shape {tuple(new_w.shape)}. Keep its channels with {{ignore}}.",
-                ignore=[rec.layer.name])
+                ignore=[rec.path])
         yield w, new_w, carried
 
 

@@ -147,5 +147,5 @@ def same_as_input(graph, call, channels, ins):
     if channels != graph.tensor_channels[call.inputs[0]]:
         raise UnsupportedLayerError(
             f"{call.record.path}: cannot follow its channels to carry weights (its handler has no "
-            "channel map). Keep its channels with {ignore}.", ignore=[call.record.layer.name])
+            "channel map). Keep its channels with {ignore}.", ignore=[call.record.path])
     return ins[0]

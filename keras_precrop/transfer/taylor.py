@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from keras_precrop.errors import ArgumentError
 from keras_precrop.training import gradients as _gradients
 from keras_precrop.training._user_data import outputs_probabilities
 
@@ -74,6 +75,15 @@ class DataBatches(Sequence):
 
     def _computed(self):
         """``{id(weight of defined): gradient}`` of the loss on each batch."""
+        outputs = getattr(self.model, "outputs", None) or ()
+        if len(outputs) > 1:  # the loss is one cross-entropy of one output's logits
+            raise ArgumentError(
+                "{importance} ranks channels by the gradients of a cross-entropy on the model's "
+                f"output, but model {self.model.name!r} has {len(outputs)} outputs "
+                f"(of layers {', '.join(repr(t._keras_history[0].name) for t in outputs)}). Rank "
+                "with importance='activation' (no loss) or 'l1', or prune a model of its "
+                "classifier output alone.",
+                importance="taylor")
         ids = [id(w) for w in self.defined.trainable_weights]
         loss = functools.partial(_gradients.cross_entropy, from_logits=not outputs_probabilities(
             self.model, self.batches[0][0]))
