@@ -158,6 +158,7 @@ class Plan(_json.JsonDataclass):
                 (the command line passes its ``--all`` flag).
         """
         rows = [("Layer (type)", "In channels", "Out channels", "Params", "MACs", "Density")]
+        units = {v["name"]: v for v in self.variables if v["kind"] in _UNIT_KEYS}
         hidden = 0
         for layer in self.layers:
             if not (layer["params"] or layer["macs"]):
@@ -169,7 +170,7 @@ class Plan(_json.JsonDataclass):
                 f"{layer['name']} ({layer['class_name']})",
                 # Plans written before input channels were recorded lack them.
                 _change(layer.get("channels_in", "?"), layer.get("channels_in_new", "?")),
-                _change(layer["channels"], layer["channels_new"]),
+                _change(layer["channels"], layer["channels_new"]) + _units_cell(layer, units),
                 _change(f"{layer['params']:,}", f"{layer['params_new']:,}"),
                 _change(f"{layer['macs']:,}", f"{layer['macs_new']:,}"),
                 "" if layer["density"] is None else f"{layer['density']:.3f}",
@@ -215,6 +216,24 @@ class Plan(_json.JsonDataclass):
                      "there until fine-tuned.")
         for line in _tables.kept_whole_lines(self.solver.get("kept_whole", {})):
             print_fn(line)
+
+
+# The config key an attention layer's units change, by the walk's unit kind and the layer's class
+# (``graph/attention.py``, ``graph/gqa.py``); other attention classes: the kind's own words.
+_UNIT_KEYS = {"heads": {"MultiHeadAttention": "num_heads", "GroupQueryAttention": "num_key_value_heads",
+                        None: "heads"},
+              "head_dims": {"MultiHeadAttention": "key_dim", "GroupQueryAttention": "head_dim",
+                            None: "head dims"}}
+
+
+def _units_cell(layer, units):
+    """`` (num_heads 4 -> 2)``: what the plan does to the units an attention layer creates, else ""."""
+    unit = units.get(layer["name"])
+    if unit is None:
+        return ""
+    keys = _UNIT_KEYS[unit["kind"]]
+    key = keys.get(layer["class_name"], keys[None])
+    return f" ({key} {_change(str(unit['width']), str(unit['new']))})"
 
 
 def _change(before, after):

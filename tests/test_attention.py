@@ -294,3 +294,18 @@ def test_an_ignored_attention_layer_keeps_every_head_and_its_weights(attention):
     for ours, theirs in zip(kept.weights, model.get_layer("b0_mha").weights, strict=True):
         np.testing.assert_array_equal(_np(ours), _np(theirs))
     assert_matches_plan(model, small.precrop_plan, small)
+
+
+@pytest.mark.parametrize(("attention", "key"), [("heads", "num_heads"), ("head_dims", "key_dim")])
+def test_the_plan_summary_says_each_attention_layers_new_head_count_or_size(attention, key):
+    """The summary's row of an attention layer says the config value its rebuild gets."""
+    model = _attention_model(blocks=2)
+    small = kp.precrop(model, params=0.5, attention=attention)
+    lines = []
+    small.precrop_plan.summary(print_fn=lines.append)
+    for name in ("b0_mha", "b1_mha"):
+        before, after = (getattr(m.get_layer(name), key) for m in (model, small))
+        said = f"({key} {before})" if before == after else f"({key} {before} -> {after})"
+        assert any(line.startswith(f"| {name} (MultiHeadAttention)") and said in line
+                   for line in lines), (said, lines)
+    assert any(f"{key} " in line and "->" in line for line in lines)  # the budget cut some
