@@ -28,16 +28,22 @@ Nothing here imports ``keras_hub``: the task's own class re-creates it.
 from __future__ import annotations
 
 import json
-import os
 
 import keras
 
 from keras_precrop import planning
-from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.errors import ArgumentError, PlanMismatchError, UnsupportedModelError
+from keras_precrop.graph.attention import ATTENTION
 from keras_precrop.graph.replay import topological_nodes
-from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths
+from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths, table_key
+from keras_precrop.plans import plan_argument
 from keras_precrop.subject import Subject
 from keras_precrop.transfer.criteria import criterion
+
+# plan.solver's key for the config a homogeneous plan re-creates the model from ({key: width}).
+_CONFIG = "hub_config"
+# PrunedBackbone's attribute: the key of CONFIG_WIDTHS its widths are read by (re-pruned too).
+_TABLE = "_config_widths"
 
 
 @keras.saving.register_keras_serializable(package="keras_precrop")
@@ -52,8 +58,16 @@ class PrunedBackbone(keras.Model):
     MobileNetV5's: ``use_msfa``, ``norm_layer``, ``act_layer``), so this
     model keeps every attribute the backbone's class added with a plain value
     (numbers, strings, lists of them), through ``.keras`` save and load too.
-    Widths among them describe the original backbone; the graph is what the
-    pruned one computes.
+
+    The widths :data:`~keras_precrop.hub_configs.CONFIG_WIDTHS` names for the
+    backbone's class (a ViT's ``hidden_dim``, ``num_heads``, ``mlp_dim``) say
+    the pruned backbone: the width of every block where the blocks agree;
+    where they differ the attribute is left out (reading it raises
+    ``AttributeError``) rather than state one wrong number, and
+    ``precrop_plan.summary()`` gives each block's. Other widths (a ResNet's
+    ``stackwise_num_filters``) describe the original backbone, except the
+    output widths, which pruning keeps; the graph is what the pruned one
+    computes.
 
     Args:
         *args: ``inputs`` and ``outputs``, as for a functional ``keras.Model``.
@@ -104,7 +118,8 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
         defaults, as its constructor does), whose ``backbone`` is a
         :class:`PrunedBackbone` (or, homogeneous, of the backbone's class);
         or, for a backbone, the :class:`PrunedBackbone`. Its
-        ``.precrop_plan`` is the plan (of the backbone; homogeneous: of the task).
+        ``.precrop_plan`` is the plan (of the backbone; homogeneous: of the task),
+        which :func:`apply_plan` replays into the same model.
     """
     options.setdefault("upper", 1.0)
     return _pruned(planning.precrop, model, params, flops, homogeneous, options)
@@ -121,6 +136,8 @@ def _pruned(method, model, params, flops, homogeneous, options):
     _check_importance(options.get("importance"))
     widths = _config_widths(model, homogeneous)
     if widths is not None:
+        _refuse_seed(options.get("seed"))
+        _refuse_head_dims(options.get("attention", "heads"))
         return _homogeneous(model, params, flops, widths, options)
     new = method(backbone_of(model), params, flops, **options)
     return _rewrapped(model, new, options.get("weights"))
@@ -146,28 +163,45 @@ def _homogeneous(model, params, flops, widths, options):
     """The task planned with the same widths in every block and re-created from a new config."""
     applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed")
                if key in options}
-    if applied.get("seed") is not None:
-        raise ArgumentError("{seed} cannot seed a keras_hub model made from its config; call "
-                            "keras.utils.set_random_seed first, or pass homogeneous=False.",
-                            seed=applied["seed"])
-    if options.get("attention", "heads") != "heads":
-        raise ArgumentError(
-            "{attention} narrows each head, and a keras_hub transformer's config derives the head "
-            "size from hidden_dim / num_heads, so the same class cannot say it; pass "
-            "homogeneous=False for a functional model with narrower heads.",
-            attention=options["attention"])
     options.setdefault("residual", widths.residual)
     subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
-    graph = subject.profile(options.get("ignore", ()), options["residual"], {}).graph
+    # The walker refuses a value of attention it does not know (a typo), before it walks.
+    graph = subject.profile(options.get("ignore", ()), options["residual"], {},
+                            options.get("attention", "heads")).graph
     the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
+    the_plan.solver[_CONFIG] = widths.config(graph.variables, the_plan.widths)  # apply_plan reads it
+    return _configured(subject, the_plan, widths, applied)
+
+
+def _configured(subject, plan, widths, applied):
+    """The subject's model with ``plan``'s widths, re-created from a config of its classes."""
+    model = subject.model
 
     def build(graph, new_widths, seed=None):
         named = {v.name: w for v, w in zip(graph.variables, new_widths)}
         return _from_config(model, widths.config(graph.variables, named))
 
-    new = planning.apply_with(subject, the_plan, build, **applied)
-    new.precrop_plan = the_plan
+    new = planning.apply_with(subject, plan, build, **applied)
+    new.precrop_plan = plan
     return new
+
+
+def _refuse_seed(seed):
+    """A model made from its config draws its weights from Keras' global random state."""
+    if seed is not None:
+        raise ArgumentError("{seed} cannot seed a keras_hub model made from its config; call "
+                            "keras.utils.set_random_seed first, or use per-block widths "
+                            "(homogeneous=False, and its plan).", seed=seed)
+
+
+def _refuse_head_dims(attention):
+    """Refuse narrower heads in a model made from its config; a value the walker does not know
+    (a typo) is left to the walker's own check, which names the values it takes."""
+    if attention in ATTENTION and attention != "heads":
+        raise ArgumentError(
+            "{attention} narrows each head, and a keras_hub transformer's config derives the head "
+            "size from hidden_dim / num_heads, so the same class cannot say it; pass "
+            "homogeneous=False for a functional model with narrower heads.", attention=attention)
 
 
 def _from_config(model, values):
@@ -195,24 +229,47 @@ def _same_op_names(old, new):
 
 
 def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
-    """The task (or backbone) with the widths of ``plan``, a plan of its backbone.
+    """The task (or backbone) with the widths of ``plan``: what :func:`precrop` made it with.
 
     ``plan`` is a :class:`~keras_precrop.Plan` or a plan file's path (the
-    result's ``.precrop_plan`` is a plan either way). Plan with
-    ``kp.plan(backbone_of(task), ...)``; ``weights``, ``importance``,
-    ``data`` and ``seed`` are as for :func:`keras_precrop.apply_plan` (see
-    :func:`precrop`).
+    result's ``.precrop_plan`` is a plan either way). A plan of the backbone
+    (``homogeneous=False``, or ``kp.plan(backbone_of(task), ...)``) gives a
+    :class:`PrunedBackbone`; a homogeneous plan (of the task, for a backbone
+    in ``hub_configs.CONFIG_WIDTHS``) re-creates the task from a new config,
+    as :func:`precrop` did. ``weights``, ``importance``, ``data`` and
+    ``seed`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
     _check_importance(importance)
+    plan = plan_argument(plan)
+    if _CONFIG in plan.solver or _of_task(model, plan):
+        widths = _task_config_widths(model, plan)
+        _refuse_seed(seed)
+        _refuse_head_dims(plan.attention)
+        return _configured(Subject(model), plan, widths,
+                           {"weights": weights, "importance": importance, "data": data})
     new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed)
-    new.precrop_plan = _as_plan(plan)
+    new.precrop_plan = plan
     return _rewrapped(model, new, weights)
 
 
-def _as_plan(plan):
-    """``plan`` as a :class:`~keras_precrop.Plan`: a plan file's path is read (``apply_plan``
-    has refused one that holds no plan), so that ``.precrop_plan`` is a plan either way."""
-    return plan if isinstance(plan, planning.Plan) else planning.Plan.from_json(os.fspath(plan))
+def _of_task(model, plan):
+    """Whether ``plan`` was made for the task ``model`` (as a whole) rather than its backbone."""
+    backbone = backbone_of(model)
+    return backbone is not model and plan.model_name == model.name != backbone.name
+
+
+def _task_config_widths(model, plan):
+    """The :class:`~keras_precrop.hub_configs.ConfigWidths` that re-create ``model`` for a plan
+    of the whole task; refused for a backbone whose config cannot say its widths."""
+    backbone = backbone_of(model)
+    widths = config_widths(backbone)
+    if widths is None:
+        raise PlanMismatchError(
+            f"Plan for {plan.model_name!r} is a plan of the whole task, and the config of "
+            f"{type(backbone).__name__} cannot say its widths; pass kp.hub.apply_plan a plan of the "
+            f"backbone {backbone.name!r}: kp.hub.precrop(task, homogeneous=False).precrop_plan or "
+            "kp.plan(kp.hub.backbone_of(task), ...).")
+    return widths
 
 
 def backbone_of(model):
@@ -221,17 +278,39 @@ def backbone_of(model):
     return backbone if isinstance(backbone, keras.Model) else model
 
 
-def _attributes(backbone, new):
-    """What ``backbone``'s class adds to a functional model (``new``), with plain values.
+def _attributes(backbone, new, plan):
+    """What ``backbone``'s class adds to a functional model (``new``), with plain values, its
+    widths as ``plan`` gives them (see :func:`_planned_widths`).
 
     A JSON round trip turns tuples into lists, as a ``.keras`` file does, so
     the attributes read the same before and after a save.
     """
     if isinstance(backbone, PrunedBackbone):
-        return dict(backbone._attributes)
+        return _planned_widths(dict(backbone._attributes), plan)
     own = set(vars(backbone)) - set(vars(new))
-    return {key: json.loads(json.dumps(value)) for key, value in vars(backbone).items()
-            if key in own and not key.startswith("_") and _plain(value)}
+    attributes = {key: json.loads(json.dumps(value)) for key, value in vars(backbone).items()
+                  if key in own and not key.startswith("_") and _plain(value)}
+    if table_key(backbone) is not None:
+        attributes[_TABLE] = table_key(backbone)
+    return _planned_widths(attributes, plan)
+
+
+def _planned_widths(attributes, plan):
+    """``attributes`` with the widths the table names set to what ``plan`` gives every block.
+
+    A key whose blocks ``plan`` gives several widths (per-block widths) is
+    left out: no one number says it, and the original's would be wrong.
+    """
+    table = CONFIG_WIDTHS.get(attributes.get(_TABLE))
+    if table is None:
+        return attributes
+    out = dict(attributes)
+    for key, widths in table.planned(plan.variables).items():  # a re-pruned one may agree again
+        if len(widths) == 1:
+            out[key] = int(next(iter(widths)))
+        elif widths:
+            out.pop(key, None)
+    return out
 
 
 def _plain(value):
@@ -253,7 +332,8 @@ def _rewrapped(model, new, weights=None):
     With ``weights="keep"`` the task's own weights (its head) are carried too.
     """
     backbone = backbone_of(model)
-    pruned = PrunedBackbone(new.input, new.output, name=new.name, attributes=_attributes(backbone, new))
+    attributes = _attributes(backbone, new, new.precrop_plan)
+    pruned = PrunedBackbone(new.input, new.output, name=new.name, attributes=attributes)
     result = pruned
     if backbone is not model:
         config = {**model.get_config(), "backbone": pruned, "preprocessor": model.preprocessor}

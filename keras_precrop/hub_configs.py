@@ -72,10 +72,23 @@ class ConfigWidths:
         for key, names in self.classes(variables).items():
             values = {widths[name] for name in names}
             if len(values) != 1:
-                raise ArgumentError(f"{{plan}} gives {key} several widths ({sorted(values)}); a "
-                                    "homogeneous plan gives one (plan with tie=...).", plan=key)
+                raise ArgumentError(
+                    f"{{plan}} gives {key} several widths ({sorted(values)}); a homogeneous plan "
+                    "gives one (plan with tie=...), or pass kp.hub a plan of the backbone "
+                    "(kp.hub.precrop(task, homogeneous=False).precrop_plan).", plan=key)
             out[key] = int(values.pop())
         return out
+
+    def planned(self, variables):
+        """``{config key: {new widths}}`` of a plan's ``variables`` (its rows), per key.
+
+        Rows of kind ``"head_dims"`` are left out: they narrow each head and
+        keep the number of heads, and no key of the table says a head's size.
+        A key no row matches maps to an empty set.
+        """
+        return {key: {row["new"] for row in variables
+                      if row["kind"] != "head_dims" and re.search(pattern + "$", row["name"])}
+                for key, pattern in self.keys.items()}
 
 
 # keras_hub backbones, by qualified class name. ViT and DeiT blocks give each head
@@ -101,8 +114,13 @@ CONFIG_WIDTHS = {
 
 def config_widths(backbone):
     """The :class:`ConfigWidths` of ``backbone``'s class (or a base class), or ``None``."""
+    return CONFIG_WIDTHS.get(table_key(backbone))
+
+
+def table_key(backbone):
+    """The key of :data:`CONFIG_WIDTHS` for ``backbone``'s class (or a base class), or ``None``."""
     for cls in type(backbone).__mro__:
-        found = CONFIG_WIDTHS.get(f"{cls.__module__}.{cls.__qualname__}")
-        if found is not None:
-            return found
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in CONFIG_WIDTHS:
+            return name
     return None

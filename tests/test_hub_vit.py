@@ -213,3 +213,88 @@ def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys, mon
     assert not out.exists()
     error = capsys.readouterr().err
     assert f"--out {out}" in error and "cannot load it back" in error and "kp.hub.precrop" in error
+
+def test_the_homogeneous_plan_replays_into_the_same_task(tmp_path):
+    """kp.hub.apply_plan of the plan kp.hub.precrop returned (of the whole task, and read back
+    from its file) re-creates what precrop made: the same classes, config, parameters and, with
+    kept weights, outputs; a bare backbone's homogeneous plan replays into its class too."""
+    model = _vit()
+    small = kp.hub.precrop(model, params=0.5, weights="keep")
+    path = tmp_path / "plan.json"
+    small.precrop_plan.to_json(path)
+    for plan in (small.precrop_plan, kp.Plan.from_json(path), str(path)):
+        again = kp.hub.apply_plan(model, plan, weights="keep")
+        assert type(again) is type(model) and type(again.backbone) is type(model.backbone)
+        assert again.backbone.get_config() == small.backbone.get_config()
+        assert again.count_params() == small.count_params() < model.count_params()
+        np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
+    backbone = _vit(task=False)
+    bare = kp.hub.precrop(backbone, params=0.8, homogeneous=True)
+    again = kp.hub.apply_plan(backbone, bare.precrop_plan)
+    assert type(again) is type(backbone) and again.get_config() == bare.get_config()
+
+
+def test_a_plan_of_a_whole_task_the_config_cannot_say_is_refused_by_name():
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64],
+        stackwise_num_blocks=[1], stackwise_num_strides=[1], block_type="basic_block",
+        use_pre_activation=False, image_shape=(32, 32, 3))
+    task = keras_hub.models.ResNetImageClassifier(backbone=backbone, num_classes=10,
+                                                  preprocessor=None)
+    plan = kp.plan(task, params=0.6)
+    with pytest.raises(kp.PlanMismatchError, match=r"whole task.*homogeneous=False"):
+        kp.hub.apply_plan(task, plan)
+
+
+def _layer_widths(backbone):
+    """Each ViT width key's widths, read from the pruned backbone's layers."""
+    return {"num_heads": {layer.num_heads for layer in backbone.layers
+                          if isinstance(layer, keras.layers.MultiHeadAttention)},
+            "mlp_dim": {layer.units for layer in backbone.layers if layer.name.endswith("_mlp_dense")},
+            "hidden_dim": {backbone.output.shape[-1]}}
+
+
+def _check_widths(backbone):
+    """Where the layers agree, the attribute says their width; where they differ, it is absent."""
+    widths = _layer_widths(backbone)
+    for key, values in widths.items():
+        if len(values) == 1:
+            assert getattr(backbone, key) == next(iter(values)), key
+        else:
+            assert not hasattr(backbone, key), key
+    return widths
+
+
+@pytest.mark.parametrize("prune", [
+    lambda model: kp.hub.precrop(  # block 1's MLP kept whole: the blocks' MLP widths differ
+        model, params=0.6, homogeneous=False, ignore=["vit_encoder_transformer_block_1_mlp_dense"]),
+    lambda model: kp.hub.reconfigure(model, params=0.8, homogeneous=False),
+], ids=["precrop", "reconfigure"])
+def test_per_block_widths_say_the_pruned_backbone_or_nothing(prune, tmp_path):
+    model = _vit()
+    small = prune(model)
+    assert isinstance(small.backbone, kp.hub.PrunedBackbone)
+    widths = _check_widths(small.backbone)
+    assert widths != {"num_heads": {4}, "mlp_dim": {64}, "hidden_dim": {32}}  # it was pruned
+    small.save(tmp_path / "small.keras")
+    again = keras.models.load_model(tmp_path / "small.keras")
+    assert _check_widths(again.backbone) == widths
+    assert again.backbone.num_layers == 3 and list(again.backbone.image_shape) == [32, 32, 3]
+
+
+def test_the_widths_of_a_re_pruned_backbone_say_its_layers():
+    small = kp.hub.precrop(_vit(), params=0.6, homogeneous=False).backbone
+    smaller = kp.hub.precrop(small, params=0.9)  # a PrunedBackbone, pruned once more
+    assert _check_widths(small) != _check_widths(smaller)
+    assert smaller.count_params() < small.count_params()
+
+
+def test_an_unknown_attention_is_named_as_for_kp_precrop():
+    model = _vit()
+    with pytest.raises(kp.ArgumentError) as reference:
+        kp.precrop(model, params=0.5, attention="head")
+    with pytest.raises(kp.ArgumentError) as err:
+        kp.hub.precrop(model, params=0.5, attention="head")
+    assert str(err.value) == str(reference.value) and "'heads', 'head_dims'" in str(err.value)
+    with pytest.raises(kp.ArgumentError, match="homogeneous=False"):  # a known one the config cannot say
+        kp.hub.precrop(model, params=0.5, attention="head_dims")
