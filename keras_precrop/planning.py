@@ -498,18 +498,21 @@ def reconfigure(model, params=None, flops=None, **options):
     are extrapolated. With ``weights="keep"`` the original channels keep their
     weights and the new ones start out silent (see :func:`apply_plan`).
     """
-    check_option_names("reconfigure", options)
+    check_option_names("reconfigure", options, precrop)
     options.setdefault("upper", None)
     return precrop(model, params, flops, **options)
 
 
-def check_option_names(caller, options):
+def check_option_names(caller, options, via=None):
     """Refuse a keyword that :func:`plan` does not take, as ``caller``'s own, with its likely spelling.
 
     ``precrop``/``reconfigure`` hand their other keywords to :func:`plan`, whose
     own ``TypeError`` would name ``plan()``, a function the user did not call.
+    ``via``: a function between ``caller`` and :func:`plan` whose own keywords
+    ``options`` may hold too (``reconfigure`` goes through ``precrop``).
     """
-    known = [name for name, p in inspect.signature(plan).parameters.items()
+    known = [name for f in (plan, via) if f is not None
+             for name, p in inspect.signature(f).parameters.items()
              if p.kind == p.KEYWORD_ONLY or name in ("params", "flops")]
     for name in options:
         if name not in known:
