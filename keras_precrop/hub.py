@@ -133,6 +133,7 @@ def reconfigure(model, params=None, flops=None, *, homogeneous=None, **options):
 
 def _pruned(method, model, params, flops, homogeneous, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
+    planning.check_option_names(f"hub.{method.__name__}", options, planning.precrop)
     _check_importance(options.get("importance"))
     widths = _config_widths(model, homogeneous)
     if widths is not None:

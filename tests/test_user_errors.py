@@ -235,3 +235,11 @@ def test_a_misspelt_keyword_is_named_as_the_called_functions_with_its_spelling(c
     with pytest.raises(TypeError, match=rf"^{call}\(\) got an unexpected keyword argument "
                                         r"'attenton'; did you mean 'attention'\?$"):
         getattr(kp, call)(model, params=0.5, attenton="heads")
+
+
+@pytest.mark.parametrize("call", ["precrop", "reconfigure"])
+def test_a_misspelt_keyword_to_the_hub_is_named_as_the_hubs(call):
+    task = _small_vit()
+    with pytest.raises(TypeError, match=rf"^hub\.{call}\(\) got an unexpected keyword argument "
+                                        r"'atention'; did you mean 'attention'\?$"):
+        getattr(kp.hub, call)(task, params=0.5, atention="heads")
