@@ -310,11 +310,34 @@ def _beat_tp(precrop, tp):
     if ours is None or theirs is None:
         waiting = [name for name, best in (("PreCrop", ours), ("Torch-Pruning", theirs)) if best is None]
         return goal + f"**pending** (no 3-epoch run of {' or '.join(waiting)} with the recipe yet)."
-    difference = statistics.mean(ours[1]) - statistics.mean(theirs[1])
+    margins = _margins_by_teacher(ours[2], theirs[2])
+    difference = (statistics.mean(margins.values()) if margins
+                  else statistics.mean(ours[1]) - statistics.mean(theirs[1]))
     verdict = _judged(difference >= _BEAT_TP_PP - 1e-9, len(ours[1]), len(theirs[1]))
+    paired = ""
+    if len(margins) > 1:
+        paired = (" (the mean of the margins on each teacher both pruned: "
+                  + ", ".join(f"{teacher} {margin:+.2f}" for teacher, margin in sorted(margins.items()))
+                  + "; teachers differ by more than the runs on one)")
     return goal + (f"{verdict}: {ours[0]} {_cell(ours[1])} vs {theirs[0]} {_cell(theirs[1])}, "
-                   f"{difference:+.2f} pp (n {len(ours[1])}/{len(theirs[1])})."
+                   f"{difference:+.2f} pp{paired} (n {len(ours[1])}/{len(theirs[1])})."
                    + _teacher_note(ours[2] + theirs[2]))
+
+
+def _margins_by_teacher(ours, theirs):
+    """``{teacher: mean accuracy of ours on it - theirs on it}`` over the teachers both pruned.
+
+    A better teacher lifts every way that prunes it, so ways are compared on the same teacher and
+    each teacher counts once, however many fine-tuning seeds ran on it.
+    """
+    def by_teacher(records):
+        found = {}
+        for r in records:
+            found.setdefault(r["teacher"], []).append(r["acc"])
+        return found
+
+    a, b = by_teacher(ours), by_teacher(theirs)
+    return {t: statistics.mean(a[t]) - statistics.mean(b[t]) for t in sorted(set(a) & set(b))}
 
 
 def _teacher_note(records):
