@@ -234,7 +234,8 @@ def _point_table(point, records, cuts):
     labels = sorted({(r["order"], r["label"]) for r in records})
     for _, label in labels:
         found = [r for r in records if r["label"] == label]
-        pruned = {r["seed"]: r["pruned"] for r in found if r["pruned"] is not None}  # a cut per seed
+        # A cut per teacher and seed (a data ranking's batches follow the seed).
+        pruned = {(r["teacher"], r["seed"]): r["pruned"] for r in found if r["pruned"] is not None}
         epochs = {n: [r["acc"] for r in found if r["epochs"] == n] for n in (3, 10)}
         lines.append(f"| {label} | {_cell(list(pruned.values()))} | {_cell(epochs[3])} | {_cell(epochs[10])} "
                      f"| {statistics.mean(r['params'] for r in found):,.0f} "
