@@ -47,8 +47,7 @@ class ConfigWidths:
             UnsupportedModelError: a free variable no key claims (the config
                 cannot say its width), or a key that claims none.
         """
-        found = {key: [v.name for v in variables if re.search(pattern + "$", v.name)]
-                 for key, pattern in self.keys.items()}
+        found = self._claimed([v.name for v in variables])
         claimed = {name for names in found.values() for name in names}
         loose = [v.name for v in variables if not v.fixed and v.name not in claimed]
         empty = [key for key, names in found.items() if not names]
@@ -86,8 +85,12 @@ class ConfigWidths:
         keep the number of heads, and no key of the table says a head's size.
         A key no row matches maps to an empty set.
         """
-        return {key: {row["new"] for row in variables
-                      if row["kind"] != "head_dims" and re.search(pattern + "$", row["name"])}
+        new = {row["name"]: row["new"] for row in variables if row["kind"] != "head_dims"}
+        return {key: {new[name] for name in names} for key, names in self._claimed(new).items()}
+
+    def _claimed(self, names):
+        """``{config key: [the names its pattern ends]}``, for every key of the table."""
+        return {key: [name for name in names if re.search(pattern + "$", name)]
                 for key, pattern in self.keys.items()}
 
 
