@@ -291,8 +291,9 @@ def _attributes(backbone, new, plan):
     own = set(vars(backbone)) - set(vars(new))
     attributes = {key: json.loads(json.dumps(value)) for key, value in vars(backbone).items()
                   if key in own and not key.startswith("_") and _plain(value)}
-    if table_key(backbone) is not None:
-        attributes[_TABLE] = table_key(backbone)
+    table = table_key(backbone)
+    if table is not None:
+        attributes[_TABLE] = table
     return _planned_widths(attributes, plan)
 
 
