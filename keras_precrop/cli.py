@@ -24,196 +24,18 @@ The parser imports nothing heavy (``import keras_precrop`` loads no Keras), so
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 
 import keras_precrop as kp
+from keras_precrop import _cli_flags as _flags
 from keras_precrop import _cli_trained as _trained
 from keras_precrop import _startup
 from keras_precrop.budget import kinds as _kinds
 from keras_precrop.transfer import criteria as _criteria
 
-# The choices the parser offers, spelled here so that --help imports no library module;
-# tests/test_cli.py checks them against the library's own (MODES, FLOOR_ON, ...).
-_MODES = ("exact", "layerwise", "paper", "uniform")
-_FLOOR_ON = ("all", "streams")
-_ATTENTION = ("heads", "head_dims")
-_DEFAULT_MODES = ("exact", "layerwise", "uniform")
-_RUNTIMES = kp.latency.RUNTIMES  # the runtime table's names, read without loading Keras
 _AUTO = "auto"  # --ignore auto: the walker's AUTO (keep whole every layer the walk refuses)
-# The channel rankings each command offers, read from the table (kp.register_importance adds to
-# it) when the parser is built: precrop loads no data for those that need it; prune-trained gives
-# them its first training examples, and ranks anew at each update (no chance).
-_IMPORTANCE = _criteria.Names("keras-precrop precrop/reconfigure")
-_GRADUAL_IMPORTANCE = _criteria.Names("keras-precrop prune-trained")
-
-
-def _parser(defaults=True):
-    """The command line's parser.
-
-    Args:
-        defaults: False leaves every option without a default, so that a parse
-            holds only the options the user typed (see :func:`_typed`).
-    """
-    parser = argparse.ArgumentParser(
-        prog="keras-precrop",
-        description="Structured pruning (PreCrop) and width reconfiguration (PreConfig) of "
-        "Keras models, CNNs and transformers, at initialization or trained.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    default = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
-
-    def add_parser(name, text):
-        return sub.add_parser(name, help=text,
-                              argument_default=None if defaults else argparse.SUPPRESS)
-
-    add_parser("list", "list the zoo's model names")
-    p = add_parser("latency", "time width variants of a model and fit a latency model")
-    _model_args(p, default)
-    _timing_args(p, default)
-    p.add_argument("--json", help="write the latency model as JSON here")
-    p = add_parser("profile", "print per-layer params, MACs and channel groups")
-    _model_args(p, default)
-    p.add_argument("--json", help="also write the profile as JSON to this file")
-    _all_arg(p, "those without params or MACs")
-    for name, text in _PLANNERS.items():
-        p = add_parser(name, text)
-        _model_args(p, default)
-        _planner_args(p, default)
-    p = add_parser("compare", "plan the same budgets in several modes, uniform width scaling "
-                   "included, side by side")
-    _model_args(p, default)
-    _budget_args(p, default)
-    p.add_argument("--modes", default=default(",".join(_DEFAULT_MODES)),
-                   help="comma-separated modes to compare (default exact,layerwise,uniform)")
-    p.add_argument("--measure", action="store_true",
-                   help="also time every plan's model here, interleaved, and show speedups")
-    p.add_argument("--json", help="also write the comparison as JSON to this file")
-    p = add_parser("prune-trained", "prune a trained model gradually while it trains, distilled "
-                   "from itself, and save it smaller")
-    _prune_trained_args(p, default)
-    return parser
-
-
-def _all_arg(p, which):
-    p.add_argument("--all", "--all_layers", dest="all_layers", action="store_true",
-                   help=f"show every layer in the table, {which} too")
-
-
-def _table_args(p):
-    """How much of the plan's table is printed: the changed layers (default), all, or none."""
-    group = p.add_mutually_exclusive_group()
-    _all_arg(group, "unchanged ones")
-    group.add_argument("--quiet", action="store_true",
-                       help="print no per-layer plan table, only the plan's totals and what "
-                       "was written (by default the table shows the layers the plan changes)")
-
-
-def _model_args(p, default):
-    """The model and how to walk it: every command but ``list`` takes them."""
-    p.add_argument("model", nargs="?",
-                   help="a zoo model name (see `keras-precrop list`) or a .keras file")
-    p.add_argument("--model", dest="model_flag", metavar="MODEL", help="the same, as a flag")
-    p.add_argument("--input_shape", help="input shape for zoo models, e.g. 64,64,3")
-    p.add_argument("--num_classes", type=int, help="classes for zoo models")
-    _walk_args(p, default)
-
-
-def _walk_args(p, default):
-    """How the model is walked: layers kept fixed, residual semantics, what attention loses."""
-    p.add_argument("--ignore", default=default(""),
-                   help="comma-separated layers whose channels stay fixed; 'auto' (alone or "
-                   "among them) also keeps whole every layer the walk refuses, and the "
-                   "profile or plan says which and why")
-    p.add_argument("--residual", choices=("prefix", "tie"), default=default("prefix"),
-                   help="residual-stream semantics (default: prefix)")
-    p.add_argument("--attention", choices=_ATTENTION, default=default("heads"),
-                   help="attention layers lose whole heads (default) or narrow every head")
-
-
-def _timing_args(p, default):
-    """How a latency model times variants (``kp.latency_model``'s options)."""
-    p.add_argument("--batch_size", type=int, default=default(32),
-                   help="examples per timed call (default 32)")
-    p.add_argument("--runtime", choices=_RUNTIMES, default=default("tf"),
-                   help="where to time (default tf: the Keras backend's own compiled step); "
-                   "the guide's table of runtimes says what each runs and needs")
-    p.add_argument("--training", action="store_true",
-                   help="time a training step instead of inference")
-    p.add_argument("--variants", type=int, default=default(20), help="models timed (default 20)")
-    p.add_argument("--rounds", type=int, default=default(5),
-                   help="interleaved rounds (default 5)")
-
-
-def _budget_args(p, default):
-    """Budgets (``budget.kinds``' flags), their latency model and the width grid: what a plan is
-    solved under."""
-    for kind in _kinds.KINDS:
-        p.add_argument(f"--{kind.ratio}", type=float, help=kind.help)
-    for kind in _kinds.KINDS:
-        if kind.absolute:
-            p.add_argument(f"--{kind.absolute}", type=float, help=kind.absolute_help)
-    p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`); "
-                   "without it one is measured now with the timing flags below")
-    _timing_args(p, default)
-    p.add_argument("--calibrate", type=int,
-                   help="rounds of timing the plan and re-planning until it measures <= "
-                   "--latency (default: 2 when the latency model is measured now, else 0)")
-    p.add_argument("--round_to", type=int, default=default(1), help="channel multiple, e.g. 8")
-    p.add_argument("--min_channels", type=int, default=default(1))
-
-
-def _planner_args(p, default):
-    """Budgets, the mode and the outputs of ``precrop``/``reconfigure``."""
-    _budget_args(p, default)
-    p.add_argument("--mode", choices=("auto", *_MODES), default=default("auto"),
-                   help="width translation (default auto: layerwise for reconfigure and for "
-                   "a FLOPs budget; exact with the residual streams floored at uniform's widths "
-                   "for a latency budget; exact otherwise; uniform: one width factor for all layers)")
-    p.add_argument("--balance", type=float,
-                   help="exact mode: adjacent width ratios at most this factor apart, e.g. 2")
-    p.add_argument("--floor", type=float,
-                   help="exact mode: no width below this ratio (0-1] of --mode uniform's widths at "
-                   "the same budgets, e.g. 1.0")
-    p.add_argument("--floor_on", choices=_FLOOR_ON,
-                   help="which widths --floor holds: all (default) or the residual streams alone")
-    p.add_argument("--out", help="save the rebuilt model here (a .keras file)")
-    p.add_argument("--plan", help="write the plan as JSON here")
-    p.add_argument("--apply", help="apply this plan JSON instead of solving")
-    p.add_argument("--weights", choices=("keep", "fresh"),
-                   help="the weights of the model --out saves: keep (the default for a MODEL.keras "
-                   "file: each width keeps its most important channels with their trained weights, "
-                   "to fine-tune) or fresh (the default for a zoo model: newly initialized, as "
-                   "PreCrop prescribes)")
-    p.add_argument("--importance", choices=_IMPORTANCE,
-                   help=_importance_help(_IMPORTANCE, "--weights keep: how channels are ranked "
-                                         "(default l1): ") + _needing_data())
-    p.add_argument("--seed", type=int,
-                   help="an integer fixes the new model's fresh weights and --importance random "
-                   "(default: drawn anew each run)")
-    _table_args(p)
-
-
-def _importance_help(choices, lead, data_from=None):
-    """``--importance``'s help: what each ranking of ``choices`` ranks by, from the table."""
-    parts = []
-    for name in choices:
-        ranking = _criteria.criterion(name)
-        where = f" ({data_from})" if data_from and ranking.needs == "data" else ""
-        parts.append(f"{name}: {ranking.summary}{where}" if ranking.summary else name)
-    return (lead + "; ".join(parts) + ".").replace("%", "%%")  # argparse formats help with %
-
-
-def _needing_data():
-    """The help's word on the rankings that need training data, which precrop does not load."""
-    data = [name for name in _criteria.Names(needs=["data"]) if name not in _IMPORTANCE]
-    if not data:
-        return ""
-    return (f" {', '.join(data)} need{'s' if len(data) == 1 else ''} training data, which only the "
-            f"Python API takes: kp.precrop(model, ..., weights='keep', importance={data[0]!r}, "
-            "data=(x, y))").replace("%", "%%")
 
 
 def _model_name(args):
@@ -264,7 +86,7 @@ def _ignore(args):
 
 def _timing(args):
     """Options of ``kp.latency_model`` from the timing flags."""
-    return {keyword: getattr(args, keyword) for keyword in _TIMING}
+    return {keyword: getattr(args, keyword) for keyword in _flags.TIMING}
 
 
 def _no_effect(args):
@@ -274,17 +96,17 @@ def _no_effect(args):
         rules.append((("input_shape", "num_classes"),
                       "on a saved model: its file fixes the input shape and classes"))
     if args.command == "compare" and not args.measure and args.latency_model:
-        rules.append((_TIMING, "with --latency_model and without --measure: nothing is timed"))
+        rules.append((_flags.TIMING, "with --latency_model and without --measure: nothing is timed"))
     elif args.command == "compare" and not args.measure and args.latency is None:
-        rules.append((_TIMING, "without --latency or --measure: nothing is timed"))
-    if args.command in _PLANNERS:
+        rules.append((_flags.TIMING, "without --latency or --measure: nothing is timed"))
+    if args.command in _flags.PLANNERS:
         rules += _keep_effect(args)
         if args.apply:
             rules.append((_SOLVING, "with --apply: the plan fixes the widths"))
         elif args.latency_model:
-            rules.append((_TIMING, "with --latency_model: that latency model is timed already"))
+            rules.append((_flags.TIMING, "with --latency_model: that latency model is timed already"))
         elif args.latency is None:
-            rules.append((_TIMING, "without --latency: nothing is timed"))
+            rules.append((_flags.TIMING, "without --latency: nothing is timed"))
     return rules
 
 
@@ -584,49 +406,6 @@ def _which(options):
 # -- prune-trained: gradual pruning of a trained model while it trains (issue 43) -------------
 
 
-def _prune_trained_args(p, default):
-    """The flags of ``prune-trained``: the widths, the data and the training recipe."""
-    p.add_argument("model", metavar="MODEL.keras", help="the trained model, a .keras file")
-    for kind in _kinds.KINDS:  # the ratios: what the trained model's budgets are of
-        p.add_argument(f"--{kind.ratio}", type=float, help=kind.help + (
-            " (measured here unless --latency_model is given)" if kind.timed else ""))
-    p.add_argument("--latency_model", help="a latency model JSON (`keras-precrop latency`)")
-    p.add_argument("--apply", metavar="PLAN", help="prune to this plan JSON's widths instead of a "
-                   "budget (`keras-precrop precrop MODEL --plan FILE` writes one)")
-    p.add_argument("--data", required=True, metavar="SPEC",
-                   help="cifar10 (TensorFlow Datasets), or a .npz file with arrays x_train, y_train "
-                   "and optionally x_test, y_test (a test accuracy is printed when present)")
-    p.add_argument("--data_dir", help="--data cifar10: the TFDS data directory (default: TFDS' own)")
-    p.add_argument("--split", help="--data cifar10: the TFDS split to train on, a slice of train to "
-                   "try the command on first, e.g. train[:10%%] (5,000 images) or train[:2000] "
-                   "(default: train, all 50,000); the test accuracy is still on the whole test split")
-    p.add_argument("--epochs", type=int, required=True, help="epochs of training in all")
-    p.add_argument("--gradual_epochs", type=float,
-                   help="epochs over which the channels go, on a cubic schedule; the rest of "
-                   "--epochs trains the pruned model, rebuilt smaller from the next whole epoch "
-                   "on (its optimizer's state carried over) (default: a third of --epochs)")
-    p.add_argument("--shrink", type=float, default=default(0.0),
-                   help="fade the channels the plan leaves out (re-ranked as they go) by 1 - SHRINK "
-                   "after every step, then take them away at once when --gradual_epochs ends "
-                   "(kp.GradualPruning(shrink=, schedule='final'); e.g. 0.01 for 390 steps); "
-                   "default 0: they go a few at a time on a cubic schedule")
-    p.add_argument("--importance", choices=_GRADUAL_IMPORTANCE, default=default("l1"),
-                   help=_importance_help(_GRADUAL_IMPORTANCE, "how the channels are ranked, anew at "
-                                         "each update (default l1): ",
-                                         f"here the first {_trained.TAYLOR_EXAMPLES} training examples"))
-    p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
-                   help="train against the original model's outputs too (distillation; default) "
-                   "or on the labels alone (--no-distill)")
-    p.add_argument("--learning_rate", type=float, default=default(_trained.RECIPE["learning_rate"]),
-                   help="SGD's starting rate (momentum 0.9, L2 1e-4), decayed linearly to 0: the "
-                   "training recipe's peak, rewound (default 0.1)")
-    p.add_argument("--batch_size", type=int, default=default(_trained.RECIPE["batch_size"]),
-                   help="training batch size (default 128)")
-    p.add_argument("--out", required=True, help="save the pruned model here (a .keras file)")
-    _walk_args(p, default)
-    _table_args(p)
-
-
 def _check_prune_trained(args):
     """Refuse, naming the flag, what ``prune-trained`` cannot do; before anything is loaded."""
     if not args.model.endswith(".keras"):
@@ -711,18 +490,13 @@ def _prune_plan(args, model):
                    residual=args.residual, attention=args.attention)
 
 
-# The subcommands that plan widths, and their help.
-_PLANNERS = {"precrop": "prune channels to meet budgets (PreCrop)",
-             "reconfigure": "re-distribute widths, layers may grow (PreConfig)"}
-# The options of ``kp.latency_model`` that the timing flags of the same names give.
-_TIMING = ("batch_size", "runtime", "training", "variants", "rounds")
 # The library's keyword arguments that the command line passes on under the
 # flag of the same name. Library errors keep the arguments they are about as
 # fields (``kp.ArgumentError.arguments``); the command line shows these as the
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = (*_kinds.arguments(), "mode", "balance", "floor", "floor_on", "round_to",
           "min_channels", "ignore", "residual", "attention", "latency_model", "calibrate",
-          "weights", "importance", "seed", *_TIMING)
+          "weights", "importance", "seed", *_flags.TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore, --residual and --attention are checked against the plan instead.)
 _SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "attention", "weights",
@@ -770,7 +544,7 @@ def _error_line(err, args):
 
 def _typed(argv):
     """The options typed in ``argv``, with their values: a parse without defaults."""
-    return vars(_parser(defaults=False).parse_args(argv))
+    return vars(_flags.parser(defaults=False).parse_args(argv))
 
 
 def main(argv=None):
@@ -785,7 +559,7 @@ def main(argv=None):
         line at odds with itself (``--out`` naming the MODEL), as argparse's
         usage errors exit.
     """
-    args = _parser().parse_args(argv)
+    args = _flags.parser().parse_args(argv)
     args.typed = _typed(argv)
     _startup.quiet_command()
     try:

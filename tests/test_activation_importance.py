@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import cli, gradual
+from keras_precrop import _cli_flags, cli, gradual
 from keras_precrop.graph.walker import walk
 from keras_precrop.planning import planned_widths
 from tests.test_attention import _attention_model
@@ -175,7 +175,7 @@ def test_without_data_the_argument_is_named_in_one_wording_everywhere():
 
 
 def test_the_command_line_prunes_with_it(tmp_path, capsys):
-    assert "activation" in cli._GRADUAL_IMPORTANCE and "activation" not in cli._IMPORTANCE
+    assert "activation" in _cli_flags.GRADUAL_IMPORTANCE and "activation" not in _cli_flags.IMPORTANCE
     model = _mlp()
     model.save(tmp_path / "trained.keras")
     x, y = _data((6,), 3, n=128)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import _startup, cli
+from keras_precrop import _cli_flags, _startup, cli
 from keras_precrop.cli import main
 from tests.conftest import run_python, saved_trained_model
 
@@ -158,7 +158,7 @@ def test_errors_name_the_flags_the_user_typed(argv, message, capsys):
 
 
 def test_every_keyword_translated_to_a_flag_is_a_flag_of_that_name():
-    options = vars(cli._parser().parse_args(["precrop", "resnet20"]))
+    options = vars(_cli_flags.parser().parse_args(["precrop", "resnet20"]))
     assert set(cli._FLAGS) <= set(options)
 
 
@@ -463,9 +463,10 @@ def test_the_parser_offers_the_library_s_own_choices():
     from keras_precrop.latency.timing import RUNTIMES
     from keras_precrop.transfer import IMPORTANCE
 
-    assert (set(cli._MODES), cli._FLOOR_ON, cli._DEFAULT_MODES, cli._RUNTIMES, cli._ATTENTION) == (
+    flags = _cli_flags
+    assert (set(flags.MODES), flags.FLOOR_ON, flags.DEFAULT_MODES, flags.RUNTIMES, flags.ATTENTION) == (
         set(MODES), FLOOR_ON, DEFAULT_MODES, RUNTIMES, ATTENTION)
-    assert set(cli._IMPORTANCE) == set(IMPORTANCE) - {"taylor", "activation"}
+    assert set(_cli_flags.IMPORTANCE) == set(IMPORTANCE) - {"taylor", "activation"}
 
 
 @pytest.mark.parametrize("argv,match", [

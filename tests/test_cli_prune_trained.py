@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import _cli_trained, cli
+from keras_precrop import _cli_flags, _cli_trained
 from keras_precrop.cli import main
 from tests.conftest import run_python
 
@@ -171,7 +171,7 @@ def test_importance_ranks_the_channels_during_training(files, tmp_path, capsys, 
 def test_the_rankings_offered_are_those_gradual_pruning_takes():
     from keras_precrop import gradual  # noqa: PLC0415  (the command line's module loads no keras)
 
-    assert set(cli._GRADUAL_IMPORTANCE) == set(gradual.IMPORTANCE)
+    assert set(_cli_flags.GRADUAL_IMPORTANCE) == set(gradual.IMPORTANCE)
 
 
 def _refusal(argv, capsys):

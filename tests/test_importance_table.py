@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop import cli
+from keras_precrop import _cli_flags, cli
 from keras_precrop.transfer import criteria
 
 L = keras.layers
@@ -189,9 +189,9 @@ def test_the_need_decides_where_a_ranking_ranks():
         kp.apply_plan(model, the_plan, weights="keep", importance="taylor_again")
     with pytest.raises(kp.ArgumentError, match="importance='taylor_again' ranks .*backbone"):
         kp.hub.apply_plan(model, the_plan, weights="keep", importance="taylor_again", data=data)
-    assert "taylor_again" not in cli._IMPORTANCE and "taylor_again" in cli._GRADUAL_IMPORTANCE
+    assert "taylor_again" not in _cli_flags.IMPORTANCE and "taylor_again" in _cli_flags.GRADUAL_IMPORTANCE
     kp.register_importance("dice", lambda rng, count: rng.random(count), needs="seed")
-    assert "dice" in cli._IMPORTANCE and "dice" not in kp.gradual.IMPORTANCE
+    assert "dice" in _cli_flags.IMPORTANCE and "dice" not in kp.gradual.IMPORTANCE
     with pytest.raises(kp.ArgumentError, match="importance='dice' draws channels at random"):
         kp.GradualPruning(the_plan, end_step=2, importance="dice")
     small = kp.apply_plan(model, the_plan, weights="keep", importance="dice", seed=3)

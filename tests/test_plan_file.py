@@ -11,7 +11,7 @@ import pytest
 from keras import layers as L
 
 import keras_precrop as kp
-from keras_precrop import cli, planning, plans
+from keras_precrop import _cli_flags, cli, planning, plans
 from keras_precrop.budget import kinds
 from keras_precrop.cli import main
 
@@ -178,7 +178,7 @@ def test_the_command_line_s_budget_flags_are_the_table_s(monkeypatch):
                               help="memory budget, ratio of the original",
                               absolute_help="absolute memory budget")
     monkeypatch.setattr(kinds, "KINDS", (*kinds.KINDS, memory))
-    parser = cli._parser()
+    parser = _cli_flags.parser()
     for command in ("precrop", "reconfigure", "compare"):
         flags = _flags(parser, command)
         for kind in kinds.KINDS:
