@@ -176,6 +176,13 @@ def _planner_args(p, default):
     p.add_argument("--seed", type=int,
                    help="an integer fixes the new model's fresh weights and --importance random "
                    "(default: drawn anew each run)")
+    p.add_argument("--homogeneous", action=argparse.BooleanOptionalAction,
+                   help="a keras_hub task or backbone MODEL.keras is pruned as kp.hub.precrop does: "
+                   "its backbone, the budgets ratios of the backbone's, and --out saves the same "
+                   "keras_hub classes. --homogeneous: the same widths in every block, a new config "
+                   "of the backbone's own class, budgets of the whole task (the default where the "
+                   "config can say widths: ViT, DeiT, BERT); --no-homogeneous: per-block widths, "
+                   "the backbone a functional kp.hub.PrunedBackbone inside the task")
     _table_args(p)
 
 

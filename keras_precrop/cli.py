@@ -309,10 +309,16 @@ def _run_planner(args, model):
     if args.apply:
         the_plan = _read(kp.Plan, "apply", args)
         _check_against_plan(args, the_plan)
+    elif _of_hub(args, model):
+        the_plan = None  # kp.hub solves it, with the backbone's own residual semantics
     else:
         the_plan = kp.plan(model, mode=args.mode, balance=args.balance,
                            floor=args.floor, floor_on=args.floor_on, **_solve_options(args))
-    new = _applied(args, model, the_plan, options) if args.out or args.apply else None
+    if _of_hub(args, model):  # the same keras_hub classes back: always built, as kp.hub does
+        new = _hub_pruned(args, model, the_plan, options)
+        the_plan = new.precrop_plan
+    else:
+        new = _applied(args, model, the_plan, options) if args.out or args.apply else None
     _print_plan(args, the_plan)
     if not args.apply:
         _refuse_unmet_latency(args, the_plan)
@@ -322,6 +328,32 @@ def _run_planner(args, model):
     if args.out:
         save_loadable(new, args.out)
         print(f"Model written to {args.out} ({new.count_params():,} params; {_which(options)})")
+
+
+def _of_hub(args, model):
+    """Whether ``model`` is a keras_hub task or backbone, which ``kp.hub`` prunes; ``--homogeneous``
+    on any other model is refused: it would do nothing."""
+    hub = type(model).__module__.startswith("keras_hub.") or isinstance(model, kp.hub.PrunedBackbone)
+    if not hub and "homogeneous" in args.typed:
+        raise ValueError(f"{_flag('homogeneous', args.homogeneous)} has no effect on {args.model}, "
+                         f"a {type(model).__name__}: only a keras_hub task or backbone has blocks "
+                         "that a config states the widths of.")
+    return hub
+
+
+def _hub_pruned(args, model, the_plan, options):
+    """The keras_hub task (or backbone) ``model`` pruned as ``kp.hub`` does, of the same classes:
+    ``the_plan`` (``--apply``) replayed, or one solved for the budget flags."""
+    if the_plan is not None:
+        try:
+            return kp.hub.apply_plan(model, the_plan, **options)
+        except kp.PlanMismatchError as err:
+            raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
+    solve = {k: v for k, v in _solve_options(args).items()
+             if k != "residual" or "residual" in args.typed}  # else the backbone's own (BERT: tie)
+    method = kp.hub.reconfigure if args.command == "reconfigure" else kp.hub.precrop
+    return method(model, mode=args.mode, balance=args.balance, floor=args.floor,
+                  floor_on=args.floor_on, homogeneous=args.homogeneous, **solve, **options)
 
 
 def save_loadable(model, path):
@@ -344,8 +376,9 @@ def save_loadable(model, path):
         raise ValueError(
             f"--out {path}: the pruned model was saved, but Keras cannot load it back "
             f"({str(err).splitlines()[0][:200]}), so no file is written. A layer's config does not "
-            "re-create it; prune a keras_hub task in Python with kp.hub.precrop(task, ...), which "
-            "rebuilds it from its own config, or export the pruned model (model.export).") from None
+            "re-create it; where a keras_hub backbone's config can say its widths (ViT, DeiT, BERT), "
+            "--homogeneous re-creates the model from a config of its own classes; else export the "
+            "pruned model in Python (model.export).") from None
 
 
 def _print_plan(args, the_plan):

@@ -6,6 +6,7 @@ alone, the original's outputs (identity plans) and its weights (kept slices).
 """
 
 import importlib
+import json
 
 import keras
 import numpy as np
@@ -183,20 +184,49 @@ def test_a_deit_task_prunes_into_a_new_config_too(tmp_path):
     np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
 
 
-def test_the_command_line_writes_a_pruned_vit_task_that_loads(tmp_path):
-    """keras_hub 0.32's ViTPatchingAndEmbedding saves a config its constructor refuses; the
-    rebuilt one saves the config it was created from, so the pruned functional copy the command
-    line writes loads with Keras alone and computes what the pruned model computed."""
+def _cli_pruned(tmp_path, *flags, model=None):
+    """The task the command line writes for ``flags`` from a saved ViT task, and that task."""
     from keras_precrop import cli
 
+    model = model or _vit()
     saved, out = tmp_path / "vit.keras", tmp_path / "small.keras"
-    model = _vit()
     model.save(saved)
-    assert cli.main(["precrop", str(saved), "--params", "0.5", "--out", str(out), "--quiet"]) == 0
-    small = kp.precrop(model, params=0.5)
-    loaded = keras.models.load_model(out)
+    assert cli.main(["precrop", str(saved), *flags, "--out", str(out), "--quiet"]) == 0
+    return keras.models.load_model(out), model
+
+
+def test_the_command_line_writes_a_keras_hub_task_of_the_same_classes(tmp_path):
+    """A saved ViT task comes back from the command line as kp.hub.precrop makes it: the same
+    keras_hub classes, a new config, the trained weights kept (--weights keep, l1, the default for
+    a file), so it computes what kp.hub.precrop's does."""
+    loaded, model = _cli_pruned(tmp_path, "--params", "0.5")
+    small = kp.hub.precrop(model, params=0.5, weights="keep", importance="l1")
+    assert type(loaded) is type(model) and type(loaded.backbone) is type(model.backbone)
+    plain = lambda config: json.loads(json.dumps(config))  # noqa: E731  (a file's tuples are lists)
+    assert plain(loaded.backbone.get_config()) == plain(small.backbone.get_config())
     assert loaded.count_params() == small.count_params() < model.count_params()
-    assert tuple(loaded(_images()).shape) == (2, 10)
+    np.testing.assert_allclose(loaded(_images()), small(_images()), atol=1e-6)
+
+
+def test_the_command_line_gives_per_block_widths_and_replays_its_plan(tmp_path):
+    """--no-homogeneous: the task around a PrunedBackbone, as kp.hub.precrop(homogeneous=False)
+    makes it; the plan it writes, given back with --apply, makes the same model."""
+    plan = tmp_path / "plan.json"
+    loaded, model = _cli_pruned(tmp_path, "--params", "0.5", "--no-homogeneous", "--plan", str(plan))
+    small = kp.hub.precrop(model, params=0.5, homogeneous=False, weights="keep")
+    assert type(loaded) is type(model) and isinstance(loaded.backbone, kp.hub.PrunedBackbone)
+    assert loaded.count_params() == small.count_params() < model.count_params()
+    np.testing.assert_allclose(loaded(_images()), small(_images()), atol=1e-6)
+    again, _ = _cli_pruned(tmp_path, "--apply", str(plan), model=model)
+    np.testing.assert_allclose(again(_images()), loaded(_images()), atol=1e-6)
+
+
+def test_homogeneous_on_a_model_of_no_keras_hub_class_is_refused_by_flag(capsys):
+    from keras_precrop import cli
+
+    assert cli.main(["precrop", "resnet20", "--params", "0.5", "--no-homogeneous"]) == 1
+    error = capsys.readouterr().err
+    assert "--homogeneous False has no effect on resnet20" in error and "keras_hub" in error
 
 
 def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys, monkeypatch):
@@ -209,10 +239,12 @@ def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys, mon
     monkeypatch.setattr(rebuild, "_pin_config", lambda layer, config: None)
     saved, out = tmp_path / "vit.keras", tmp_path / "small.keras"
     _vit().save(saved)
-    assert cli.main(["precrop", str(saved), "--params", "0.5", "--out", str(out), "--quiet"]) == 1
+    argv = ["precrop", str(saved), "--params", "0.5", "--no-homogeneous", "--out", str(out), "--quiet"]
+    assert cli.main(argv) == 1
     assert not out.exists()
     error = capsys.readouterr().err
-    assert f"--out {out}" in error and "cannot load it back" in error and "kp.hub.precrop" in error
+    assert f"--out {out}" in error and "cannot load it back" in error and "--homogeneous" in error
+
 
 def test_the_homogeneous_plan_replays_into_the_same_task(tmp_path):
     """kp.hub.apply_plan of the plan kp.hub.precrop returned (of the whole task, and read back
