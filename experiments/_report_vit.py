@@ -25,7 +25,7 @@ _WAYS = (
     ("same widths from scratch, one config for every block", ("scratch", "homogeneous"), False),
     ("Torch-Pruning on the twin", ("tp", None), True),
 )
-_TEACHER_SEEDS = (0, 1)  # the committed teachers' seeds (train_vit_teacher.py, 15 epochs)
+_TEACHER_SEEDS = (0, 1, 2)  # the teachers' seeds (train_vit_teacher.py, 15 epochs)
 _MACS_POINT = ("flops", 0.5)  # the point every table starts from; Torch-Pruning's runs are there
 _LATENCY_POINT = ("latency", 0.5)  # where issue 61 sets the trained goals
 # tp_vit.py's arguments that make the recipe the PreCrop runs train with (vit_trained.py's own).
@@ -71,8 +71,9 @@ def _vit(runs, results_dir, speed=None):
     of the at-initialization runs (None before it ran)."""
     teachers = {name: r for name, r in runs.items() if name.startswith("vit_cifar-teacher-")}
     records = _records(runs)
-    lines = ["## A vision transformer: the CIFAR-10 ViT (issue 61)", "", *_teachers(teachers, runs),
-             _RECIPE, ""]
+    runs_dir = pathlib.Path(results_dir).parent / "runs"  # experiments/runs, beside results/
+    lines = ["## A vision transformer: the CIFAR-10 ViT (issue 61)", "",
+             *_teachers(teachers, runs, runs_dir), _RECIPE, ""]
     points = sorted({r["point"] for r in records} | {_MACS_POINT},
                     key=lambda point: (point != _MACS_POINT, point[0] != "latency", point))
     cuts = _cuts(pathlib.Path(results_dir))
@@ -90,17 +91,25 @@ def _cell(values):
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
 
 
-def _teachers(teachers, runs):
-    """The teachers' table (seed, epochs, test accuracy, params; the seeds of ``_TEACHER_SEEDS``
-    not finished yet as pending), their mean and, where a pruned run counted them, their MACs."""
+def _teachers(teachers, runs, runs_dir):
+    """The teachers' table (seed, epochs, test accuracy, params, whether ``runs_dir`` keeps the
+    trained model; the seeds of ``_TEACHER_SEEDS`` not finished yet as pending), their mean and,
+    where a pruned run counted them, their MACs."""
     lines = ["### Teachers", "",
              "keras_hub's `ViTImageClassifier` on a `ViTBackbone` (32x32 input, patch 4, 6 layers of 4 "
              "heads, hidden width 128, MLP width 256), trained from scratch on CIFAR-10 with AdamW (lr 1e-3, "
              "weight decay 0.05, 2 warm-up epochs, cosine decay to 0, batch 128): the models every row "
-             "below prunes.", "", "| seed | epochs | test accuracy % | params |", "|---:|---:|---:|---:|"]
-    rows = sorted(teachers.values(), key=lambda r: (r["seed"], r["epochs"]))
-    lines += [f"| {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {r['params']:,} |" for r in rows]
-    lines += [f"| {seed} | | pending | |" for seed in _TEACHER_SEEDS if seed not in {r["seed"] for r in rows}]
+             "below prunes.", "", "| seed | epochs | test accuracy % | params | trained model |",
+             "|---:|---:|---:|---:|---|"]
+    kept = {name: (runs_dir / name / "final_model.keras").exists() for name in teachers}
+    lines += [f"| {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {r['params']:,} | "
+              f"{'committed (final_model.keras)' if kept[name] else 'not kept'} |"
+              for name, r in sorted(teachers.items(), key=lambda item: (item[1]["seed"], item[1]["epochs"]))]
+    rows = list(teachers.values())
+    lines += [f"| {seed} | | pending | | |" for seed in _TEACHER_SEEDS if seed not in {r["seed"] for r in rows}]
+    if not all(kept.values()):
+        lines += ["", "A teacher whose trained model is not kept was lost before it was committed: the "
+                  "runs that pruned it stand as they were recorded, but cannot be repeated from it."]
     accuracies = [r["test_accuracy"] for r in rows]
     lines += ["", f"Mean test accuracy: {_cell(accuracies)} % (n {len(accuracies)})." if accuracies
               else "Mean test accuracy: pending."]

@@ -522,12 +522,27 @@ _GRADUAL = "PreCrop GradualPruning, per block (cubic, masks over 1 epoch(s)) + d
 _TP = "Torch-Pruning on the twin (group L1, uniform) + distillation"
 
 
+def test_vit_teachers_say_whether_their_trained_model_is_kept(tmp_path):
+    """A teacher's row says whether its run folder keeps final_model.keras (the runs on a teacher
+    that is not kept cannot be repeated from it), read from the folder, not from a claim."""
+    (tmp_path / "results").mkdir()
+    runs = _vit_runs(tmp_path, teachers=[(0, 66.0), (1, 65.0)])
+    (tmp_path / "runs" / "vit_cifar-teacher-ep15-s0" / "final_model.keras").write_bytes(b"")
+    lines = _report_vit._vit(runs, tmp_path / "results")
+    assert "| 0 | 15 | 66.00 | 811,146 | committed (final_model.keras) |" in lines
+    assert "| 1 | 15 | 65.00 | 811,146 | not kept |" in lines
+    assert any(line.startswith("A teacher whose trained model is not kept") for line in lines)
+    (tmp_path / "runs" / "vit_cifar-teacher-ep15-s1" / "final_model.keras").write_bytes(b"")
+    lines = _report_vit._vit(runs, tmp_path / "results")
+    assert not any(line.startswith("A teacher whose trained model is not kept") for line in lines)
+
+
 def test_vit_section_is_pending_without_runs(tmp_path):
     """No run at all: every teacher, way, goal and the at-init table say pending; the one-shot cuts
     measured before any run (the committed files) fill the cut column of their ways, marked (s0)."""
     lines = _report_vit._vit(_vit_runs(tmp_path), EXPERIMENTS / "results")
     rows = [line for line in lines if line.startswith("| ")]
-    assert "| 0 | | pending | |" in rows and "| 1 | | pending | |" in rows
+    assert all(f"| {seed} | | pending | | |" in rows for seed in (0, 1, 2))
     assert "Mean test accuracy: pending." in lines
     cut = json.loads((EXPERIMENTS / "results" / "vit_cut_at_once_teacher_s0.json").read_text())
     tp = json.loads((EXPERIMENTS / "results" / "tp_vit_prepare_teacher_s0.json").read_text())
@@ -538,7 +553,7 @@ def test_vit_section_is_pending_without_runs(tmp_path):
             f"| {tp['after']['params']:,} | {tp['macs_ratio']:.4f} | 0 / 0 |") in rows
     assert "| PreCrop GradualPruning, per block |  | pending | pending |  |  | 0 / 0 |" in rows
     assert "| same widths from scratch, per block |  | pending | pending |  |  | 0 / 0 |" in rows
-    assert len(rows) == 1 + 2 + 1 + 5  # the teachers' head and rows, the MACs point's head and 5 ways
+    assert len(rows) == 1 + 3 + 1 + 5  # the teachers' head and rows, the MACs point's head and 5 ways
     assert [line for line in lines if line.startswith("- ")] == [
         _GOAL_3 + "**pending** (no 3-epoch run of PreCrop or Torch-Pruning with the recipe yet).",
         _GOAL_10 + "**pending** (no 10-epoch PreCrop run yet)."]
