@@ -335,7 +335,8 @@ def _of_hub(args, model):
     on any other model is refused: it would do nothing."""
     hub = type(model).__module__.startswith("keras_hub.") or isinstance(model, kp.hub.PrunedBackbone)
     if not hub and "homogeneous" in args.typed:
-        raise ValueError(f"{_flag('homogeneous', args.homogeneous)} has no effect on {args.model}, "
+        typed = "--homogeneous" if args.homogeneous else "--no-homogeneous"
+        raise ValueError(f"{typed} has no effect on {args.model}, "
                          f"a {type(model).__name__}: only a keras_hub task or backbone has blocks "
                          "that a config states the widths of.")
     return hub
@@ -529,7 +530,7 @@ def _prune_plan(args, model):
 # flag the user typed (``--flops 0``, ``--ignore lstm``, ``--variants 3``).
 _FLAGS = (*_kinds.arguments(), "mode", "balance", "floor", "floor_on", "round_to",
           "min_channels", "ignore", "residual", "attention", "latency_model", "calibrate",
-          "weights", "importance", "seed", *_flags.TIMING)
+          "weights", "importance", "seed", "homogeneous", *_flags.TIMING)
 # What decides the widths when a plan is solved; a plan given with --apply fixes
 # them all. (--ignore, --residual and --attention are checked against the plan instead.)
 _SOLVING = tuple(k for k in _FLAGS if k not in ("ignore", "residual", "attention", "weights",

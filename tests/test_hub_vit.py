@@ -226,7 +226,21 @@ def test_homogeneous_on_a_model_of_no_keras_hub_class_is_refused_by_flag(capsys)
 
     assert cli.main(["precrop", "resnet20", "--params", "0.5", "--no-homogeneous"]) == 1
     error = capsys.readouterr().err
-    assert "--homogeneous False has no effect on resnet20" in error and "keras_hub" in error
+    assert "--no-homogeneous has no effect on resnet20" in error and "keras_hub" in error
+
+
+def test_homogeneous_with_a_plan_is_refused_by_flag(tmp_path, capsys):
+    """--apply's plan fixes the widths, and whether every block has the same: --homogeneous beside
+    it would do nothing."""
+    from keras_precrop import cli
+
+    plan = tmp_path / "plan.json"
+    model = _vit()
+    kp.hub.precrop(model, params=0.5).precrop_plan.to_json(plan)
+    model.save(tmp_path / "vit.keras")
+    argv = ["precrop", str(tmp_path / "vit.keras"), "--apply", str(plan), "--homogeneous"]
+    assert cli.main(argv) == 1
+    assert "--homogeneous has no effect with --apply" in capsys.readouterr().err
 
 
 def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys, monkeypatch):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop.cli import _parser
+from keras_precrop._cli_flags import parser as _parser
 from keras_precrop.graph import walker
 from keras_precrop.latency import runtimes, timing
 from tests.test_backends import _check, _run
