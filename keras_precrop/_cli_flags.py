@@ -180,9 +180,10 @@ def _planner_args(p, default):
                    help="a keras_hub task or backbone MODEL.keras is pruned as kp.hub.precrop does: "
                    "its backbone, the budgets ratios of the backbone's, and --out saves the same "
                    "keras_hub classes. --homogeneous: the same widths in every block, a new config "
-                   "of the backbone's own class, budgets of the whole task (the default where the "
-                   "config can say widths: ViT, DeiT, BERT); --no-homogeneous: per-block widths, "
-                   "the backbone a functional kp.hub.PrunedBackbone inside the task")
+                   "of the backbone's own class, budgets of the whole task (the default for a task "
+                   "whose backbone's config can say widths: ViT, DeiT, BERT); --no-homogeneous "
+                   "(the default for a bare backbone): per-block widths, the backbone a "
+                   "functional kp.hub.PrunedBackbone")
     _table_args(p)
 
 
