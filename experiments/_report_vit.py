@@ -106,7 +106,8 @@ def _teachers(teachers, runs, runs_dir):
               f"{'committed (final_model.keras)' if kept[name] else 'not kept'} |"
               for name, r in sorted(teachers.items(), key=lambda item: (item[1]["seed"], item[1]["epochs"]))]
     rows = list(teachers.values())
-    lines += [f"| {seed} | | pending | | |" for seed in _TEACHER_SEEDS if seed not in {r["seed"] for r in rows}]
+    done = {r["seed"] for r in rows}
+    lines += [f"| {seed} | | pending | | |" for seed in _TEACHER_SEEDS if seed not in done]
     if not all(kept.values()):
         lines += ["", "A teacher whose trained model is not kept was lost before it was committed: the "
                   "runs that pruned it stand as they were recorded, but cannot be repeated from it."]
