@@ -737,6 +737,22 @@ def test_vit_goal_at_latency_is_judged_against_torch_pruning_at_the_same_macs(tm
     assert at_latency == (tp_macs == 0.2831)  # in the latency table, beside the PreCrop run
 
 
+def test_vit_goal_at_latency_matches_torch_pruning_to_each_plan_s_macs(tmp_path):
+    """Two layouts at latency=0.5 have two MACs ratios (0.2831 and 0.2000): Torch-Pruning's run at
+    one of them stands against the PreCrop runs, not only at their mean (0.2416), which matched
+    none and left the goal pending."""
+    _vit_runs(tmp_path, teachers=((0, 67.0),), macs=16421768, tp_macs=0.2831, trained=[
+        ("oneshot", "per_block", ("latency", 0.5), True, 3, 0, 62.0)], tp=[(3, 0, 60.0)])
+    runs = _vit_runs(tmp_path, macs=11600435, teacher=0, trained=[
+        ("oneshot", "per_block", ("latency", 0.5), True, 3, 1, 61.0)])
+    (tmp_path / "results").mkdir()
+    lines = _report_vit._vit(runs, tmp_path / "results")
+    goals = [line for line in lines if line.startswith("- ")]
+    assert "**pending**" not in goals[0] and f"{_TP} (MACs 0.2831) 60.00" in goals[0]
+    assert any(line.startswith("Issue 61's goals for the trained ViT, judged at latency=0.5") and
+               line.endswith("of a PreCrop plan there, 0.2831):") for line in lines)
+
+
 def test_vit_way_labels_name_a_ranking_other_than_l1():
     """One-shot names say "(kept L1)" and take the run's ranking there; GradualPruning's name has
     no such part, so a ranking other than L1 is added, never left for the reader to assume L1."""
