@@ -246,5 +246,11 @@ def _prune_trained_args(p, default):
     p.add_argument("--batch_size", type=int, default=default(_trained.RECIPE["batch_size"]),
                    help="training batch size (default 128)")
     p.add_argument("--out", required=True, help="save the pruned model here (a .keras file)")
+    p.add_argument("--homogeneous", action=argparse.BooleanOptionalAction,
+                   help="a keras_hub task MODEL.keras: --homogeneous prunes the same widths in "
+                   "every block, and --out saves a task of the same keras_hub classes with a new "
+                   "config (kp.hub.GradualPruning; the default where the backbone's config can say "
+                   "widths: ViT, DeiT, BERT); --no-homogeneous: per-block widths, the whole task "
+                   "pruned into a functional model (the default for other tasks)")
     _walk_args(p, default)
     _table_args(p)

@@ -33,6 +33,7 @@ from keras_precrop import _cli_flags as _flags
 from keras_precrop import _cli_trained as _trained
 from keras_precrop import _startup
 from keras_precrop.budget import kinds as _kinds
+from keras_precrop.hub_configs import config_widths
 from keras_precrop.transfer import criteria as _criteria
 
 _AUTO = "auto"  # --ignore auto: the walker's AUTO (keep whole every layer the walk refuses)
@@ -450,6 +451,8 @@ def _check_prune_trained(args):
     _check_out(args)
     ratios = [kind.ratio for kind in _kinds.KINDS]
     budgets = [k for k in (*ratios, "latency_model") if getattr(args, k) is not None]
+    if args.apply and "homogeneous" in args.typed:
+        budgets.append("homogeneous")
     if args.apply and budgets:
         raise ValueError(f"{_flag(budgets[0], getattr(args, budgets[0]))} has no effect with "
                          f"--apply {args.apply}: the plan fixes the widths.")
@@ -489,7 +492,9 @@ def _run_prune_trained(args):
     student = _load_saved(args.model)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
     data = first if _criteria.criterion(args.importance).needs == "data" else None
-    pruning = kp.GradualPruning(the_plan, end_step=round(gradual * steps),
+    # a homogeneous plan of a keras_hub task: the smaller model of the task's own classes
+    callback = kp.hub.GradualPruning if kp.hub.configures(the_plan) else kp.GradualPruning
+    pruning = callback(the_plan, end_step=round(gradual * steps),
                                 frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
                                 schedule="final" if args.shrink else "cubic",
                                 importance=args.importance, data=data)
@@ -520,8 +525,23 @@ def _prune_plan(args, model):
             raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
         return the_plan
     latency_model = _latency_model(args) if args.latency_model else None
-    return kp.plan(model, **_budgets(args), latency_model=latency_model, ignore=_ignore(args),
-                   residual=args.residual, attention=args.attention)
+    options = {**_budgets(args), "latency_model": latency_model, "ignore": _ignore(args),
+               "residual": args.residual, "attention": args.attention}
+    if _one_config(args, model):
+        if "residual" not in args.typed:
+            del options["residual"]  # the backbone's own (BERT: tie)
+        return kp.hub.plan(model, homogeneous=args.homogeneous, **options)
+    return kp.plan(model, **options)
+
+
+def _one_config(args, model):
+    """Whether prune-trained plans ``model`` as ``kp.hub`` does, the same widths in every block: a
+    keras_hub task whose backbone's config can say them (or ``--homogeneous``, refused by name
+    where it cannot), unless ``--no-homogeneous``; its smaller model is of the task's classes."""
+    if not _of_hub(args, model) or args.homogeneous is False:
+        return False
+    backbone = kp.hub.backbone_of(model)
+    return bool(args.homogeneous) or (backbone is not model and config_widths(backbone) is not None)
 
 
 # The library's keyword arguments that the command line passes on under the

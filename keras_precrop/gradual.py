@@ -508,13 +508,18 @@ class GradualPruning(keras.callbacks.Callback):
             raise ArgumentError(f"GradualPruning.finalize: pruning has {reached}; fit the model "
                                 "past {end_step} first.", end_step=self.end_step)
         self._apply(self._combined)
-        new, rebuilt = build_checked(self._graph, self._targets, self._plan)
+        new, rebuilt = build_checked(self._graph, self._targets, self._plan, build=self._build)
         carry_weights(self._graph, new, self._targets, new_graph=rebuilt, selection=self._selection)
         if self._graph.model is not self._bound:  # walked at a defined size: back to the model's own
             new, rebuilt = _at_open_size(new, self._bound, self._graph)
         new.precrop_plan = self._plan
         self._final = rebuilt
         return new
+
+    def _build(self, graph, widths, seed=None):
+        """The smaller model :meth:`finalize` fills with the kept weights: the graph rebuilt
+        (``kp.hub.GradualPruning`` re-creates the keras_hub task from a config instead)."""
+        return rebuild(graph, widths, seed=seed)
 
     def _update_unfitted(self):
         """Mask a model at or past ``end_step`` after fits that trained no batch.

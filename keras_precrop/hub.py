@@ -31,12 +31,12 @@ import json
 
 import keras
 
-from keras_precrop import planning
+from keras_precrop import gradual, planning
 from keras_precrop.errors import ArgumentError, PlanMismatchError, UnsupportedModelError
 from keras_precrop.graph.attention import ATTENTION
 from keras_precrop.graph.replay import topological_nodes
 from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths, table_key
-from keras_precrop.plans import plan_argument
+from keras_precrop.plans import Plan, plan_argument
 from keras_precrop.subject import Subject
 from keras_precrop.transfer.criteria import criterion
 
@@ -131,6 +131,32 @@ def reconfigure(model, params=None, flops=None, *, homogeneous=None, **options):
     return _pruned(planning.reconfigure, model, params, flops, homogeneous, options)
 
 
+def plan(model, params=None, flops=None, *, homogeneous=None, **options):
+    """The plan :func:`precrop` would build ``model`` with, without building it.
+
+    A homogeneous plan (the default for a task whose backbone's config can
+    say its widths) is a plan of the whole task, for :class:`GradualPruning`
+    or :func:`apply_plan`; a per-block one is a plan of the backbone
+    (``kp.plan(backbone_of(model), ...)``).
+
+    Args:
+        model: a keras_hub task, or a backbone.
+        params: as for :func:`precrop`.
+        flops: as for :func:`precrop`.
+        homogeneous: as for :func:`precrop`.
+        **options: as for :func:`keras_precrop.plan` (``mode``, ``ignore``, ...).
+
+    Returns:
+        A :class:`~keras_precrop.Plan`.
+    """
+    planning.check_option_names("hub.plan", options)
+    widths = _config_widths(model, homogeneous)
+    if widths is None:
+        return planning.plan(backbone_of(model), params, flops, **options)
+    _refuse_head_dims(options.get("attention", "heads"))
+    return _homogeneous_plan(model, params, flops, widths, options)[1]
+
+
 def _pruned(method, model, params, flops, homogeneous, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
     planning.check_option_names(f"hub.{method.__name__}", options, planning.precrop)
@@ -164,27 +190,42 @@ def _homogeneous(model, params, flops, widths, options):
     """The task planned with the same widths in every block and re-created from a new config."""
     applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed")
                if key in options}
-    options.setdefault("residual", widths.residual)
-    subject = Subject(model)  # one walk for the tie, the plan, the check and the weights
+    subject, the_plan = _homogeneous_plan(model, params, flops, widths, options)
+    return _configured(subject, the_plan, widths, applied)
+
+
+def _homogeneous_plan(model, params, flops, widths, options):
+    """The task's plan with the same widths in every block, and the :class:`Subject` walked for it
+    (one walk for the tie, the plan, the check and the weights); the plan records the config
+    it re-creates the task from, which :func:`apply_plan` and :class:`GradualPruning` read."""
+    options = {"residual": widths.residual, **options}
+    subject = Subject(model)
     # The walker refuses a value of attention it does not know (a typo), before it walks.
     graph = subject.profile(options.get("ignore", ()), options["residual"], {},
                             options.get("attention", "heads")).graph
     the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
-    the_plan.solver[_CONFIG] = widths.config(graph.variables, the_plan.widths)  # apply_plan reads it
-    return _configured(subject, the_plan, widths, applied)
+    the_plan.solver[_CONFIG] = widths.config(graph.variables, the_plan.widths)
+    return subject, the_plan
 
 
 def _configured(subject, plan, widths, applied):
     """The subject's model with ``plan``'s widths, re-created from a config of its classes."""
-    model = subject.model
+    new = planning.apply_with(subject, plan, _config_builder(subject.model, widths), **applied)
+    new.precrop_plan = plan
+    return new
+
+
+def _config_builder(model, widths):
+    """``build(graph, new_widths, seed=None)``: ``model`` re-created from a config that says the
+    graph's new widths (``widths``: the backbone's
+    :class:`~keras_precrop.hub_configs.ConfigWidths`); the seed is refused before (see
+    :func:`_refuse_seed`)."""
 
     def build(graph, new_widths, seed=None):
         named = {v.name: w for v, w in zip(graph.variables, new_widths)}
         return _from_config(model, widths.config(graph.variables, named))
 
-    new = planning.apply_with(subject, plan, build, **applied)
-    new.precrop_plan = plan
-    return new
+    return build
 
 
 def _refuse_seed(seed):
@@ -242,7 +283,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     """
     _check_importance(importance)
     plan = plan_argument(plan)
-    if _CONFIG in plan.solver or _of_task(model, plan):
+    if configures(plan) or _of_task(model, plan):
         widths = _task_config_widths(model, plan)
         _refuse_seed(seed)
         _refuse_head_dims(plan.attention)
@@ -251,6 +292,43 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed)
     new.precrop_plan = plan
     return _rewrapped(model, new, weights)
+
+
+class GradualPruning(gradual.GradualPruning):
+    """:class:`keras_precrop.GradualPruning` of a keras_hub task, whose smaller model is of the
+    task's own classes.
+
+    Under a homogeneous plan (:func:`plan` of a ViT, DeiT or BERT task),
+    :meth:`finalize` re-creates the task from a new config (``hidden_dim``,
+    ``num_heads``, ``mlp_dim``) and fills it with the channels the masks
+    kept, so the result saves and loads with keras_hub alone and computes
+    what the masked task computed; everything else is as for
+    :class:`keras_precrop.GradualPruning`, whose arguments it takes.
+
+    Raises:
+        ArgumentError: ``plan`` is not a homogeneous plan of a task (a
+            per-block plan's model is functional: prune it with
+            :class:`keras_precrop.GradualPruning`).
+    """
+
+    def __init__(self, plan, end_step, **options):
+        if isinstance(plan, Plan) and not configures(plan):
+            raise ArgumentError(
+                f"kp.hub.GradualPruning: the plan of {plan.model_name!r} does not say a config of "
+                "the same widths in every block, so its model cannot be of the task's own "
+                "classes; make it with kp.hub.plan(task, ..., homogeneous=True), or prune per "
+                "block into a functional model with kp.GradualPruning.")
+        super().__init__(plan, end_step, **options)
+
+    def _build(self, graph, widths, seed=None):
+        task = self.pruned
+        return _config_builder(task, _task_config_widths(task, self._plan))(graph, widths)
+
+
+def configures(plan):
+    """Whether ``plan`` is a homogeneous plan, which says a config of the task's own classes:
+    :func:`apply_plan` and :class:`GradualPruning` re-create the task from it."""
+    return _CONFIG in plan.solver
 
 
 def _of_task(model, plan):

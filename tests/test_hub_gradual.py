@@ -1,0 +1,117 @@
+"""A keras_hub task pruned while it trains, back as the task's own classes (issue 61, item 4).
+
+``kp.hub.plan`` gives the plan ``kp.hub.precrop`` builds with; under a
+homogeneous plan ``kp.hub.GradualPruning.finalize`` re-creates the task from a
+new config. Checked against independent references: the plan ``kp.hub.precrop``
+made, Keras' ``count_params()``, the masked task's outputs as the fit left it
+(recorded before the callback gives the norms their own calls back), the
+keras_hub class and config of the result, a ``.keras`` round trip with
+keras_hub alone, and ``prune-trained`` on the command line.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_precrop as kp
+from tests.test_gradual_norms import _Outputs
+from tests.test_hub_vit import _vit
+
+keras_hub = pytest.importorskip("keras_hub")
+
+
+def _data(n=32, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 32, 32, 3)).astype("float32"), rng.integers(0, 10, n)
+
+
+def test_the_hub_plan_is_the_plan_precrop_builds_with():
+    model = _vit()
+    for homogeneous in (True, False):
+        the_plan = kp.hub.plan(model, params=0.5, homogeneous=homogeneous)
+        built = kp.hub.precrop(model, params=0.5, homogeneous=homogeneous).precrop_plan
+        assert the_plan.model_name == built.model_name
+        assert the_plan.widths == built.widths and the_plan.params == built.params
+        assert kp.hub.configures(the_plan) is homogeneous
+    assert kp.hub.plan(model, params=0.5, homogeneous=False).model_name == model.backbone.name
+
+
+def test_the_hub_plan_refuses_what_precrop_refuses_by_name():
+    with pytest.raises(TypeError, match="hub.plan.*'weights'"):
+        kp.hub.plan(_vit(), params=0.5, weights="keep")
+    with pytest.raises(kp.ArgumentError, match="attention='head_dims'.*homogeneous=False"):
+        kp.hub.plan(_vit(), params=0.5, attention="head_dims")
+
+
+def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
+    model = _vit()
+    the_plan = kp.hub.plan(model, params=0.5)
+    x, y = _data()
+    model.compile(keras.optimizers.Adam(1e-2),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    record = _Outputs(model, x[:8])
+    pruning = kp.hub.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[record, pruning], verbose=0)
+    small = pruning.finalize()
+    assert type(small) is type(model) and type(small.backbone) is type(model.backbone)
+    config = the_plan.solver["hub_config"]
+    assert {key: small.backbone.get_config()[key] for key in config} == config
+    assert config["hidden_dim"] < 32 and small.count_params() == the_plan.params
+    # what the masked task computed at the end of the fit, its norms over the kept channels
+    np.testing.assert_allclose(small(x[:8]), record.outputs, atol=1e-5)
+    path = tmp_path / "small.keras"
+    small.save(path)
+    again = keras.models.load_model(path)  # keras_hub's own classes: nothing of this package
+    assert type(again) is type(model)
+    np.testing.assert_allclose(again(x[:8]), record.outputs, atol=1e-5)
+
+
+def test_a_per_block_plan_is_refused_naming_the_callback_that_takes_it():
+    the_plan = kp.hub.plan(_vit(), params=0.5, homogeneous=False)
+    with pytest.raises(kp.ArgumentError, match="homogeneous=True.*kp.GradualPruning"):
+        kp.hub.GradualPruning(the_plan, end_step=4)
+
+
+def _saved_task(tmp_path):
+    x, y = _data(64)
+    np.savez(tmp_path / "data.npz", x_train=x, y_train=y, x_test=x[:16], y_test=y[:16])
+    model = _vit()
+    model.save(tmp_path / "vit.keras")
+    return model, str(tmp_path / "vit.keras"), str(tmp_path / "data.npz")
+
+
+def test_prune_trained_writes_a_task_of_the_same_keras_hub_classes(tmp_path, capsys):
+    from keras_precrop.cli import main
+
+    model, saved, data = _saved_task(tmp_path)
+    out = str(tmp_path / "small.keras")
+    assert main(["prune-trained", saved, "--params", "0.5", "--data", data, "--epochs", "2",
+                 "--batch_size", "16", "--out", out]) == 0
+    small = keras.models.load_model(out)
+    assert type(small) is type(model) and type(small.backbone) is type(model.backbone)
+    config = kp.hub.plan(model, params=0.5).solver["hub_config"]
+    assert {key: small.backbone.get_config()[key] for key in config} == config
+    assert f"Model written to {out}: {small.count_params():,} params" in capsys.readouterr().out
+
+
+def test_prune_trained_gives_per_block_widths_as_a_functional_model_on_request(tmp_path):
+    from keras_precrop.cli import main
+
+    model, saved, data = _saved_task(tmp_path)
+    out = str(tmp_path / "small.keras")
+    assert main(["prune-trained", saved, "--params", "0.5", "--no-homogeneous", "--data", data,
+                 "--epochs", "1", "--batch_size", "32", "--out", out]) == 0
+    small = keras.models.load_model(out)
+    assert isinstance(small, keras.Model) and not isinstance(small, keras_hub.models.Task)
+    assert small.count_params() == kp.plan(model, params=0.5).params
+
+
+def test_homogeneous_beside_a_plan_file_is_refused_by_flag(tmp_path, capsys):
+    from keras_precrop.cli import main
+
+    _, saved, data = _saved_task(tmp_path)
+    plan_file = str(tmp_path / "plan.json")
+    kp.hub.plan(keras.models.load_model(saved), params=0.5).to_json(plan_file)
+    assert main(["prune-trained", saved, "--apply", plan_file, "--homogeneous", "--data", data,
+                 "--epochs", "1", "--out", str(tmp_path / "small.keras")]) == 1
+    assert f"--homogeneous has no effect with --apply {plan_file}" in capsys.readouterr().err
