@@ -247,10 +247,11 @@ def _prune_trained_args(p, default):
                    help="training batch size (default 128)")
     p.add_argument("--out", required=True, help="save the pruned model here (a .keras file)")
     p.add_argument("--homogeneous", action=argparse.BooleanOptionalAction,
-                   help="a keras_hub task MODEL.keras: --homogeneous prunes the same widths in "
-                   "every block, and --out saves a task of the same keras_hub classes with a new "
-                   "config (kp.hub.GradualPruning; the default where the backbone's config can say "
-                   "widths: ViT, DeiT, BERT); --no-homogeneous: per-block widths, the whole task "
-                   "pruned into a functional model (the default for other tasks)")
+                   help="a keras_hub task MODEL.keras is pruned as kp.hub.GradualPruning does, and "
+                   "--out saves the same keras_hub classes. --homogeneous: the same widths in every "
+                   "block, a new config (the default where the backbone's config can say widths: "
+                   "ViT, DeiT, BERT); --no-homogeneous (the default for other tasks): per-block "
+                   "widths, the backbone a kp.hub.PrunedBackbone inside the task, its budgets "
+                   "ratios of the backbone's")
     _walk_args(p, default)
     _table_args(p)

@@ -33,7 +33,6 @@ from keras_precrop import _cli_flags as _flags
 from keras_precrop import _cli_trained as _trained
 from keras_precrop import _startup
 from keras_precrop.budget import kinds as _kinds
-from keras_precrop.hub_configs import config_widths
 from keras_precrop.transfer import criteria as _criteria
 
 _AUTO = "auto"  # --ignore auto: the walker's AUTO (keep whole every layer the walk refuses)
@@ -492,8 +491,8 @@ def _run_prune_trained(args):
     student = _load_saved(args.model)
     gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
     data = first if _criteria.criterion(args.importance).needs == "data" else None
-    # a homogeneous plan of a keras_hub task: the smaller model of the task's own classes
-    callback = kp.hub.GradualPruning if kp.hub.configures(the_plan) else kp.GradualPruning
+    # a keras_hub task's plan (kp.hub.plan, or --apply): the smaller model of the task's classes
+    callback = kp.hub.GradualPruning if _by_hub(args, original, the_plan) else kp.GradualPruning
     pruning = callback(the_plan, end_step=round(gradual * steps),
                                 frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
                                 schedule="final" if args.shrink else "cubic",
@@ -519,29 +518,26 @@ def _prune_plan(args, model):
                              f"from {grown[0]['width']} to {grown[0]['new']} channels), and "
                              "prune-trained only removes channels.")
         _check_against_plan(args, the_plan)  # --ignore, --residual, --attention: the plan's own
-        try:
-            kp.apply_plan(model, the_plan)  # a plan of another model, refused before training
+        try:  # a plan of another model, refused before training
+            (kp.hub.apply_plan if _by_hub(args, model, the_plan) else kp.apply_plan)(model, the_plan)
         except kp.PlanMismatchError as err:
             raise ValueError(f"--apply {args.apply} does not fit {args.model}: {err}") from None
         return the_plan
     latency_model = _latency_model(args) if args.latency_model else None
     options = {**_budgets(args), "latency_model": latency_model, "ignore": _ignore(args),
                "residual": args.residual, "attention": args.attention}
-    if _one_config(args, model):
+    if _of_hub(args, model):  # as kp.hub plans it: the smaller model of the task's classes
         if "residual" not in args.typed:
             del options["residual"]  # the backbone's own (BERT: tie)
         return kp.hub.plan(model, homogeneous=args.homogeneous, **options)
     return kp.plan(model, **options)
 
 
-def _one_config(args, model):
-    """Whether prune-trained plans ``model`` as ``kp.hub`` does, the same widths in every block: a
-    keras_hub task whose backbone's config can say them (or ``--homogeneous``, refused by name
-    where it cannot), unless ``--no-homogeneous``; its smaller model is of the task's classes."""
-    if not _of_hub(args, model) or args.homogeneous is False:
-        return False
-    backbone = kp.hub.backbone_of(model)
-    return bool(args.homogeneous) or (backbone is not model and config_widths(backbone) is not None)
+def _by_hub(args, model, the_plan):
+    """Whether prune-trained prunes ``model`` to ``the_plan`` as ``kp.hub`` does, into the task's
+    classes: a keras_hub model and a plan ``kp.hub`` makes (homogeneous, or of the backbone); a
+    plan of the task's whole graph per block (``kp.plan(task)``) gives a functional model."""
+    return _of_hub(args, model) and (kp.hub.configures(the_plan) or the_plan.model_name != model.name)
 
 
 # The library's keyword arguments that the command line passes on under the

@@ -36,7 +36,7 @@ from keras_precrop.errors import ArgumentError, PlanMismatchError, UnsupportedMo
 from keras_precrop.graph.attention import ATTENTION
 from keras_precrop.graph.replay import topological_nodes
 from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths, table_key
-from keras_precrop.plans import Plan, plan_argument
+from keras_precrop.plans import plan_argument
 from keras_precrop.subject import Subject
 from keras_precrop.transfer.criteria import criterion
 
@@ -296,31 +296,55 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
 
 class GradualPruning(gradual.GradualPruning):
     """:class:`keras_precrop.GradualPruning` of a keras_hub task, whose smaller model is of the
-    task's own classes.
+    task's own classes, as :func:`precrop` makes it.
 
-    Under a homogeneous plan (:func:`plan` of a ViT, DeiT or BERT task),
-    :meth:`finalize` re-creates the task from a new config (``hidden_dim``,
-    ``num_heads``, ``mlp_dim``) and fills it with the channels the masks
-    kept, so the result saves and loads with keras_hub alone and computes
-    what the masked task computed; everything else is as for
-    :class:`keras_precrop.GradualPruning`, whose arguments it takes.
+    The plan is one of :func:`plan`: under a homogeneous plan (of a ViT,
+    DeiT or BERT task) :meth:`finalize` re-creates the task from a new config
+    (``hidden_dim``, ``num_heads``, ``mlp_dim``), which saves and loads with
+    keras_hub alone; under a per-block plan (of the task's backbone) the
+    fit prunes the backbone and :meth:`finalize` gives the task around a
+    :class:`PrunedBackbone`, its head's trained weights kept (the backbone's
+    output widths are). Either way the channels the masks kept keep their
+    trained weights, and the result computes what the masked task computed
+    at the end of the fit. Everything else is as for
+    :class:`keras_precrop.GradualPruning`, whose arguments it takes; after
+    :meth:`finalize` under a per-block plan,
+    :meth:`~keras_precrop.GradualPruning.carry_optimizer` carries the
+    backbone's optimizer state (the head's starts anew).
 
     Raises:
-        ArgumentError: ``plan`` is not a homogeneous plan of a task (a
-            per-block plan's model is functional: prune it with
-            :class:`keras_precrop.GradualPruning`).
+        ArgumentError: when the first fit begins, a per-block plan of the
+            whole task (``kp.plan(task)``: its model is functional; prune it
+            with :class:`keras_precrop.GradualPruning`).
     """
 
     def __init__(self, plan, end_step, **options):
-        if isinstance(plan, Plan) and not configures(plan):
-            raise ArgumentError(
-                f"kp.hub.GradualPruning: the plan of {plan.model_name!r} does not say a config of "
-                "the same widths in every block, so its model cannot be of the task's own "
-                "classes; make it with kp.hub.plan(task, ..., homogeneous=True), or prune per "
-                "block into a functional model with kp.GradualPruning.")
         super().__init__(plan, end_step, **options)
+        self._task = None
+
+    def on_train_begin(self, logs=None):
+        """At the first fit, bind to the task's backbone under a per-block plan; then as for
+        :class:`keras_precrop.GradualPruning`."""
+        if self._task is None:
+            self._task = self.pruned
+            if not configures(self.plan):
+                if _of_task(self._task, self.plan):
+                    raise ArgumentError(
+                        f"kp.hub.GradualPruning: the plan of {self.plan.model_name!r} prunes the "
+                        "task's whole graph per block, whose model cannot be of its classes; "
+                        "plan with kp.hub.plan(task, ...), or prune it into a functional model "
+                        "with kp.GradualPruning.")
+                self._target = backbone_of(self._task)
+        super().on_train_begin(logs)
+
+    def finalize(self):
+        """The smaller task of the plan (see the class); as :meth:`keras_precrop.GradualPruning.finalize`."""
+        new = super().finalize()
+        return new if configures(self.plan) else _rewrapped(self._task, new, weights="keep")
 
     def _build(self, graph, widths, seed=None):
+        if not configures(self.plan):
+            return super()._build(graph, widths, seed)
         task = self.pruned
         return _config_builder(task, _task_config_widths(task, self._plan))(graph, widths)
 

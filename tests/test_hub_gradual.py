@@ -66,10 +66,31 @@ def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
     np.testing.assert_allclose(again(x[:8]), record.outputs, atol=1e-5)
 
 
-def test_a_per_block_plan_is_refused_naming_the_callback_that_takes_it():
-    the_plan = kp.hub.plan(_vit(), params=0.5, homogeneous=False)
-    with pytest.raises(kp.ArgumentError, match="homogeneous=True.*kp.GradualPruning"):
-        kp.hub.GradualPruning(the_plan, end_step=4)
+def test_per_block_widths_prune_the_backbone_inside_the_task():
+    model = _vit()
+    the_plan = kp.hub.plan(model, params=0.5, homogeneous=False)
+    x, y = _data()
+    model.compile(keras.optimizers.Adam(1e-2),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    record = _Outputs(model, x[:8])
+    pruning = kp.hub.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[record, pruning], verbose=0)
+    small = pruning.finalize()
+    assert type(small) is type(model) and isinstance(small.backbone, kp.hub.PrunedBackbone)
+    assert small.backbone.count_params() == the_plan.params < model.backbone.count_params()
+    np.testing.assert_allclose(small(x[:8]), record.outputs, atol=1e-5)
+    head = model.get_layer("predictions").get_weights()  # trained by the fit, carried whole
+    for new, old in zip(small.get_layer("predictions").get_weights(), head, strict=True):
+        np.testing.assert_array_equal(new, old)
+
+
+def test_a_per_block_plan_of_the_whole_task_is_refused_naming_the_callback_that_takes_it():
+    model = _vit()
+    x, y = _data(8)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning = kp.hub.GradualPruning(kp.plan(model, params=0.5), end_step=1, verbose=0)
+    with pytest.raises(kp.ArgumentError, match="whole graph per block.*kp.GradualPruning"):
+        model.fit(x, y, batch_size=8, epochs=1, callbacks=[pruning], verbose=0)
 
 
 def _saved_task(tmp_path):
@@ -94,16 +115,24 @@ def test_prune_trained_writes_a_task_of_the_same_keras_hub_classes(tmp_path, cap
     assert f"Model written to {out}: {small.count_params():,} params" in capsys.readouterr().out
 
 
-def test_prune_trained_gives_per_block_widths_as_a_functional_model_on_request(tmp_path):
+def test_prune_trained_gives_per_block_widths_in_the_task_or_a_functional_model(tmp_path):
+    """--no-homogeneous: the backbone per block inside the task, as ``precrop`` gives it; a plan of
+    the task's whole graph (``kp.plan(task)``): a functional model."""
     from keras_precrop.cli import main
 
     model, saved, data = _saved_task(tmp_path)
-    out = str(tmp_path / "small.keras")
-    assert main(["prune-trained", saved, "--params", "0.5", "--no-homogeneous", "--data", data,
-                 "--epochs", "1", "--batch_size", "32", "--out", out]) == 0
+    out, whole = str(tmp_path / "small.keras"), str(tmp_path / "whole.json")
+    common = ["--data", data, "--epochs", "1", "--batch_size", "32", "--gradual_epochs", "0.5"]
+    assert main(["prune-trained", saved, "--params", "0.5", "--no-homogeneous", *common,
+                 "--out", out]) == 0
     small = keras.models.load_model(out)
-    assert isinstance(small, keras.Model) and not isinstance(small, keras_hub.models.Task)
-    assert small.count_params() == kp.plan(model, params=0.5).params
+    assert type(small) is type(model) and isinstance(small.backbone, kp.hub.PrunedBackbone)
+    assert small.backbone.count_params() == kp.hub.plan(model, params=0.5, homogeneous=False).params
+    kp.plan(model, params=0.5).to_json(whole)
+    assert main(["prune-trained", saved, "--apply", whole, *common, "--out", out]) == 0
+    small = keras.models.load_model(out)
+    assert not isinstance(small, keras_hub.models.Task) and small.count_params() == kp.plan(
+        model, params=0.5).params
 
 
 def test_homogeneous_beside_a_plan_file_is_refused_by_flag(tmp_path, capsys):
