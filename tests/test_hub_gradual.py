@@ -43,42 +43,42 @@ def test_the_hub_plan_refuses_what_precrop_refuses_by_name():
         kp.hub.plan(_vit(), params=0.5, attention="head_dims")
 
 
-def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
-    model = _vit()
-    the_plan = kp.hub.plan(model, params=0.5)
+def _pruned_in_fit(model, the_plan):
+    """``model`` fitted two epochs of four steps under ``kp.hub.GradualPruning(the_plan)``, which
+    reaches the plan at step 4: the finalized task, 8 inputs and the masked task's outputs on
+    them at the end of the fit (its norms over the kept channels)."""
     x, y = _data()
     model.compile(keras.optimizers.Adam(1e-2),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     record = _Outputs(model, x[:8])
     pruning = kp.hub.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
     model.fit(x, y, batch_size=8, epochs=2, callbacks=[record, pruning], verbose=0)
-    small = pruning.finalize()
+    return pruning.finalize(), x[:8], record.outputs
+
+
+def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
+    model = _vit()
+    the_plan = kp.hub.plan(model, params=0.5)
+    small, x, masked = _pruned_in_fit(model, the_plan)
     assert type(small) is type(model) and type(small.backbone) is type(model.backbone)
     config = the_plan.solver["hub_config"]
     assert {key: small.backbone.get_config()[key] for key in config} == config
     assert config["hidden_dim"] < 32 and small.count_params() == the_plan.params
-    # what the masked task computed at the end of the fit, its norms over the kept channels
-    np.testing.assert_allclose(small(x[:8]), record.outputs, atol=1e-5)
+    np.testing.assert_allclose(small(x), masked, atol=1e-5)
     path = tmp_path / "small.keras"
     small.save(path)
     again = keras.models.load_model(path)  # keras_hub's own classes: nothing of this package
     assert type(again) is type(model)
-    np.testing.assert_allclose(again(x[:8]), record.outputs, atol=1e-5)
+    np.testing.assert_allclose(again(x), masked, atol=1e-5)
 
 
 def test_per_block_widths_prune_the_backbone_inside_the_task():
     model = _vit()
     the_plan = kp.hub.plan(model, params=0.5, homogeneous=False)
-    x, y = _data()
-    model.compile(keras.optimizers.Adam(1e-2),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    record = _Outputs(model, x[:8])
-    pruning = kp.hub.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
-    model.fit(x, y, batch_size=8, epochs=2, callbacks=[record, pruning], verbose=0)
-    small = pruning.finalize()
+    small, x, masked = _pruned_in_fit(model, the_plan)
     assert type(small) is type(model) and isinstance(small.backbone, kp.hub.PrunedBackbone)
     assert small.backbone.count_params() == the_plan.params < model.backbone.count_params()
-    np.testing.assert_allclose(small(x[:8]), record.outputs, atol=1e-5)
+    np.testing.assert_allclose(small(x), masked, atol=1e-5)
     head = model.get_layer("predictions").get_weights()  # trained by the fit, carried whole
     for new, old in zip(small.get_layer("predictions").get_weights(), head, strict=True):
         np.testing.assert_array_equal(new, old)
