@@ -84,10 +84,9 @@ from keras_precrop._gradual_checks import (
 )
 from keras_precrop.errors import NAME_ONLY, ArgumentError
 from keras_precrop.graph.rebuild import rebuild
-from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import walk
 from keras_precrop.plans import check_input_shapes, named_for, planned_widths
-from keras_precrop.subject import probe_specs, with_inputs
+from keras_precrop.subject import at_sizes_of, probe_specs, with_inputs
 from keras_precrop.training._user_data import check_data
 from keras_precrop.training.constraints import LentFactors, distribution_scope, factors_in_step
 from keras_precrop.transfer.carry import carried, carry_weights, weight_values
@@ -729,9 +728,11 @@ def _at_defined_size(model):
 def _at_open_size(new, model, graph):
     """``new``, rebuilt from ``graph`` (the walk of ``model`` at a defined size), as a model
     built for ``model``'s own open input size with ``new``'s weights, and its walk at the defined
-    size (what ``carry_optimizer`` carries through): its layers are the returned model's own."""
-    opened = with_inputs(new, input_specs(model))
-    opened.set_weights(new.get_weights())
+    size (what ``carry_optimizer`` carries through): its layers are the returned model's own.
+    A model at those sizes already (``kp.hub`` re-creates a task from its config) is itself."""
+    opened = at_sizes_of(new, model)
+    if opened is not new:
+        opened.set_weights(new.get_weights())
     ignore = [rec.path for rec in graph.layers if rec.ignored]
     return opened, walk(_at_defined_size(opened), ignore=ignore, residual=graph.residual,
                         attention=graph.attention)

@@ -15,6 +15,7 @@ import pytest
 
 import keras_precrop as kp
 from tests.test_gradual_norms import _Outputs
+from tests.test_hub_text import _classifier
 from tests.test_hub_vit import _vit
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -43,17 +44,19 @@ def test_the_hub_plan_refuses_what_precrop_refuses_by_name():
         kp.hub.plan(_vit(), params=0.5, attention="head_dims")
 
 
-def _pruned_in_fit(model, the_plan):
-    """``model`` fitted two epochs of four steps under ``kp.hub.GradualPruning(the_plan)``, which
-    reaches the plan at step 4: the finalized task, 8 inputs and the masked task's outputs on
-    them at the end of the fit (its norms over the kept channels)."""
-    x, y = _data()
+def _pruned_in_fit(model, the_plan, data=None):
+    """``model`` fitted two epochs of four steps on ``data`` (default: 32 images) under
+    ``kp.hub.GradualPruning(the_plan)``, which reaches the plan at step 4: the finalized task,
+    8 inputs and the masked task's outputs on them at the end of the fit (its norms over the
+    kept channels)."""
+    x, y = _data() if data is None else data
     model.compile(keras.optimizers.Adam(1e-2),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    record = _Outputs(model, x[:8])
+    first = keras.tree.map_structure(lambda a: a[:8], x)
+    record = _Outputs(model, first)
     pruning = kp.hub.GradualPruning(the_plan, end_step=4, frequency=2, verbose=0)
     model.fit(x, y, batch_size=8, epochs=2, callbacks=[record, pruning], verbose=0)
-    return pruning.finalize(), x[:8], record.outputs
+    return pruning.finalize(), first, record.outputs
 
 
 def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
@@ -70,6 +73,21 @@ def test_a_task_pruned_while_it_trains_comes_back_as_its_own_classes(tmp_path):
     again = keras.models.load_model(path)  # keras_hub's own classes: nothing of this package
     assert type(again) is type(model)
     np.testing.assert_allclose(again(x), masked, atol=1e-5)
+
+
+def test_a_task_of_open_input_length_comes_back_as_its_own_class():
+    """BERT's token inputs have open length: the walk is at a defined one, the task keeps its
+    own (a functional model around the task, its class lost, before)."""
+    model = _classifier()
+    rng = np.random.default_rng(2)
+    x = {"token_ids": rng.integers(1, 100, (32, 16)).astype("int32"),
+         "segment_ids": np.zeros((32, 16), "int32"), "padding_mask": np.ones((32, 16), "int32")}
+    the_plan = kp.hub.plan(model, params=0.5)
+    small, first, masked = _pruned_in_fit(model, the_plan, (x, rng.integers(0, 3, 32)))
+    assert type(small) is type(model) and type(small.backbone) is type(model.backbone)
+    assert small.backbone.hidden_dim < 32 and small.count_params() == the_plan.params
+    assert small.inputs[0].shape == (None, None)  # the task's own open length
+    np.testing.assert_allclose(small(first), masked, atol=1e-5)
 
 
 def test_per_block_widths_prune_the_backbone_inside_the_task():
