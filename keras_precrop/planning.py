@@ -172,7 +172,7 @@ def plan(model, params=None, flops=None, *, max_params=None, max_macs=None,
     budgets = {row: value for row, (value, _) in given.items()}
     arguments = {row: argument for row, (_, argument) in given.items()}
 
-    ties = _ties(cm, tie, mode)
+    ties = _ties(cm, tie, mode, round_to, min_channels)
 
     def solve_for(b):
         with _latency.floor_said(lm):  # a latency budget below it names it, with remedies
@@ -239,14 +239,14 @@ def _counted_budgets(prof, budget_arguments, can_grow, timed):
     return given
 
 
-def _ties(cm, tie, mode):
+def _ties(cm, tie, mode, round_to, min_channels):
     """The reduced cost model of ``tie`` (see ``budget/tied.py``), or ``None`` without one."""
     if tie is None:
         return None
     if mode not in ("auto", "exact", "uniform"):
         raise ArgumentError("{tie} needs mode='exact' or 'uniform' (or 'auto'), got {mode}: the "
                             "paper's layerwise rule sizes each layer on its own.", tie=tie, mode=mode)
-    return _tied.tied(cm, _tied.tie_classes(cm.variables, tie))
+    return _tied.tied(cm, _tied.tie_classes(cm.variables, tie), round_to, min_channels)
 
 
 def _check_options(mode, round_to, min_channels, upper, balance, floor, floor_on):

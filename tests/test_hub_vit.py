@@ -344,3 +344,25 @@ def test_an_unknown_attention_is_named_as_for_kp_precrop():
     assert str(err.value) == str(reference.value) and "'heads', 'head_dims'" in str(err.value)
     with pytest.raises(kp.ArgumentError, match="homogeneous=False"):  # a known one the config cannot say
         kp.hub.precrop(model, params=0.5, attention="head_dims")
+
+
+@pytest.mark.parametrize("options", [{"round_to": 12}, {"min_channels": 20, "params": 0.55}])
+def test_round_to_and_min_channels_hold_for_the_hidden_width_heads_set(options):
+    """Homogeneous: the hidden width moves by whole heads of 8 channels; it still keeps round_to
+    and min_channels (a hidden width of 16 under round_to=12 or min_channels=20, before)."""
+    model = _vit()
+    options = {"params": 0.5, **options}
+    small = kp.hub.precrop(model, **options)
+    backbone = small.backbone
+    assert backbone.hidden_dim == 8 * backbone.num_heads
+    assert backbone.hidden_dim % options.get("round_to", 1) == 0
+    assert backbone.mlp_dim % options.get("round_to", 1) == 0
+    assert min(backbone.hidden_dim, backbone.mlp_dim) >= options.get("min_channels", 1)
+    assert small.count_params() == small.precrop_plan.params <= options["params"] * model.count_params()
+
+
+def test_min_channels_the_heads_cannot_meet_within_the_budget_is_refused_by_name():
+    """min_channels=20 needs 3 heads of 8 (hidden 24), over 45% of the parameters: refused, not
+    a hidden width of 16."""
+    with pytest.raises(kp.InfeasibleBudgetError, match="min_channels=20"):
+        kp.hub.plan(_vit(), params=0.45, min_channels=20)

@@ -62,7 +62,8 @@ class WidthGrid:
                       [v.multiple for v in cm.variables]).astype(np.float64)
         self.step = np.where(cm.fixed, 0, step)
         c = cm.widths
-        base = np.ceil(np.where(heads, 1, max(round_to, min_channels)) / step) * step
+        least = [v.least for v in cm.variables]  # whole heads: one, or what a tie's channels ask
+        base = np.ceil(np.where(heads, least, max(round_to, min_channels)) / step) * step
         held = np.ceil(cm.held_widths() / step) * step  # a stream holds its kept-whole writers
         self.lo = np.where(cm.fixed, c, np.minimum(c, np.maximum(base, held)))
         cap = np.inf if upper is None else upper

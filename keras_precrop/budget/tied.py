@@ -48,13 +48,21 @@ class Ties:
         return np.asarray(widths, dtype=np.float64)[self.index] * self.scale
 
 
-def tied(cm, classes):
+def tied(cm, classes, round_to=1, min_channels=1):
     """The cost model over ``classes`` of ``cm``'s variables, each class keeping one ratio.
+
+    A class of attention heads and channels (a ViT's heads and hidden
+    width) moves by whole heads; its channels still keep ``round_to`` and
+    ``min_channels``: the class steps by the heads that keep the channels a
+    multiple of ``round_to``, and keeps at least the heads that hold
+    ``min_channels`` of them.
 
     Args:
         cm: a :class:`~keras_precrop.budget.costs.CostModel` (its extra
             rows, e.g. latency, are carried over).
         classes: lists of variable indices; a variable in none is its own.
+        round_to: the plan's ``round_to``.
+        min_channels: the plan's ``min_channels``.
 
     Returns:
         :class:`Ties`.
@@ -68,7 +76,8 @@ def tied(cm, classes):
         unit = math.gcd(*(int(cm.variables[v].width) for v in members))
         for v in members:
             index[v], scale[v] = k, cm.variables[v].width / unit
-        variables.append(_merged([cm.variables[v] for v in members], unit))
+        variables.append(_merged([cm.variables[v] for v in members], unit, scale[members],
+                                 round_to, min_channels))
     for k, members in enumerate(groups):  # bounds between whole classes only
         bound = cm.bound[members[0]]  # the cost model's: none between two fixed widths
         variables[k] = dataclasses.replace(variables[k], bound=None if bound < 0 else
@@ -101,16 +110,22 @@ def _tied_row(row, index, scale):
                                coef=row.coef * scale[row.a] * scale[row.b], block=block)
 
 
-def _merged(members, unit):
-    """One variable standing for ``members``: ``unit`` wide, fixed if any is, heads if any are."""
+def _merged(members, unit, scales, round_to, min_channels):
+    """One variable standing for ``members`` (each ``scales`` units wide): ``unit`` wide, fixed
+    if any is, heads if any are; heads keep their channel members' ``round_to`` and
+    ``min_channels`` in their step and least width (see :func:`tied`)."""
     first = members[0]
-    kinds = {v.kind for v in members}
+    multiple, least = math.lcm(*(v.multiple for v in members)), first.least
+    heads = any(v.kind == "heads" for v in members)
+    for v, s in zip(members, scales):
+        if heads and v.kind != "heads":  # channels that whole heads set, s of them per head
+            s = int(s)
+            multiple = math.lcm(multiple, round_to // math.gcd(round_to, s))
+            least = max(least, -(-max(round_to, min_channels) // s))
     return dataclasses.replace(
         first, name=first.name if len(members) == 1 else f"{first.name}+{len(members) - 1}",
-        width=unit, fixed=any(v.fixed for v in members),
-        kind="heads" if "heads" in kinds else first.kind,
-        multiple=math.lcm(*(v.multiple for v in members)),
-        layers=[path for v in members for path in v.layers])
+        width=unit, fixed=any(v.fixed for v in members), kind="heads" if heads else first.kind,
+        multiple=multiple, least=least, layers=[path for v in members for path in v.layers])
 
 
 def tie_classes(variables, tie):

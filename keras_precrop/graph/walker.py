@@ -460,6 +460,10 @@ class Variable:
         multiple: the width stays a multiple of this (grouped convolutions,
             group normalization keep their group count).
         layers: paths of the layers whose costs depend on it.
+        least: the narrowest width of a ``"heads"`` variable (1: one head); a
+            tie's class of heads and the channels they set (a ViT's hidden
+            width, in units of one head) says more, where ``min_channels``
+            asks it of those channels.
     """
 
     name: str
@@ -469,6 +473,7 @@ class Variable:
     bound: int | None = None  # a view/writer is never wider than this variable
     multiple: int = 1  # widths move in multiples of this (grouped convs, GroupNorm)
     layers: list = dataclasses.field(default_factory=list)
+    least: int = 1  # the narrowest width of "heads" (a tie's class of heads and channels: more)
 
 
 @dataclasses.dataclass
