@@ -223,7 +223,9 @@ def _config_builder(model, widths):
 
     def build(graph, new_widths, seed=None):
         named = {v.name: w for v, w in zip(graph.variables, new_widths)}
-        return _from_config(model, widths.config(graph.variables, named))
+        values = widths.config(graph.variables, named)
+        task = {key: values.pop(key) for key in widths.task_keys if key in values}
+        return _from_config(model, values, task)
 
     return build
 
@@ -246,12 +248,14 @@ def _refuse_head_dims(attention):
             "homogeneous=False for a functional model with narrower heads.", attention=attention)
 
 
-def _from_config(model, values):
-    """``model`` (a task or a backbone) re-created with its backbone's config keys set to ``values``."""
+def _from_config(model, values, task=None):
+    """``model`` (a task or a backbone) re-created with its backbone's config keys set to
+    ``values`` (and the task's to ``task``)."""
     backbone = backbone_of(model)
     new_backbone = type(backbone).from_config({**backbone.get_config(), **values})
     new = new_backbone if backbone is model else type(model).from_config(
-        {**model.get_config(), "backbone": new_backbone, "preprocessor": model.preprocessor})
+        {**model.get_config(), **(task or {}), "backbone": new_backbone,
+         "preprocessor": model.preprocessor})
     for old_fn, new_fn in ((model, new), (backbone, new_backbone)):
         _same_op_names(old_fn, new_fn)
     return new

@@ -31,11 +31,15 @@ class ConfigWidths:
         residual: the ``residual`` mode a homogeneous plan walks under by
             default: ``"tie"`` where the config gives every reader of the
             stream all of it (no reader's view can be narrower).
+        task_keys: the keys of ``keys`` that the task's config holds, not the
+            backbone's (``ViTImageClassifier``'s ``intermediate_dim``, the
+            width of its ``pre_logits`` layer); a task may lack their layers.
     """
 
     keys: dict
     ratios: tuple = ()
     residual: str = "prefix"
+    task_keys: tuple = ()
 
     def classes(self, variables):
         """``{config key: [variable names]}``, every free variable in exactly one key.
@@ -50,7 +54,7 @@ class ConfigWidths:
         found = self._claimed([v.name for v in variables])
         claimed = {name for names in found.values() for name in names}
         loose = [v.name for v in variables if not v.fixed and v.name not in claimed]
-        empty = [key for key, names in found.items() if not names]
+        empty = [key for key, names in found.items() if not names and key not in self.task_keys]
         if loose or empty:
             raise UnsupportedModelError(
                 "homogeneous=True cannot say these widths in the backbone's config: "
@@ -69,6 +73,8 @@ class ConfigWidths:
         """``{config key: new width}`` from the planned ``widths`` (``{variable name: width}``)."""
         out = {}
         for key, names in self.classes(variables).items():
+            if not names:  # a task key of a task without its layer
+                continue
             values = {widths[name] for name in names}
             if len(values) != 1:
                 raise ArgumentError(
@@ -98,8 +104,10 @@ class ConfigWidths:
 # hidden_dim // num_heads channels, so heads and hidden width keep their ratio.
 _VIT_LIKE = {"hidden_dim": r"_patching_and_embedding", "num_heads": r"_mha"}
 CONFIG_WIDTHS = {
+    # ViTImageClassifier(intermediate_dim=...) puts a Dense layer of that width before its logits.
     "keras_hub.src.models.vit.vit_backbone.ViTBackbone": ConfigWidths(
-        keys={**_VIT_LIKE, "mlp_dim": r"_mlp_dense"}, ratios=(("hidden_dim", "num_heads"),)),
+        keys={**_VIT_LIKE, "mlp_dim": r"_mlp_dense", "intermediate_dim": r"(^|_)pre_logits"},
+        ratios=(("hidden_dim", "num_heads"),), task_keys=("intermediate_dim",)),
     "keras_hub.src.models.deit.deit_backbone.DeiTBackbone": ConfigWidths(
         keys={**_VIT_LIKE, "intermediate_dim": r"_mlp_dense"},
         ratios=(("hidden_dim", "num_heads"),)),

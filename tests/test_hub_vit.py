@@ -366,3 +366,22 @@ def test_min_channels_the_heads_cannot_meet_within_the_budget_is_refused_by_name
     a hidden width of 16."""
     with pytest.raises(kp.InfeasibleBudgetError, match="min_channels=20"):
         kp.hub.plan(_vit(), params=0.45, min_channels=20)
+
+
+def test_a_vit_classifier_with_a_pre_logits_layer_prunes_into_a_new_config_of_the_task(tmp_path):
+    """ViTImageClassifier(intermediate_dim=48) puts a Dense of 48 before its logits: the task's
+    config says its width (refused as 'no config key for pre_logits', before)."""
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.ViTImageClassifier(
+        backbone=_vit(task=False), num_classes=10, preprocessor=None, activation=None,
+        intermediate_dim=48)
+    small = kp.hub.precrop(model, params=0.5)
+    assert type(small) is type(model) and small.get_config()["intermediate_dim"] < 48
+    assert small.get_layer("pre_logits").units == small.get_config()["intermediate_dim"]
+    assert small.count_params() == small.precrop_plan.params <= 0.5 * model.count_params()
+    same = kp.hub.precrop(model, params=1.0, weights="keep")
+    np.testing.assert_allclose(same(_images()), model(_images()), atol=1e-5)
+    small.save(tmp_path / "small.keras")
+    again = keras.models.load_model(tmp_path / "small.keras")
+    assert again.get_config()["intermediate_dim"] == small.get_config()["intermediate_dim"]
+    np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
