@@ -560,11 +560,14 @@ _READS = {"apply": ("plan", "`keras-precrop precrop MODEL --plan FILE` writes on
 def _flag(keyword, value):
     """``--keyword value`` as typed on the command line, from a Python value.
 
-    A switch (True) and an empty value show the flag alone; lists are
-    comma-separated; argparse made 0 into 0.0, which shows as 0.
+    A switch (True) and an empty value show the flag alone, a switch turned
+    off (False) its ``--no-`` form; lists are comma-separated; argparse made
+    0 into 0.0, which shows as 0.
     """
     from keras_precrop.errors import NAME_ONLY  # noqa: PLC0415  (NumPy: not for --help)
 
+    if value is False:  # a BooleanOptionalAction's other half (--no-homogeneous, --no-distill)
+        return f"--no-{keyword}"
     if isinstance(value, (list, tuple)):
         text = ",".join(map(str, value))
     elif isinstance(value, float) and value.is_integer():

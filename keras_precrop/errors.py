@@ -59,7 +59,12 @@ class _Field:
             return self.spell(self.name, NAME_ONLY)
         if spec == "subject":  # Python: the bare name (its value follows in {got})
             return self.name if self.front == "python" else self.spell(self.name, self.value)
-        return self.spell(self.name, spec if spec else self.value)
+        value = _CONSTANTS.get(spec, spec) if spec else self.value  # {homogeneous:False}: a bool
+        return self.spell(self.name, value)
+
+
+# Values a placeholder's spec writes as Python's constants ({homogeneous:False}), not strings.
+_CONSTANTS = {"True": True, "False": False, "None": None}
 
 
 class ArgumentError(ValueError):

@@ -180,7 +180,7 @@ def _config_widths(model, homogeneous):
         raise ArgumentError(
             f"{{homogeneous}}: the config of {type(backbone).__name__} cannot say a pruned model's "
             f"widths (the backbones whose can: {sorted(n.rsplit('.', 1)[-1] for n in CONFIG_WIDTHS)});"
-            " use homogeneous=False.", homogeneous=homogeneous)
+            " use {homogeneous:False}.", homogeneous=homogeneous)
     if homogeneous is False or widths is None or (homogeneous is None and backbone is model):
         return None
     return widths
@@ -233,9 +233,12 @@ def _config_builder(model, widths):
 def _refuse_seed(seed):
     """A model made from its config draws its weights from Keras' global random state."""
     if seed is not None:
-        raise ArgumentError("{seed} cannot seed a keras_hub model made from its config; call "
-                            "keras.utils.set_random_seed first, or use per-block widths "
-                            "(homogeneous=False, and its plan).", seed=seed)
+        raise ArgumentError(
+            "{seed} cannot seed a keras_hub model made from its config (the same widths in every "
+            "block); {remedy}.", seed=seed, remedy={
+                "python": "call keras.utils.set_random_seed first, or use per-block widths "
+                          "(homogeneous=False, and its plan)",
+                "cli": "leave --seed out, or prune per block (--no-homogeneous)"})
 
 
 def _refuse_head_dims(attention):
@@ -245,7 +248,7 @@ def _refuse_head_dims(attention):
         raise ArgumentError(
             "{attention} narrows each head, and a keras_hub transformer's config derives the head "
             "size from hidden_dim / num_heads, so the same class cannot say it; pass "
-            "homogeneous=False for a functional model with narrower heads.", attention=attention)
+            "{homogeneous:False} for per-block widths with narrower heads.", attention=attention)
 
 
 def _from_config(model, values, task=None):

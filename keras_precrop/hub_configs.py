@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from keras_precrop.errors import ArgumentError, UnsupportedModelError
+from keras_precrop.errors import ArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,18 +48,19 @@ class ConfigWidths:
         hidden width); tied to it by a ratio, the others stay as they are.
 
         Raises:
-            UnsupportedModelError: a free variable no key claims (the config
-                cannot say its width), or a key that claims none.
+            ArgumentError: naming ``homogeneous``: a free variable no key claims
+                (the config cannot say its width), or a key that claims none.
         """
         found = self._claimed([v.name for v in variables])
         claimed = {name for names in found.values() for name in names}
         loose = [v.name for v in variables if not v.fixed and v.name not in claimed]
         empty = [key for key, names in found.items() if not names and key not in self.task_keys]
         if loose or empty:
-            raise UnsupportedModelError(
-                "homogeneous=True cannot say these widths in the backbone's config: "
+            raise ArgumentError(
+                "{homogeneous:True} (the same widths in every block, a new config: the default "
+                "for a task of this backbone) cannot say these widths in the backbone's config: "
                 + (f"no config key for {loose[:4]}" if loose else f"no width for {empty}")
-                + ". Use homogeneous=False (a functional model with per-block widths).")
+                + ". Use {homogeneous:False} (per-block widths).")
         return found
 
     def tie(self, variables):

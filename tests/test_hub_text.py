@@ -70,6 +70,7 @@ def test_per_block_widths_give_a_functional_backbone_and_prefix_views_are_refuse
     pruned = per_block.backbone.count_params()
     assert pruned == per_block.precrop_plan.params <= 0.5 * task.backbone.count_params()  # of the backbone
     assert per_block(_X).shape == (2, 3)
-    with pytest.raises(kp.UnsupportedModelError, match=r"homogeneous=True cannot say these widths "
-                       r"in the backbone's config: no config key for \[.*:in'"):
+    with pytest.raises(kp.ArgumentError, match=r"homogeneous=True \(the same widths in every "
+                       r"block.*cannot say these widths in the backbone's config: no config key "
+                       r"for \[.*:in'\]\. Use homogeneous=False"):
         kp.hub.precrop(task, params=0.5, homogeneous=True, residual="prefix")

@@ -238,9 +238,37 @@ def test_homogeneous_with_a_plan_is_refused_by_flag(tmp_path, capsys):
     model = _vit()
     kp.hub.precrop(model, params=0.5).precrop_plan.to_json(plan)
     model.save(tmp_path / "vit.keras")
-    argv = ["precrop", str(tmp_path / "vit.keras"), "--apply", str(plan), "--homogeneous"]
-    assert cli.main(argv) == 1
-    assert "--homogeneous has no effect with --apply" in capsys.readouterr().err
+    for typed in ("--homogeneous", "--no-homogeneous"):  # each named as typed
+        argv = ["precrop", str(tmp_path / "vit.keras"), "--apply", str(plan), typed]
+        assert cli.main(argv) == 1
+        assert f"{typed} has no effect with --apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "python", "cli_says"), [
+    (["--attention", "head_dims"], {"attention": "head_dims"},
+     "pass --no-homogeneous for per-block widths"),
+    (["--seed", "3"], {"seed": 3}, "leave --seed out, or prune per block (--no-homogeneous)"),
+])
+def test_homogeneous_refusals_name_flags_on_the_command_line(flags, python, cli_says, tmp_path,
+                                                           capsys):
+    """The command line's remedy is a flag (Python's: homogeneous=False), never a Python call."""
+    from keras_precrop import cli
+
+    model = _vit()
+    with pytest.raises(kp.ArgumentError, match="homogeneous=False"):
+        kp.hub.precrop(model, params=0.5, **python)
+    model.save(tmp_path / "vit.keras")
+    assert cli.main(["precrop", str(tmp_path / "vit.keras"), "--params", "0.5", *flags,
+                     "--out", str(tmp_path / "small.keras")]) == 1
+    error = capsys.readouterr().err
+    assert cli_says in error and "homogeneous=False" not in error and "keras.utils" not in error
+
+
+def test_a_budget_below_what_the_ties_hold_is_refused_without_an_impossible_remedy():
+    """min_channels and round_to are 1: lowering them is no remedy (it was suggested, before)."""
+    with pytest.raises(kp.InfeasibleBudgetError, match="raise the budget.$") as err:
+        kp.hub.precrop(_vit(task=False), params=0.5, homogeneous=True)
+    assert "lower min_channels" not in str(err.value) and "one attention head each" in str(err.value)
 
 
 def test_the_command_line_writes_no_file_keras_cannot_load(tmp_path, capsys, monkeypatch):

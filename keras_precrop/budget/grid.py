@@ -31,10 +31,15 @@ def infeasible_at_minimum(grid, cost, budgets, arguments):
     named = dict(arguments[rows[k]] for k in over if rows[k] in arguments)
     subject = " and ".join("{" + name + "}" for name in named) or "The budget"
     costs = ", ".join(f"{rows[k]} {cost[k]:,.6g} (budget {budgets[k]:,.6g})" for k in over)
+    if grid.min_channels == grid.round_to == 1:  # nothing to lower: what the model itself holds
+        narrowest, remedy = ("narrowest widths the model allows (layers kept whole, one attention "
+                             "head each, widths tied to them)"), "raise the budget"
+    else:
+        narrowest = "narrowest widths that {min_channels} and {round_to} allow"
+        remedy = "raise the budget or lower min_channels/round_to"
     return InfeasibleBudgetError(
         f"{subject} cannot be met with integer widths: the minimum feasible model, the "
-        f"narrowest widths that {{min_channels}} and {{round_to}} allow, costs {costs}; raise "
-        "the budget or lower min_channels/round_to.", limit={rows[k]: float(cost[k]) for k in over},
+        f"{narrowest}, costs {costs}; {remedy}.", limit={rows[k]: float(cost[k]) for k in over},
         **named, min_channels=grid.min_channels, round_to=grid.round_to)
 
 
