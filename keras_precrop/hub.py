@@ -110,8 +110,11 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             ``"auto"`` to keep whole what the walk refuses, ...).
             With ``weights="keep"`` the backbone's surviving channels and
             the task's head keep their trained weights (``importance``: a
-            ranking of the table that needs no data, e.g. ``"l1"``, ``"l2"``,
-            ``"bn_scale"`` or ``"random"``).
+            ranking of the table; per block one that needs no data, e.g.
+            ``"l1"``, ``"l2"``, ``"bn_scale"`` or ``"random"``, as a
+            backbone's outputs are features; a homogeneous plan ranks the
+            whole task, whose logits ``"taylor"`` and ``"activation"`` take
+            with ``data=``).
 
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
@@ -160,8 +163,8 @@ def plan(model, params=None, flops=None, *, homogeneous=None, **options):
 def _pruned(method, model, params, flops, homogeneous, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
     planning.check_option_names(f"hub.{method.__name__}", options, planning.precrop)
-    _check_importance(options.get("importance"))
     widths = _config_widths(model, homogeneous)
+    _check_importance(options.get("importance"), model, widths is not None)
     if widths is not None:
         _refuse_seed(options.get("seed"))
         _refuse_head_dims(options.get("attention", "heads"))
@@ -288,8 +291,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     as :func:`precrop` did. ``weights``, ``importance``, ``data`` and
     ``seed`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
-    _check_importance(importance)
     plan = plan_argument(plan)
+    _check_importance(importance, model, configures(plan) or _of_task(model, plan))
     if configures(plan) or _of_task(model, plan):
         widths = _task_config_widths(model, plan)
         _refuse_seed(seed)
@@ -330,19 +333,29 @@ class GradualPruning(gradual.GradualPruning):
         self._task = None
 
     def on_train_begin(self, logs=None):
-        """At the first fit, bind to the task's backbone under a per-block plan; then as for
-        :class:`keras_precrop.GradualPruning`."""
+        """At the first fit, bind to the task (and to its backbone under a per-block plan); then as
+        for :class:`keras_precrop.GradualPruning`."""
         if self._task is None:
-            self._task = self.pruned
-            if not configures(self.plan):
-                if _of_task(self._task, self.plan):
-                    raise ArgumentError(
-                        f"kp.hub.GradualPruning: the plan of {self.plan.model_name!r} prunes the "
-                        "task's whole graph per block, whose model cannot be of its classes; "
-                        "plan with kp.hub.plan(task, ...), or prune it into a functional model "
-                        "with kp.GradualPruning.")
+            self._task = self._task_pruned()
+            if configures(self.plan):
+                self._target = self._task if self._target is not None else None
+            elif _of_task(self._task, self.plan):
+                raise ArgumentError(
+                    f"kp.hub.GradualPruning: the plan of {self.plan.model_name!r} prunes the "
+                    "task's whole graph per block, whose model cannot be of its classes; plan "
+                    "with kp.hub.plan(task, ...), or prune it into a functional model with "
+                    "kp.GradualPruning.")
+            else:
                 self._target = backbone_of(self._task)
         super().on_train_begin(logs)
+
+    def _task_pruned(self):
+        """The task whose classes the result takes: the model pruned, or the fitted task (or
+        Distiller's student) whose backbone ``model=`` names."""
+        fitted = getattr(self.model, "student", self.model)
+        if self._target is not None and backbone_of(fitted) is self.pruned:
+            return fitted
+        return self.pruned
 
     def finalize(self):
         """The smaller task of the plan (see the class); as :meth:`keras_precrop.GradualPruning.finalize`."""
@@ -430,10 +443,11 @@ def _plain(value):
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _check_importance(importance):
-    """Refuse a ranking whose need kp.hub cannot meet (the table's ``PLACES``): one that needs
-    data takes a model's outputs as logits, and a backbone's are features."""
-    if importance is not None:
+def _check_importance(importance, model, whole):
+    """Refuse a ranking whose need kp.hub cannot meet (the table's ``PLACES``) where a backbone
+    is ranked: one that needs data takes a model's outputs as logits, and a backbone's are
+    features. A task ranked ``whole`` (a homogeneous plan) has logits: any ranking goes."""
+    if importance is not None and not (whole and backbone_of(model) is not model):
         criterion(importance, "kp.hub")
 
 

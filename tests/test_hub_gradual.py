@@ -162,3 +162,18 @@ def test_homogeneous_beside_a_plan_file_is_refused_by_flag(tmp_path, capsys):
     assert main(["prune-trained", saved, "--apply", plan_file, "--homogeneous", "--data", data,
                  "--epochs", "1", "--out", str(tmp_path / "small.keras")]) == 1
     assert f"--homogeneous has no effect with --apply {plan_file}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("homogeneous", [True, False])
+def test_model_naming_the_backbone_still_gives_the_task(homogeneous):
+    """``model=task.backbone`` (the model to prune, as kp.GradualPruning takes it): the result is
+    still the fitted task's class (a bare PrunedBackbone, or a PlanMismatchError, before)."""
+    model = _vit()
+    the_plan = kp.hub.plan(model, params=0.5, homogeneous=homogeneous)
+    x, y = _data(16)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning = kp.hub.GradualPruning(the_plan, end_step=2, frequency=1, model=model.backbone,
+                                    verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[pruning], verbose=0)
+    small = pruning.finalize()
+    assert type(small) is type(model) and small.count_params() < model.count_params()

@@ -413,3 +413,18 @@ def test_a_vit_classifier_with_a_pre_logits_layer_prunes_into_a_new_config_of_th
     again = keras.models.load_model(tmp_path / "small.keras")
     assert again.get_config()["intermediate_dim"] == small.get_config()["intermediate_dim"]
     np.testing.assert_allclose(again(_images()), small(_images()), atol=1e-6)
+
+
+def test_a_homogeneous_plan_ranks_the_whole_task_on_data():
+    """A homogeneous plan is of the task, whose outputs are logits: Taylor and activation ranks
+    take data= (refused as a backbone's features, before); per block they stay refused."""
+    model = _vit()
+    data = (_images(8), np.arange(8) % 10)
+    for importance in ("taylor", "activation"):
+        same = kp.hub.precrop(model, params=1.0, weights="keep", importance=importance, data=data)
+        np.testing.assert_allclose(same(_images()), model(_images()), atol=1e-5)
+        small = kp.hub.precrop(model, params=0.5, weights="keep", importance=importance, data=data)
+        assert type(small) is type(model) and small.count_params() == small.precrop_plan.params
+    with pytest.raises(kp.ArgumentError, match="importance='taylor'.*per block the backbone"):
+        kp.hub.precrop(model, params=0.5, homogeneous=False, weights="keep", importance="taylor",
+                       data=data)

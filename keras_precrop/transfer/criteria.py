@@ -18,9 +18,10 @@ its coupled group, each layer's share divided by its mean. What a ranking
 * ``"data"``: a few ``(x, y)`` batches given as ``data=``, from which
   ``transfer/taylor.py`` takes the loss gradients (``"taylor"``, on every
   backend) or ``transfer/activation.py`` the activations' magnitudes
-  (``"activation"``, what a ranking's ``reads`` says): not in ``kp.hub``,
-  whose backbones output features, not logits, nor in ``keras-precrop
-  precrop``, which loads no data;
+  (``"activation"``, what a ranking's ``reads`` says): not in ``kp.hub``
+  per block, whose backbones output features, not logits (a homogeneous
+  plan ranks the whole task, as ``kp.precrop`` does), nor in
+  ``keras-precrop precrop``, which loads no data;
 * ``"seed"``: chance (``"random"``, seeded by ``seed=``): not during fit,
   which ranks anew at every update.
 
@@ -49,7 +50,8 @@ _WHY_NOT = {
     ("kp.GradualPruning", "seed"): "draws channels at random, but GradualPruning ranks them anew "
                                    "at every update, so each update would mask other channels",
     ("kp.hub", "data"): "ranks channels on data= batches of the model's inputs and labels, but "
-                        "kp.hub prunes the backbone, whose outputs are features, not logits",
+                        "kp.hub prunes per block the backbone, whose outputs are features, not "
+                        "logits (a homogeneous plan of a task takes it)",
 }
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
