@@ -32,7 +32,12 @@ import json
 import keras
 
 from keras_precrop import gradual, planning
-from keras_precrop.errors import ArgumentError, PlanMismatchError, UnsupportedModelError
+from keras_precrop.errors import (
+    ArgumentError,
+    InfeasibleBudgetError,
+    PlanMismatchError,
+    UnsupportedModelError,
+)
 from keras_precrop.graph.attention import ATTENTION
 from keras_precrop.graph.replay import topological_nodes
 from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths, table_key
@@ -106,8 +111,9 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             :class:`PrunedBackbone` whose output width (the head's input) is
             kept. ``None``: ``True`` for a task of a backbone in that table.
         **options: as for :func:`keras_precrop.precrop` (``mode``,
-            ``round_to``, ``ignore``: names of the backbone's layers, or
-            ``"auto"`` to keep whole what the walk refuses, ...).
+            ``round_to``, ``ignore``: names of the backbone's layers (as the
+            backbone or the task's plan names them), or ``"auto"`` to keep
+            whole what the walk refuses, ...).
             With ``weights="keep"`` the backbone's surviving channels and
             the task's head keep their trained weights (``importance``: a
             ranking of the table; per block one that needs no data, e.g.
@@ -154,6 +160,7 @@ def plan(model, params=None, flops=None, *, homogeneous=None, **options):
     """
     planning.check_option_names("hub.plan", options)
     widths = _config_widths(model, homogeneous)
+    options = _named_for_walk(model, options, widths is not None)
     if widths is None:
         return planning.plan(backbone_of(model), params, flops, **options)
     _refuse_head_dims(options.get("attention", "heads"))
@@ -165,12 +172,29 @@ def _pruned(method, model, params, flops, homogeneous, options):
     planning.check_option_names(f"hub.{method.__name__}", options, planning.precrop)
     widths = _config_widths(model, homogeneous)
     _check_importance(options.get("importance"), model, widths is not None)
+    options = _named_for_walk(model, options, widths is not None)
     if widths is not None:
         _refuse_seed(options.get("seed"))
         _refuse_head_dims(options.get("attention", "heads"))
         return _homogeneous(model, params, flops, widths, options)
     new = method(backbone_of(model), params, flops, **options)
     return _rewrapped(model, new, options.get("weights"))
+
+
+def _named_for_walk(model, options, whole):
+    """``options`` with ``ignore=``'s names as the walk names them: the backbone's layers by
+    their own names per block, by the task's path (the backbone's name, ``_``, theirs) when a
+    homogeneous plan walks the whole task; either spelling is taken."""
+    backbone, ignore = backbone_of(model), options.get("ignore")
+    if backbone is model or not ignore:
+        return options
+    ignore = [ignore] if isinstance(ignore, str) else ignore  # one string is one name
+    prefix, own = f"{backbone.name}_", {layer.name for layer in model.layers}
+    if whole:
+        names = [n if n == "auto" or n in own or n.startswith(prefix) else prefix + n for n in ignore]
+    else:
+        names = [n.removeprefix(prefix) for n in ignore]
+    return {**options, "ignore": names}
 
 
 def _config_widths(model, homogeneous):
@@ -206,9 +230,25 @@ def _homogeneous_plan(model, params, flops, widths, options):
     # The walker refuses a value of attention it does not know (a typo), before it walks.
     graph = subject.profile(options.get("ignore", ()), options["residual"], {},
                             options.get("attention", "heads")).graph
-    the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
+    try:
+        the_plan = planning.plan(subject, params, flops, tie=widths.tie(graph.variables), **options)
+    except InfeasibleBudgetError as err:
+        raise _held_whole(err, widths.held(graph.variables)) from None
     the_plan.solver[_CONFIG] = widths.config(graph.variables, the_plan.widths)
     return subject, the_plan
+
+
+def _held_whole(err, held):
+    """``err`` (a budget no widths meet), saying which config keys one fixed layer kept whole in
+    every block (see :meth:`~keras_precrop.hub_configs.ConfigWidths.held`)."""
+    if not held:
+        return err
+    why = "; ".join(f"{key}, as {name!r} is fixed" for key, name in held.items())
+    return InfeasibleBudgetError(
+        err.template + " With the same widths in every block, one layer kept whole (ignored, or "
+        f"the model's output) keeps its config key whole in every block: {why}. Use "
+        "{homogeneous:False} to keep only that layer whole.", limit=err.limit, remedy=err.remedy,
+        **err.arguments)
 
 
 def _configured(subject, plan, widths, applied):

@@ -70,6 +70,20 @@ class ConfigWidths:
         groups = [[name for key in keys for name in found[key]] for keys in self.ratios]
         return [g for g in groups + [found[k] for k in found if k not in joined] if len(g) > 1]
 
+    def held(self, variables):
+        """``{config key: fixed variable}`` for each key one of whose variables is fixed (ignored,
+        or the model's output) while others are free: a homogeneous plan keeps that key (and
+        those in a ratio with it) whole in every block."""
+        fixed = {v.name for v in variables if v.fixed}
+        found = self._claimed([v.name for v in variables])
+        held = {key: next(n for n in names if n in fixed) for key, names in found.items()
+                if any(n in fixed for n in names) and not all(n in fixed for n in names)}
+        for keys in self.ratios:
+            for key in keys:
+                if key not in held and any(k in held for k in keys):
+                    held[key] = held[next(k for k in keys if k in held)]
+        return held
+
     def config(self, variables, widths):
         """``{config key: new width}`` from the planned ``widths`` (``{variable name: width}``)."""
         out = {}

@@ -428,3 +428,21 @@ def test_a_homogeneous_plan_ranks_the_whole_task_on_data():
     with pytest.raises(kp.ArgumentError, match="importance='taylor'.*per block the backbone"):
         kp.hub.precrop(model, params=0.5, homogeneous=False, weights="keep", importance="taylor",
                        data=data)
+
+
+def test_one_layer_kept_whole_says_it_keeps_its_config_key_in_every_block():
+    """Ignoring one block's MLP under homogeneous=True keeps mlp_dim in every block (and the
+    stream it reads): the refusal says so and names the remedy (before: 'no prunable channels'
+    alone); per block, the other blocks prune."""
+    model = _vit()
+    name = f"{model.backbone.name}_vit_encoder_transformer_block_1_mlp_dense"  # its place in the task
+    with pytest.raises(kp.InfeasibleBudgetError, match=f"mlp_dim, as '{name}' is fixed.*"
+                       "Use homogeneous=False"):
+        kp.hub.precrop(model, params=0.6, ignore=[name])
+    own = name.removeprefix(f"{model.backbone.name}_")  # the backbone's own name: taken too
+    with pytest.raises(kp.InfeasibleBudgetError, match=f"mlp_dim, as '{name}' is fixed"):
+        kp.hub.plan(model, params=0.6, ignore=own)
+    for spelled in (name, own):
+        small = kp.hub.precrop(model, params=0.6, ignore=[spelled], homogeneous=False)
+        assert small.precrop_plan.ignore == [own]
+        assert small.backbone.count_params() == small.precrop_plan.params
