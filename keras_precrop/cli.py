@@ -494,9 +494,9 @@ def _run_prune_trained(args):
     # a keras_hub task's plan (kp.hub.plan, or --apply): the smaller model of the task's classes
     callback = kp.hub.GradualPruning if _by_hub(args, original, the_plan) else kp.GradualPruning
     pruning = callback(the_plan, end_step=round(gradual * steps),
-                                frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
-                                schedule="final" if args.shrink else "cubic",
-                                importance=args.importance, data=data)
+                       frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
+                       schedule="final" if args.shrink else "cubic",
+                       importance=args.importance, data=data)
     teacher = original if args.distill else None
     small = _trained.train_pruned(args, student, teacher, train, test, pruning, steps)
     if test is not None:
