@@ -332,8 +332,9 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     ``seed`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
     plan = plan_argument(plan)
-    _check_importance(importance, model, configures(plan) or _of_task(model, plan))
-    if configures(plan) or _of_task(model, plan):
+    whole = configures(plan) or _of_task(model, plan)  # a plan of the task, re-created from a config
+    _check_importance(importance, model, whole)
+    if whole:
         widths = _task_config_widths(model, plan)
         _refuse_seed(seed)
         _refuse_head_dims(plan.attention)
@@ -378,7 +379,8 @@ class GradualPruning(gradual.GradualPruning):
         if self._task is None:
             self._task = self._task_pruned()
             if configures(self.plan):
-                self._target = self._task if self._target is not None else None
+                if self._target is not None:  # model=task.backbone: a homogeneous plan is the task's
+                    self._target = self._task
             elif _of_task(self._task, self.plan):
                 raise ArgumentError(
                     f"kp.hub.GradualPruning: the plan of {self.plan.model_name!r} prunes the "
@@ -405,8 +407,7 @@ class GradualPruning(gradual.GradualPruning):
     def _build(self, graph, widths, seed=None):
         if not configures(self.plan):
             return super()._build(graph, widths, seed)
-        task = self.pruned
-        return _config_builder(task, _task_config_widths(task, self._plan))(graph, widths)
+        return _config_builder(self._task, _task_config_widths(self._task, self._plan))(graph, widths)
 
 
 def configures(plan):
