@@ -89,7 +89,7 @@ from keras_precrop.plans import check_input_shapes, named_for, planned_widths
 from keras_precrop.subject import at_sizes_of, probe_specs, with_inputs
 from keras_precrop.training._user_data import check_data
 from keras_precrop.training.constraints import LentFactors, distribution_scope, factors_in_step
-from keras_precrop.transfer.carry import carried, carry_weights, weight_values
+from keras_precrop.transfer.carry import carried_indices, carry_weights, weight_values
 from keras_precrop.transfer.criteria import Names
 from keras_precrop.transfer.importance import channel_scores
 from keras_precrop.transfer.optimizer_state import carry_optimizer_state
@@ -637,14 +637,12 @@ def _masked(graph, widths, importance="l1", rebuilt=None, kept=None, norms=()):
     name, gradients = importance if isinstance(importance, tuple) else (importance, None)
     scores = channel_scores(graph, weight_values(model), name, gradients, widths=widths)
     selection = select(graph, widths, scores if kept is None else _first(scores, kept))
-    index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
-             for w in model.weights}
     new_graph = _rebuilt_walk(graph, widths) if rebuilt is None else rebuilt
     frozen = {id(w) for rec in graph.layers if not getattr(rec.layer, "trainable", True)
               for w in rec.layer.weights}
     firsts = {id(layer.weights[0]): id(layer) for layer in norms}
     masks, keeps = [], {}
-    for w, _, kept in carried(graph, new_graph, widths, selection, index):
+    for w, _, kept in carried_indices(graph, new_graph, widths, selection):
         mask = np.zeros(math.prod(w.shape), np.float32)
         kept = kept.ravel().astype(np.int64)
         mask[kept[kept > 0] - 1] = 1.0

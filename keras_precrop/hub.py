@@ -158,27 +158,33 @@ def plan(model, params=None, flops=None, *, homogeneous=None, **options):
     Returns:
         A :class:`~keras_precrop.Plan`.
     """
-    planning.check_option_names("hub.plan", options)
-    widths = _config_widths(model, homogeneous)
-    options = _named_for_walk(model, options, widths is not None)
+    widths, options = _prepared("hub.plan", model, homogeneous, options)
     if widths is None:
         return planning.plan(backbone_of(model), params, flops, **options)
-    _refuse_head_dims(options.get("attention", "heads"))
     return _homogeneous_plan(model, params, flops, widths, options)[1]
 
 
 def _pruned(method, model, params, flops, homogeneous, options):
     """``method`` (PreCrop or PreConfig) of ``model``'s backbone, the task rebuilt around it."""
-    planning.check_option_names(f"hub.{method.__name__}", options, planning.precrop)
-    widths = _config_widths(model, homogeneous)
-    _check_importance(options.get("importance"), model, widths is not None)
-    options = _named_for_walk(model, options, widths is not None)
+    widths, options = _prepared(f"hub.{method.__name__}", model, homogeneous, options,
+                                planning.precrop)
     if widths is not None:
-        _refuse_seed(options.get("seed"))
-        _refuse_head_dims(options.get("attention", "heads"))
         return _homogeneous(model, params, flops, widths, options)
     new = method(backbone_of(model), params, flops, **options)
     return _rewrapped(model, new, options.get("weights"))
+
+
+def _prepared(caller, model, homogeneous, options, via=None):
+    """``(config widths or None, options)``: the first steps :func:`plan` and :func:`precrop`
+    share. Checks the option names (of ``caller``, as ``via`` takes them), the ranking and what a
+    homogeneous plan refuses; ``ignore=`` named as the walk names the layers."""
+    planning.check_option_names(caller, options, via)
+    widths = _config_widths(model, homogeneous)
+    _check_importance(options.get("importance"), model, widths is not None)
+    if widths is not None:
+        _refuse_seed(options.get("seed"))
+        _refuse_head_dims(options.get("attention", "heads"))
+    return widths, _named_for_walk(model, options, widths is not None)
 
 
 def _named_for_walk(model, options, whole):
@@ -215,7 +221,7 @@ def _config_widths(model, homogeneous):
 
 def _homogeneous(model, params, flops, widths, options):
     """The task planned with the same widths in every block and re-created from a new config."""
-    applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed")
+    applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed", "refit")
                if key in options}
     subject, the_plan = _homogeneous_plan(model, params, flops, widths, options)
     return _configured(subject, the_plan, widths, applied)
@@ -320,7 +326,7 @@ def _same_op_names(old, new):
             b.operation.name = a.operation.name
 
 
-def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False):
     """The task (or backbone) with the widths of ``plan``: what :func:`precrop` made it with.
 
     ``plan`` is a :class:`~keras_precrop.Plan` or a plan file's path (the
@@ -328,8 +334,8 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
     (``homogeneous=False``, or ``kp.plan(backbone_of(task), ...)``) gives a
     :class:`PrunedBackbone`; a homogeneous plan (of the task, for a backbone
     in ``hub_configs.CONFIG_WIDTHS``) re-creates the task from a new config,
-    as :func:`precrop` did. ``weights``, ``importance``, ``data`` and
-    ``seed`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
+    as :func:`precrop` did. ``weights``, ``importance``, ``data``, ``seed``
+    and ``refit`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
     plan = plan_argument(plan)
     whole = configures(plan) or _of_task(model, plan)  # a plan of the task, re-created from a config
@@ -339,8 +345,9 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
         _refuse_seed(seed)
         _refuse_head_dims(plan.attention)
         return _configured(Subject(model), plan, widths,
-                           {"weights": weights, "importance": importance, "data": data})
-    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed)
+                           {"weights": weights, "importance": importance, "data": data,
+                            "refit": refit})
+    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed, refit)
     new.precrop_plan = plan
     return _rewrapped(model, new, weights)
 

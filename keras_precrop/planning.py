@@ -357,7 +357,7 @@ def _renormalized(graph, layers):
             if path in cut and call.record.handler.mixes_statistics(call.record, call.node)]
 
 
-def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None):
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False):
     """Build a copy of ``model`` with the plan's widths: freshly initialized, or with its weights.
 
     Call it inside ``strategy.scope()`` to create the pruned model's variables
@@ -388,9 +388,10 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             ``"taylor"`` (``|activation x gradient|`` on ``data``),
             ``"bn_scale"`` (the normalization scales) or ``"random"``
             (seeded by ``seed``).
-        data: for a ranking that needs data (``importance="taylor"``): an
-            ``(x, y)`` batch or an iterable of them (integer labels or one-hot; the model's outputs
-            are taken as logits, or as probabilities where it ends in a softmax).
+        data: for a ranking that needs data (``importance="taylor"``) and
+            for ``refit=True``: an ``(x, y)`` batch or an iterable of them
+            (integer labels or one-hot; the model's outputs are taken as
+            logits, or as probabilities where it ends in a softmax).
         seed: ``None`` (default): the fresh weights and ``importance="random"``
             draw from Keras' global random state (``keras.utils.set_random_seed``
             fixes it). An integer >= 0 fixes both (each layer's initializers and
@@ -399,24 +400,35 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None)
             model. Refused (``ArgumentError``) where it would seed nothing:
             kept weights ranked by ``"l1"``, ``"l2"`` or ``"taylor"``, with no
             channel gained and no random layer (``Dropout``, noise).
+        refit: with ``weights="keep"`` and ``data``: after the cut, every
+            linear projection (``Dense``, an attention layer's query, key,
+            value and output ``EinsumDense``) is solved for by least squares,
+            in call order, to give on ``data`` what the original's gave at
+            the kept channels (``transfer/refit.py``; one forward pass of
+            both models per batch and projection). Convolutions keep their
+            carried weights. Refused where a layer gains channels. For a
+            model used without further training: the refit weights are
+            larger, and fine-tuning from them did worse than from the kept
+            weights (the guide, "Refit").
     """
-    return apply_with(model, plan, rebuild, weights, importance, data, seed)
+    return apply_with(model, plan, rebuild, weights, importance, data, seed, refit)
 
 
-def apply_with(model, plan, build, weights=None, importance=None, data=None, seed=None):
+def apply_with(model, plan, build, weights=None, importance=None, data=None, seed=None,
+               refit=False):
     """:func:`apply_plan`, the new model made by ``build(graph, widths, seed=seed)``.
 
     ``kp.hub`` re-creates a keras_hub task from a config of the plan's widths
     with it; the model is checked against the plan and takes its kept
     weights as a rebuild does.
     """
-    importance = _transfer.check_options(weights, importance, data)
+    importance = _transfer.check_options(weights, importance, data, refit=refit)
     plan = plan_argument(plan)
     subject = Subject.of(model)
     model = subject.model
     check_input_shapes(plan, model)
-    if importance is not None and importance.needs == "data":  # it fits the model, before any work
-        data = check_data(model, data, "data").data
+    if data is not None:  # it fits the model, before any work (a refit reads no labels)
+        data = check_data(model, data, "data", classes=importance.needs == "data").data
     defined = subject.defined({})
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
@@ -424,17 +436,31 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
     plan = named_for(plan, graph)
     widths = planned_widths(graph, plan, model)
     _check_seed_use(seed, importance, graph, widths)
+    _check_refit(refit, graph, widths)
     new, rebuilt = build_checked(graph, widths, plan, seed, build)
     if importance:
-        gradients = data_batches(model, data, defined) if importance.needs == "data" else None
-        _transfer.carry_weights(graph, new, widths, importance, gradients,
-                                random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
+        batches = data_batches(model, data, defined) if data is not None else None
+        selection = _transfer.carry_weights(
+            graph, new, widths, importance, batches if importance.needs == "data" else None,
+            random.randrange(2**31) if seed is None else seed, new_graph=rebuilt)
     if defined is not model:  # back to the model's own, undefined spatial size
         clone = at_sizes_of(new, model)  # (a task kp.hub built from its config is there already)
         if importance and clone is not new:  # a clone has new layers: carry the weights once more
             clone.set_weights(new.get_weights())
         new = clone
+    if refit:
+        _transfer.refit_projections(graph, rebuilt, widths, selection, model, new,
+                        [x for x, _ in batches.batches])
     return new
+
+
+def _check_refit(refit, graph, widths):
+    """Refuse ``refit=True`` where a layer gains channels: they have no original to fit to."""
+    grown = [v.name for w, v in zip(widths, graph.variables) if w > v.width]
+    if refit and grown:
+        raise ArgumentError("{refit} fits the kept channels to what the original computed; "
+                            f"channels the plan adds ({grown}) have no such outputs. Leave "
+                            "{refit:=} out, or plan with upper=1.0.", refit=refit)
 
 
 def _check_seed_use(seed, importance, graph, widths):
@@ -449,7 +475,7 @@ def _check_seed_use(seed, importance, graph, widths):
 
 
 def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=None,
-            **options):
+            refit=False, **options):
     """PreCrop: a smaller, freshly initialized model meeting the budgets.
 
     Args:
@@ -465,7 +491,10 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
         weights: ``"keep"`` prunes a trained model: the channels that
             survive keep their weights (see :func:`apply_plan`).
         importance: how the kept channels are ranked, as in :func:`apply_plan`.
-        data: for a ranking that needs data (``importance="taylor"``), as in :func:`apply_plan`.
+        data: for a ranking that needs data (``importance="taylor"``) and
+            for ``refit``, as in :func:`apply_plan`.
+        refit: refit the kept weights of every linear projection by least
+            squares on ``data`` (see :func:`apply_plan`).
         seed: an integer fixes the new model's fresh weights (and
             ``importance="random"``) without touching Keras' global random
             state: two calls with the same seed give the same model. Refused
@@ -475,14 +504,14 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
     """
     check_option_names("precrop", options)
-    ranking = _transfer.check_options(weights, importance, data)
-    if ranking is not None and ranking.needs == "data":  # before the solve
-        data = check_data(model, data, "data").data
+    ranking = _transfer.check_options(weights, importance, data, refit=refit)
+    if data is not None:  # before the solve (a refit reads no labels)
+        data = check_data(model, data, "data", classes=ranking.needs == "data").data
     check_seed(seed)
     options.setdefault("upper", 1.0)
     subject = Subject(model)  # one walk of the model for the plan, the rebuild and the weights
     the_plan = plan(subject, params, flops, **options)
-    new = apply_plan(subject, the_plan, weights, importance, data, seed)
+    new = apply_plan(subject, the_plan, weights, importance, data, seed, refit)
     new.precrop_plan = the_plan
     return new
 

@@ -164,8 +164,9 @@ def test_a_text_models_open_length_is_said_in_its_own_terms():
     (dict(weights="keep", importance="taylor"), "importance='taylor' needs data=: it ranks the "
      "channels by the loss gradients of a few (x, y) batches.", {"importance": "taylor"}),
     (dict(weights="keep", data=(np.zeros((1, 16, 16, 3)), np.zeros(1))), "data= is for "
-     "a ranking that needs data (['taylor', 'activation']); importance='l1' takes none: leave data= "
-     "out, or rank with one of ['taylor', 'activation'].", {"importance": "l1"}),
+     "a ranking that needs data (['taylor', 'activation']) or refit=True; importance='l1' takes "
+     "none: leave data= out, rank with one of ['taylor', 'activation'], or refit.",
+     {"importance": "l1", "refit": False}),
     (dict(importance="l2"), "importance='l2' and data= choose the channels that keep their trained "
      "weights; they need weights='keep'.", {"importance": "l2"}),
 ])

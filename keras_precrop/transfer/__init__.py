@@ -8,6 +8,8 @@
   every layer of its coupled group.
 * ``selection``: which channels each width variable keeps; residual streams
   (and other prefix families) are permuted, best channels first.
+* ``refit``: ``refit=True``'s least-squares refit of every linear projection
+  of the pruned model to the original's outputs on calibration data.
 * ``carry``: follows the kept channels through the rebuilt graph and copies
   the slices of every weight (``Handler.channel_axes`` names the axes).
 * ``flow``: per-tensor channel labels, propagated call by call.
@@ -20,13 +22,18 @@ table (the command line reads it for ``--help``, without Keras or NumPy);
 
 from keras_precrop.transfer.criteria import IMPORTANCE
 
-__all__ = ["IMPORTANCE", "carry_weights", "check_options"]
+__all__ = ["IMPORTANCE", "carry_weights", "check_options", "refit_projections"]
 
 
 def __getattr__(name):
-    """``carry_weights`` and ``check_options``, imported on first use (they load Keras)."""
+    """``carry_weights``, ``check_options`` and ``refit_projections``, imported on first use (they
+    load Keras)."""
     if name in ("carry_weights", "check_options"):
         from keras_precrop.transfer import carry  # noqa: PLC0415  (Keras: not for --help)
 
         return getattr(carry, name)
+    if name == "refit_projections":
+        from keras_precrop.transfer import refit  # noqa: PLC0415  (Keras: not for --help)
+
+        return refit.refit_projections
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -75,7 +75,7 @@ def layer_magnitudes(graph, model, batches, scored):
         UnsupportedLayerError: a layer the forward pass does not call as
             the walk did (naming it, with the ``ignore=`` remedy).
     """
-    find = _run_layers(graph.model, model)
+    find = run_layers(graph.model, model)
     wanted = {}  # id(run layer) -> (run layer, [(key, input index or None, kept axis)])
     for call, roles in scored:
         for key, layer, index, axis in _reads(call, roles):
@@ -130,12 +130,14 @@ def _owner(layer, weight):
     return layer  # pragma: no cover - a weight is held by some layer
 
 
-def _run_layers(walked, model):
+def run_layers(walked, model, reader="importance='activation'", remedy="Rank with another importance"):
     """``find(layer, call)``: the layer of ``model`` that a layer of the walk of ``walked`` is.
 
     ``walked`` is ``model`` or calls its layers (``GradualPruning``'s walk at
     a defined size), or is a copy of it (``apply_plan``'s for a model built
     for any input size), whose layers pair with ``model``'s in Keras' order.
+    ``reader`` and ``remedy`` word the error for a layer that cannot be
+    paired: what reads the forward pass, and what else the user may do.
     """
     own = list(model._flatten_layers(include_self=True, recursive=True))
     known = {id(layer) for layer in own}
@@ -146,19 +148,19 @@ def _run_layers(walked, model):
     def find(layer, call):
         run = layer if id(layer) in known else paired.get(id(layer))
         if run is None or [w.shape for w in run.weights] != [w.shape for w in layer.weights]:
-            raise _unobserved(call)
+            raise _unobserved(call, reader, remedy)
         return run
 
     return find
 
 
-def _unobserved(call):
+def _unobserved(call, reader="importance='activation'", remedy="Rank with another importance"):
     """The error for a layer whose activations the forward pass does not show as the walk saw it."""
     return UnsupportedLayerError(
-        f"{call.record.path}: importance='activation' reads each layer's activations from a forward "
-        "pass of the model, which does not call this layer as the walk did (input shape "
-        f"{input_shape(call.node)}). Rank with another importance, or keep the layer whole with "
-        "{ignore}.", ignore=[call.record.path])
+        f"{call.record.path}: {reader} reads each layer's activations from a forward pass of the "
+        "model, which does not call this layer as the walk did (input shape "
+        f"{input_shape(call.node)}). {remedy}, or keep the layer whole with {{ignore}}.",
+        ignore=[call.record.path])
 
 
 @contextlib.contextmanager

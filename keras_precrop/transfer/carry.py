@@ -17,6 +17,8 @@ what the original did until training moves them.
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 
@@ -28,16 +30,19 @@ from keras_precrop.transfer.importance import channel_scores, grouped
 from keras_precrop.transfer.selection import select
 
 
-def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply_plan"):
+def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply_plan",
+                  refit=False):
     """Checks the weight options of ``apply_plan`` and ``precrop`` (and ``GradualPruning``'s ranking).
 
     Args:
         weights: ``None`` (fresh weights) or ``"keep"``.
         importance: a name of the table of rankings or a ranking
             (``criteria.py``); ``None`` is ``"l1"``.
-        data: the batches a ranking that needs data takes, and only such a one.
+        data: the batches a ranking that needs data takes, or a refit; for
+            nothing else.
         place: where the ranking is to rank (a key of ``criteria.PLACES``):
             the table's need of the ranking decides whether it can.
+        refit: whether the kept weights are refit on ``data`` (``refit.py``).
 
     Returns:
         The :class:`~keras_precrop.transfer.criteria.Importance` to choose
@@ -46,7 +51,13 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
     Raises:
         ArgumentError: naming the argument at fault.
     """
+    if refit is not False and refit is not True:
+        raise ArgumentError("{refit} must be True (refit the kept weights of every linear "
+                            "projection by least squares on data=) or False.", refit=refit)
     if weights is None:
+        if refit:
+            raise ArgumentError("{refit} refits the weights the cut kept; it needs "
+                                "{weights:keep}.", refit=refit)
         if importance is not None or data is not None:
             raise ArgumentError("{importance} and {data:=} choose the channels that keep their "
                                 "trained weights; they need {weights:keep}.", importance=importance)
@@ -55,13 +66,18 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
         raise ArgumentError("{weights} must be None (fresh weights, as PreCrop prescribes) or 'keep' "
                             "(the channels that survive keep their trained weights).", weights=weights)
     ranking = criterion(importance, place)
+    if refit and data is None:
+        raise ArgumentError("{refit} fits each projection to the original's outputs on "
+                            "calibration batches: pass them as {data:=} ((x, y) batches, as "
+                            "for importance='activation'; the labels are not read).", refit=refit)
     if ranking.needs == "data" and data is None:
         raise ranking.missing_data()
-    if ranking.needs != "data" and data is not None:
+    if ranking.needs != "data" and data is not None and not refit:
         needing = list(Names(needs=["data"]))
-        raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({needing}); {{importance}} "
-                            f"takes none: leave data= out, or rank with one of {needing}.",
-                            importance=ranking.given)
+        raise ArgumentError(f"{{data:=}} is for a ranking that needs data ({needing}) or "
+                            f"{{refit:True}}; {{importance}} takes none: leave data= out, rank "
+                            f"with one of {needing}, or refit.", importance=ranking.given,
+                            refit=refit)
     return ranking
 
 
@@ -101,6 +117,20 @@ def carry_weights(graph, new_model, widths, importance="l1", gradients=None, see
 def weight_values(model):
     """``{id(weight): numpy array}`` of every weight of ``model``: what scores and carrying read."""
     return {id(w): keras.ops.convert_to_numpy(w) for w in model.weights}
+
+
+def carried_indices(graph, new_graph, widths, selection):
+    """Each rebuilt weight with the flat index of the original element each of its elements takes.
+
+    Indices count from 1, in float64 (exact to 2**53); 0 marks a new element.
+    What gradual pruning's masks and a refit's kept outputs are read from.
+
+    Yields:
+        ``(original weight, rebuilt weight, array of the rebuilt weight's shape)``.
+    """
+    index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
+             for w in graph.model.weights}
+    yield from carried(graph, new_graph, widths, selection, index)
 
 
 def carried(graph, new_graph, widths, selection, values):

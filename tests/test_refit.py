@@ -1,0 +1,135 @@
+"""``refit=True``: every linear projection of a cut model refit by least squares on ``data=``.
+
+Checked against references computed here: an identity plan refit computes
+the original's outputs; the last projection's kernel and bias are NumPy's
+least-squares solution from the pruned model's own inputs to the original's
+logits; a projection whose input is not cut gets back exactly the kept
+columns of the original's kernel; the refit model is nearer the original
+than the cut one, per projection and end to end; the user's model is not
+changed; bad combinations are refused naming the argument.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_precrop as kp
+from keras_precrop.errors import ArgumentError
+from tests.test_activation_importance import _mlp, _np
+
+L = keras.layers
+
+
+def _attention(seed=0):
+    """A residual block: Dense stream, MultiHeadAttention, LayerNorm, GELU MLP, logits."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 16))
+    x = L.Dense(32, activation="relu", name="stem")(inputs)
+    x = L.LayerNormalization(name="ln")(x + L.MultiHeadAttention(4, 8, name="mha")(x, x))
+    h = L.Dense(64, activation="gelu", name="fc1")(x)
+    x = x + L.Dense(32, name="fc2")(h)
+    return keras.Model(inputs, L.Dense(10, name="logits")(L.GlobalAveragePooling1D()(x)))
+
+
+def _batches(shape, n=256, size=64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, *shape)).astype("float32")
+    y = rng.integers(0, 3, n)
+    return x, [(x[i:i + size], y[i:i + size]) for i in range(0, n, size)]
+
+
+def _mse(a, b):
+    return float(np.mean((a - b) ** 2))
+
+
+@pytest.mark.parametrize("attention", ["heads", "head_dims"])
+def test_identity_plan_refit_computes_the_originals_outputs(attention):
+    model = _attention()
+    x, data = _batches((8, 16))
+    plan = kp.plan(model, params=1.0, attention=attention)
+    same = kp.apply_plan(model, plan, weights="keep", data=data, refit=True)
+    np.testing.assert_allclose(_np(same(x)), _np(model(x)), atol=1e-4)
+
+
+def test_last_projection_is_numpys_least_squares_and_an_uncut_input_keeps_its_columns():
+    model = _mlp()
+    x, data = _batches((6,))
+    small = kp.precrop(model, params=0.5, weights="keep", data=data, refit=True)
+    # "out" reads the pruned "second": NumPy's least squares from those inputs to the logits
+    inputs = _np(keras.Model(small.input, small.get_layer("second").output)(x))
+    design = np.concatenate([inputs, np.ones((len(x), 1))], axis=1).astype(np.float64)
+    solution = np.linalg.lstsq(design, _np(model(x)).astype(np.float64), rcond=None)[0]
+    out = small.get_layer("out")
+    np.testing.assert_allclose(_np(out.kernel), solution[:-1], atol=1e-3)
+    np.testing.assert_allclose(_np(out.bias), solution[-1], atol=1e-3)
+    # "hidden" reads the model's inputs, which no cut touches: an exact fit, the kept columns
+    kernel, kept = _np(model.get_layer("hidden").kernel), _np(small.get_layer("hidden").kernel)
+    columns = [int(np.argmin(np.abs(kernel - col[:, None]).sum(0))) for col in kept.T]
+    np.testing.assert_allclose(kept, kernel[:, columns], atol=1e-4)
+    np.testing.assert_allclose(_np(small.get_layer("hidden").bias),
+                               _np(model.get_layer("hidden").bias)[columns], atol=1e-4)
+
+
+def test_refit_is_nearer_the_original_per_projection_and_end_to_end():
+    model = _attention()
+    x, data = _batches((8, 16))
+    plan = kp.plan(model, params=0.5)
+    cut = kp.apply_plan(model, plan, weights="keep")
+    refit = kp.apply_plan(model, plan, weights="keep", data=data, refit=True)
+    reference = _np(model(x))
+    assert _mse(_np(refit(x)), reference) < 0.5 * _mse(_np(cut(x)), reference)
+    # the logits layer's refit beats the cut's own kernel on the refit model's inputs
+    with_cut_head = keras.models.clone_model(refit)
+    with_cut_head.set_weights(refit.get_weights())
+    for w, value in zip(with_cut_head.get_layer("logits").weights, cut.get_layer("logits").weights):
+        w.assign(value)
+    assert _mse(_np(refit(x)), reference) <= _mse(_np(with_cut_head(x)), reference)
+
+
+def test_the_users_model_is_not_changed():
+    model = _attention()
+    x, data = _batches((8, 16))
+    before, outputs = [_np(w) for w in model.weights], _np(model(x))
+    kp.precrop(model, params=0.5, weights="keep", importance="activation", data=data, refit=True)
+    for w, value in zip(model.weights, before):
+        np.testing.assert_array_equal(_np(w), value)
+    assert all("call" not in layer.__dict__ for layer in model._flatten_layers())
+    np.testing.assert_array_equal(_np(model(x)), outputs)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda m, d: kp.precrop(m, params=0.5, data=d, refit=True), ["refit=True", "weights='keep'"]),
+    (lambda m, d: kp.precrop(m, params=0.5, weights="keep", refit=True), ["refit=True", "data="]),
+    (lambda m, d: kp.precrop(m, params=0.5, weights="keep", data=d, refit="yes"), ["refit='yes'"]),
+    (lambda m, d: kp.precrop(m, params=0.5, weights="keep", data=d), ["data=", "refit=True"]),
+    (lambda m, d: kp.reconfigure(m, params=1.5, weights="keep", data=d, refit=True),
+     ["refit=True", "upper=1.0"]),
+])
+def test_bad_combinations_are_refused_naming_the_argument(call, words):
+    model = _mlp()
+    _, data = _batches((6,))
+    with pytest.raises(ArgumentError) as err:
+        call(model, data)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_a_vit_task_refit_per_block_and_homogeneous():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16,
+        mlp_dim=32, dropout_rate=0.0, attention_dropout=0.0, layer_norm_epsilon=1e-6)
+    task = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+    x, data = _batches((16, 16, 3), n=128)
+    reference = _np(task(x))
+    for homogeneous in (False, True):
+        cut = kp.hub.precrop(task, flops=0.5, homogeneous=homogeneous, weights="keep")
+        refit = kp.hub.precrop(task, flops=0.5, homogeneous=homogeneous, weights="keep",
+                               data=data, refit=True)
+        assert type(refit) is type(task)
+        if homogeneous:  # the whole task refit: nearer the original's logits
+            assert _mse(_np(refit(x)), reference) < _mse(_np(cut(x)), reference)
+        else:  # the backbone refit: nearer the original backbone's features (their width kept)
+            features = _np(task.backbone(x))
+            assert _mse(_np(refit.backbone(x)), features) < _mse(_np(cut.backbone(x)), features)
