@@ -161,10 +161,11 @@ def _distilled(distill, alpha):
 
 def _options(r):
     """The label's part for ``vit_trained.py``'s options other than their defaults (runs written
-    before an option existed took its default): the plan's mode and attention."""
+    before an option existed took its default): the plan's mode and attention, and a refit."""
     mode = r.get("mode", "auto")
     options = [f"mode='{mode}'"] * (mode != "auto")
     options += ["head dims (every head kept, narrower)"] * (r.get("attention", "heads") == "head_dims")
+    options += ["refit by least squares"] * bool(r.get("refit"))
     return f" [{', '.join(options)}]" if options else ""
 
 

@@ -9,7 +9,9 @@ unpruned teacher (KL of the softmaxes at temperature 4 times T^2, weight
 ``1 - alpha`` = 0.5), the same loss ``tp_vit.py`` writes in PyTorch:
 
 * ``oneshot``: ``kp.apply_plan(teacher, plan, weights="keep")`` (L1), then
-  fine-tuning;
+  fine-tuning; ``--refit``: with every linear projection refit by least
+  squares to the teacher's outputs on 4 training batches (``refit=True``)
+  before the fine-tuning;
 * ``gradual``: a ``kp.GradualPruning`` callback masks the teacher's channels
   down to the plan over the first ``--gradual_epochs`` (cubic schedule, an
   update every 50 steps), training goes on masked, and ``finalize()``
@@ -62,6 +64,7 @@ def run_name(args):
              f"mode{args.mode}" if args.mode != "auto" else None,
              "headdims" if args.attention == "head_dims" else None,
              f"imp{args.importance}" if args.importance != "l1" else None,
+             "refit" if args.refit else None,
              "distill" if args.distill else None, f"gradual{args.gradual_epochs}"
              if args.arm == "gradual" else None, f"ep{args.epochs}", f"s{args.seed}"]
     if args.teacher != TEACHER:  # another seed's teacher (or another file): its folder's seed part
@@ -99,6 +102,10 @@ def student_of(args, steps, train):
     ranking = {"importance": args.importance}
     if args.importance in ("taylor", "activation"):
         ranking["data"] = train.take(4)
+    if args.refit:
+        if args.arm != "oneshot":
+            raise SystemExit("--refit refits a one-shot cut: use --arm oneshot")
+        ranking.update(data=train.take(4), refit=True)
     if args.arm == "gradual":
         pruning = kp.GradualPruning(plan, end_step=round(args.gradual_epochs * steps), verbose=1,
                                     **ranking)
@@ -147,7 +154,7 @@ def main(argv=None):
                     "latency": plan.solver.get("latency_calibration", {}).get("target")},
         "plan": args.plan, "mode": plan.mode if args.plan else args.mode,
         "attention": plan.attention,
-        "importance": args.importance, "distill": args.distill,
+        "importance": args.importance, "refit": args.refit, "distill": args.distill,
         "alpha": args.alpha, "gradual_epochs": args.gradual_epochs if pruning else None,
         "epochs": args.epochs, "seed": args.seed, "pruned_accuracy": pruned_accuracy,
         "test_accuracy": _teacher.accuracy(small, test), "params": small.count_params(),
@@ -172,6 +179,9 @@ def parse_args(argv=None):
                         help="kp.plan's attention= with --flops: whole heads, or each head's dimension")
     parser.add_argument("--importance", default="l1", choices=("l1", "taylor", "activation"),
                         help="how kept channels are ranked (oneshot, gradual); data: 4 train batches")
+    parser.add_argument("--refit", action="store_true",
+                        help="--arm oneshot, per block: refit every projection by least squares on "
+                        "4 train batches (those a ranking that reads data reads)")
     parser.add_argument("--teacher", default=TEACHER, help="{seed}: the run's seed")
     parser.add_argument("--distill", action="store_true")
     parser.add_argument("--alpha", type=float, default=0.5, help="the supervised loss' weight")
