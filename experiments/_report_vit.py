@@ -73,7 +73,7 @@ def _vit(runs, results_dir, speed=None):
     records = _records(runs)
     runs_dir = pathlib.Path(results_dir).parent / "runs"  # experiments/runs, beside results/
     lines = ["## A vision transformer: the CIFAR-10 ViT (issue 61)", "",
-             *_teachers(teachers, runs, runs_dir), _RECIPE, ""]
+             *_teachers(teachers, runs, runs_dir), _RECIPE, "", *_superseded(runs)]
     points = sorted({r["point"] for r in records} | {_MACS_POINT},
                     key=lambda point: (point != _MACS_POINT, point[0] != "latency", point))
     cuts = _cuts(pathlib.Path(results_dir))
@@ -122,12 +122,25 @@ def _teachers(teachers, runs, runs_dir):
                     "(S = 0, 1).", ""]
 
 
+def _superseded(runs):
+    """A paragraph naming the runs left out of every table as recorded with a bug since fixed
+    (their ``results.json`` says which, under ``"superseded"``), or no lines."""
+    gone = {name: r["superseded"] for name, r in sorted(runs.items())
+            if name.startswith("vit_cifar-") and r.get("superseded")}
+    if not gone:
+        return []
+    said = "; ".join(f"`{name}` ({why})" for name, why in gone.items())
+    return [f"Left out of the tables below, as run with a bug fixed since: {said}.", ""]
+
+
 def _records(runs):
     """Every finished trained-teacher run (``vit_trained.py``'s and ``tp_vit.py``'s) as one kind
     of record: way (label, base, order), point, epochs, seed, accuracies, params, MACs ratio,
     teacher's folder, whether PreCrop pruned it, whether it trained with the shared recipe."""
     records = []
     for name, r in sorted(runs.items()):
+        if r.get("superseded"):
+            continue
         if name.startswith("vit_cifar-tp-") and r.get("test_accuracy") is not None:
             records.append(_tp_record(r))
         elif name.startswith("vit_cifar-") and "arm" in r:

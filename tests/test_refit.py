@@ -70,6 +70,24 @@ def test_last_projection_is_numpys_least_squares_and_an_uncut_input_keeps_its_co
                                _np(model.get_layer("hidden").bias)[columns], atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["heads", "head_dims"])
+def test_projections_whose_inputs_are_not_cut_get_the_carried_weights(attention):
+    """Query, key and value read the model's inputs, which no cut touches: their exact fit is the
+    carried kernel (the query rescaled where each head keeps fewer dimensions)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 16))
+    attended = L.MultiHeadAttention(4, 8, name="mha")(inputs, inputs)
+    model = keras.Model(inputs, L.Dense(10, name="out")(L.GlobalAveragePooling1D()(attended)))
+    _, data = _batches((8, 16))
+    plan = kp.plan(model, params=0.6, mode="uniform", attention=attention)
+    carried, refit = (kp.apply_plan(model, plan, weights="keep", **more)
+                      for more in ({}, {"data": data, "refit": True}))
+    assert carried.get_layer("mha").get_config() != model.get_layer("mha").get_config()  # cut
+    for name in ("_query_dense", "_key_dense", "_value_dense"):
+        for a, b in zip(*(getattr(m.get_layer("mha"), name).weights for m in (carried, refit))):
+            np.testing.assert_allclose(_np(b), _np(a), atol=1e-5)
+
+
 def test_refit_is_nearer_the_original_per_projection_and_end_to_end():
     model = _attention()
     x, data = _batches((8, 16))

@@ -130,10 +130,10 @@ def carried_indices(graph, new_graph, widths, selection):
     """
     index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
              for w in graph.model.weights}
-    yield from carried(graph, new_graph, widths, selection, index)
+    yield from carried(graph, new_graph, widths, selection, index, values_of_weights=False)
 
 
-def carried(graph, new_graph, widths, selection, values):
+def carried(graph, new_graph, widths, selection, values, values_of_weights=True):
     """Each weight of the rebuilt model with the value it takes from the original's.
 
     The one traversal behind :func:`carry_weights`; gradual pruning carries
@@ -146,6 +146,12 @@ def carried(graph, new_graph, widths, selection, values):
         selection: the original channel of each new channel, per variable
             (:func:`~keras_precrop.transfer.selection.select`).
         values: ``{id(original weight): numpy array}`` to carry.
+        values_of_weights: whether ``values`` are the weights' values, which
+            a layer's handler may rescale as it carries them
+            (:meth:`~keras_precrop.graph.handler_base.Handler.carried_value`:
+            attention's queries under fewer dimensions per head); ``False``
+            for other arrays of the weights' shapes (flat indices), carried
+            as sliced.
 
     Yields:
         ``(original weight, rebuilt weight, carried numpy value)``.
@@ -163,7 +169,7 @@ def carried(graph, new_graph, widths, selection, values):
                 "channels with {ignore}.", ignore=[old.record.path])
         unit = flow.unit_variable(graph, old.record)
         selections = (ins, out_sel, None if unit is None else selection[unit])
-        yield from _carried_layer(old, new_layers[path], values, selections)
+        yield from _carried_layer(old, new_layers[path], values, selections, values_of_weights)
 
 
 def _tensor_selections(graph, new_graph, selection, old_calls):
@@ -238,18 +244,20 @@ def _refuse_mixing_new_channels(graph, old, maps, ins):
             "ones compute. Keep its width with {ignore}.", weights="keep", ignore=[rec.path])
 
 
-def _carried_layer(old, new_layer, values, selections):
+def _carried_layer(old, new_layer, values, selections, values_of_weights=True):
     """Each weight of ``new_layer`` with the kept slices of the original layer's.
 
     ``selections`` holds the original channels of the call's inputs (a list),
-    of its first output, and of the units the layer creates (``None`` if none).
+    of its first output, and of the units the layer creates (``None`` if none);
+    ``values_of_weights``: as for :func:`carried`.
     """
     rec = old.record
     width = input_shape(old.node)[-1]
     axes = rec.handler.channel_axes(rec, old.node)
     for w, new_w, roles in zip(rec.layer.weights, new_layer.weights, axes, strict=True):
-        carried = rec.handler.carried_value(
-            rec, new_layer, w, _sliced(values[id(w)], new_w, roles, selections, width))
+        carried = _sliced(values[id(w)], new_w, roles, selections, width)
+        if values_of_weights:
+            carried = rec.handler.carried_value(rec, new_layer, w, carried)
         if carried.shape != tuple(new_w.shape):
             raise UnsupportedLayerError(
                 f"{rec.path}: cannot carry its weight {w.name!r} of shape {tuple(w.shape)} over to "

@@ -131,12 +131,11 @@ def refit_projections(graph, new_graph, widths, selection, model, new_model, bat
     if verbose:
         print(f"Refitting {len(pairs)} projections by least squares on {len(batches)} batches")
     bar = progbar(len(pairs), verbose=verbose)
+    new_layers = {rec.path: rec.layer for rec in new_graph.layers}
     for i, (call, old, new) in enumerate(pairs):
         k = _contracted(old)
-        kernel = keras.ops.convert_to_numpy(old._kernel)
-        kernel = kernel.reshape(-1, math.prod(kernel.shape[k:]))[:, columns[id(new._kernel)]]
-        bias = None if old.bias is None else \
-            keras.ops.convert_to_numpy(old.bias).ravel()[columns[id(new._kernel)]]
+        kernel, bias = _target_weights(call.record, new_layers[call.record.path], old, new, k,
+                                       columns[id(new._kernel)])
         old, new = find_old(old, call), find_new(new, call)
         gram = cross = 0
         for x in batches:
@@ -148,6 +147,26 @@ def refit_projections(graph, new_graph, widths, selection, model, new_model, bat
         _assign(new, _solve(gram, cross), k)
         bar.update(i + 1)
     return [call.record.path for call, _, _ in pairs]
+
+
+def _target_weights(rec, new_layer, old, new, k, columns):
+    """``(kernel, bias)``: the original projection's weights that compute its kept outputs from
+    every input it had, as rows x kept outputs (and kept outputs, or ``None`` for no bias).
+
+    They pass through the handler's :meth:`carried_value` as kept weights do, so that a layer
+    that rescales what it keeps (attention's query under fewer dimensions per head) is fit to
+    what the carried layer would compute, not to the unscaled original.
+    """
+    kernel = keras.ops.convert_to_numpy(old._kernel)
+    out_shape = tuple(new._kernel.shape[k:])
+    full = kernel.reshape(-1, math.prod(kernel.shape[k:]))[:, columns]
+    full = rec.handler.carried_value(rec, new_layer, old._kernel,
+                                     full.reshape(kernel.shape[:k] + out_shape))
+    bias = None
+    if old.bias is not None:
+        bias = keras.ops.convert_to_numpy(old.bias).ravel()[columns].reshape(out_shape)
+        bias = rec.handler.carried_value(rec, new_layer, old.bias, bias).ravel()
+    return full.reshape(-1, len(columns)), bias
 
 
 def _kept_columns(graph, new_graph, widths, selection, pairs):
