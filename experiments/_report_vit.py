@@ -368,7 +368,13 @@ def _covering(precrop, theirs):
     short = {label: sorted(needed - met) for label, met in ways.items() if not needed <= met}
     if not short:
         return precrop, ""
-    said = "; ".join(f"{label} (no run on {', '.join(missing)})" for label, missing in sorted(short.items()))
+    def margins(label):  # what the way's runs say beside Torch-Pruning's, on the teachers they met
+        found = _margins_by_teacher([r for r in precrop if r["label"] == label and r["epochs"] == 3],
+                                    theirs[2])
+        return "".join(f", {teacher} {margin:+.2f} pp" for teacher, margin in found.items())
+
+    said = "; ".join(f"{label} (no run on {', '.join(missing)}{margins(label)})"
+                     for label, missing in sorted(short.items()))
     return ([r for r in precrop if r["label"] not in short],
             f" Left out, as not run on every teacher Torch-Pruning pruned: {said}.")
 

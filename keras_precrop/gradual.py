@@ -555,7 +555,11 @@ class GradualPruning(keras.callbacks.Callback):
         and takes the fitted one's step count (a schedule goes on where it
         was) and its slots (momentum, Adam's moments, ...) sliced to the kept
         channels as the weights were, so every kept weight goes on exactly
-        as it would have in the masked model::
+        as it would have in the masked model (all but the queries of
+        attention heads made narrower, ``attention="head_dims"``: the rebuild
+        rescales them by ``sqrt(new / old key_dim)``, so their gradients and
+        steps differ from the masked model's by that factor, and their slots
+        are carried as the weights are)::
 
             small = pruning.finalize()
             small.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=...)

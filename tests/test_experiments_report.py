@@ -597,8 +597,8 @@ def test_vit_three_epoch_goal_compares_ways_on_the_same_teacher(tmp_path):
 
 def test_vit_three_epoch_goal_leaves_out_a_way_not_run_on_every_teacher(tmp_path):
     """A way run twice on teacher s0 alone (65.0, +5 pp there) would be met on the teacher it met;
-    it is left out, named with the teacher it lacks, and the way run on both is judged: +0.90, not
-    met."""
+    it is left out, named with the teacher it lacks and its margin on the one it met, and the way
+    run on both is judged: +0.90, not met."""
     _vit_runs(tmp_path, teachers=((0, 67.0), (1, 65.0)), trained=[
         ("oneshot", "per_block", _FLOPS, True, 3, 0, 61.8),
         ("oneshot", "per_block", _FLOPS, True, 3, 1, 60.0),
@@ -608,7 +608,8 @@ def test_vit_three_epoch_goal_leaves_out_a_way_not_run_on_every_teacher(tmp_path
     goals = [line for line in _report_vit._vit(runs, tmp_path / "results") if line.startswith("- ")]
     assert goals[0] == (_GOAL_3 + f"**not met**: {_ONESHOT} 60.90 ± 1.27 vs {_TP} 60.00 ± 0.00, +0.90 pp"
                         f"{_BY_TEACHER.format(1.8, 0.0)} (n 2/2). Left out, as not run on every "
-                        f"teacher Torch-Pruning pruned: {_GRADUAL} (no run on vit_cifar-teacher-ep15-s1).")
+                        f"teacher Torch-Pruning pruned: {_GRADUAL} (no run on vit_cifar-teacher-ep15-s1, "
+                        "vit_cifar-teacher-ep15-s0 +5.00 pp).")
 
 
 def test_vit_goals_at_latency_count_distilled_pruning_and_the_seeds_teachers(tmp_path):
