@@ -32,7 +32,6 @@ batch, and solves one system of its input width (plus one) unknowns.
 from __future__ import annotations
 
 import math
-import string
 
 import keras
 import numpy as np
@@ -97,7 +96,7 @@ def _einsum_contracted(equation):
     x, kernel = inputs.split(",")
     shared = [c for c in kernel if c in x and c not in out]
     k = len(shared)
-    if not k or set(x) - set(string.ascii_letters + "*") or "*" in kernel:
+    if not k or "*" in kernel:  # (Keras takes letters and "..." only)
         return 0
     batch, rest = x[:len(x) - k], x[len(x) - k:]
     if rest != "".join(shared) or kernel[:k] != rest or out != batch + kernel[k:]:
