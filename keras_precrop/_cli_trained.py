@@ -176,18 +176,22 @@ def train_pruned(args, student, teacher, train, test, pruning, steps):
     The student trains masked by ``pruning`` until the epoch in which its masks
     reach the plan, then the finalized smaller model trains the other epochs with
     the optimizer's state carried over (``optimizer_from``): the same training,
-    at the smaller model's cost. One schedule spans both.
+    at the smaller model's cost. One schedule spans both. Without ``pruning``
+    (``--refit``: cut before training) the student trains every epoch as it is.
     """
     import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
 
     arrays = isinstance(train, tuple)
-    cut = min(args.epochs, max(1, math.ceil(pruning.end_step / steps)))
     recipe = {"teacher": teacher, "batch_size": args.batch_size if arrays else None,
               "learning_rate": keras.optimizers.schedules.PolynomialDecay(
                   args.learning_rate, args.epochs * steps, 0.0),
               "validation_data": test, "weight_decay": RECIPE["weight_decay"],
               "verbose": _progress.fit_verbose()}  # no progress bar's control codes in a log
     with _data_errors(args, arrays):
+        if pruning is None:  # cut already (--refit): the pruned model trains every epoch
+            kp.fine_tune(student, train, epochs=args.epochs, **recipe)
+            return student
+        cut = min(args.epochs, max(1, math.ceil(pruning.end_step / steps)))
         kp.fine_tune(student, train, epochs=cut, callbacks=[pruning], **recipe)
         small = pruning.finalize()
         if cut < args.epochs:

@@ -469,8 +469,12 @@ def _check_prune_trained(args):
     if not 0 <= args.shrink < 1:
         raise ValueError(f"{_flag('shrink', args.shrink)} must be in [0, 1): the share of a doomed "
                          "channel's weights taken away at each step.")
-    if args.shrink and args.gradual_epochs == 0:
-        raise ValueError(f"{_flag('shrink', args.shrink)} has no effect with --gradual_epochs 0: the "
+    if args.refit and args.gradual_epochs:
+        raise ValueError(f"--refit has no effect with {_flag('gradual_epochs', args.gradual_epochs)}: "
+                         "it cuts at once and refits before training; leave --gradual_epochs out.")
+    if args.shrink and (args.gradual_epochs == 0 or args.refit):
+        cause = "--refit" if args.refit else "--gradual_epochs 0"
+        raise ValueError(f"{_flag('shrink', args.shrink)} has no effect with {cause}: the "
                          "channels go at once, before any step.")
     _trained.check_data_spec(args)
     _trained.check_split(args)
@@ -488,15 +492,7 @@ def _run_prune_trained(args):
     first = _trained.first_batches(train, args.batch_size)
     _trained.warn_at_chance(args, original, first)
     # The model that trains and loses channels; the original stays whole and teaches.
-    student = _load_saved(args.model)
-    gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
-    data = first if _criteria.criterion(args.importance).needs == "data" else None
-    # a keras_hub task's plan (kp.hub.plan, or --apply): the smaller model of the task's classes
-    callback = kp.hub.GradualPruning if _by_hub(args, original, the_plan) else kp.GradualPruning
-    pruning = callback(the_plan, end_step=round(gradual * steps),
-                       frequency=_trained.RECIPE["frequency"], shrink=args.shrink,
-                       schedule="final" if args.shrink else "cubic",
-                       importance=args.importance, data=data)
+    student, pruning = _student(args, original, the_plan, first, steps)
     teacher = original if args.distill else None
     small = _trained.train_pruned(args, student, teacher, train, test, pruning, steps)
     if test is not None:
@@ -506,6 +502,27 @@ def _run_prune_trained(args):
               f"{accuracy(small, test, args.batch_size):.4f} pruned")
     save_loadable(small, args.out)
     _trained.print_pruned(args, original, small)
+
+
+def _student(args, original, the_plan, first, steps):
+    """``(the model that trains, the GradualPruning that prunes it while it does, or None)``.
+
+    ``--refit``: the plan's cut with the trained weights kept and every
+    projection refit on ``first`` (``apply_plan(..., refit=True)``), trained as
+    it is. Otherwise a second copy of the original, masked toward the plan.
+    """
+    by_hub = _by_hub(args, original, the_plan)  # the smaller model of a keras_hub task's classes
+    if args.refit:
+        apply = kp.hub.apply_plan if by_hub else kp.apply_plan
+        return apply(original, the_plan, weights="keep", importance=args.importance, data=first,
+                     refit=True), None
+    gradual = args.epochs / 3 if args.gradual_epochs is None else args.gradual_epochs
+    data = first if _criteria.criterion(args.importance).needs == "data" else None
+    callback = kp.hub.GradualPruning if by_hub else kp.GradualPruning
+    return _load_saved(args.model), callback(
+        the_plan, end_step=round(gradual * steps), frequency=_trained.RECIPE["frequency"],
+        shrink=args.shrink, schedule="final" if args.shrink else "cubic",
+        importance=args.importance, data=data)
 
 
 def _prune_plan(args, model):

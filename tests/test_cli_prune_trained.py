@@ -143,6 +143,36 @@ def test_shrink_fades_the_doomed_channels_then_cuts_them_at_once(files, tmp_path
     assert small.count_params() == kp.apply_plan(original, kp.plan(original, params=0.5)).count_params()
 
 
+def test_refit_cuts_at_once_refits_the_projections_and_trains_the_smaller_model(files, tmp_path,
+                                                                               capsys, monkeypatch):
+    """--refit: the model that trains is ``kp.apply_plan(..., weights="keep", refit=True)`` on the
+    first training examples (its head solved by least squares), trained every epoch as it is."""
+    out, fits, fine_tune = str(tmp_path / "small.keras"), [], kp.fine_tune
+
+    def spy(student, *args, **kwargs):
+        fits.append((student.count_params(), kwargs["epochs"], kwargs.get("initial_epoch", 0),
+                     keras.ops.convert_to_numpy(student.get_layer("head").kernel)))
+        return fine_tune(student, *args, **kwargs)
+
+    monkeypatch.setattr(kp, "fine_tune", spy)
+    assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--refit", "--data",
+                 files["train_only.npz"], "--epochs", "2", "--batch_size", "64", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "Refitting 1 projections by least squares on 4 batches" in printed
+    assert "GradualPruning" not in printed
+    original, small = keras.models.load_model(files["trained.keras"]), keras.models.load_model(out)
+    arrays = np.load(files["train_only.npz"])
+    batches = [(arrays["x_train"][i:i + 64], arrays["y_train"][i:i + 64]) for i in range(0, 256, 64)]
+    plan = kp.plan(original, params=0.5)
+    refit = kp.apply_plan(original, plan, weights="keep", data=batches, refit=True)
+    cut = kp.apply_plan(original, plan, weights="keep")
+    assert [f[:3] for f in fits] == [(refit.count_params(), 2, 0)]  # no masked epoch
+    np.testing.assert_allclose(fits[0][3], refit.get_layer("head").kernel, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(fits[0][3], cut.get_layer("head").kernel, atol=1e-3)
+    assert small.count_params() == refit.count_params()
+    assert not np.allclose(small.get_layer("head").kernel, fits[0][3])  # then trained
+
+
 @pytest.mark.parametrize("importance", ["taylor", "bn_scale"])
 def test_importance_ranks_the_channels_during_training(files, tmp_path, capsys, monkeypatch, importance):
     """--importance reaches kp.GradualPruning; taylor with the first training examples in batches."""
@@ -196,6 +226,9 @@ def _refusal(argv, capsys):
     (["{model}", "--shrink", "1"], "--shrink 1 must be in [0, 1): the share of a doomed channel's"),
     (["{model}", "--shrink", "0.01", "--gradual_epochs", "0"], "--shrink 0.01 has no effect with "
      "--gradual_epochs 0"),
+    (["{model}", "--refit", "--gradual_epochs", "0.5"], "--refit has no effect with "
+     "--gradual_epochs 0.5: it cuts at once and refits before training"),
+    (["{model}", "--refit", "--shrink", "0.01"], "--shrink 0.01 has no effect with --refit"),
     (["{model}", "--learning_rate", "0"], "--learning_rate 0 must be a positive number."),
     (["{model}", "--data", "missing.npz"], "--data missing.npz: No such file or directory"),
     (["{model}", "--data", "data.csv"], "--data data.csv: give cifar10 or a .npz file"),

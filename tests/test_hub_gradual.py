@@ -133,6 +133,38 @@ def test_prune_trained_writes_a_task_of_the_same_keras_hub_classes(tmp_path, cap
     assert f"Model written to {out}: {small.count_params():,} params" in capsys.readouterr().out
 
 
+def test_prune_trained_refit_trains_the_hub_cut_refit_on_the_first_examples(tmp_path, capsys,
+                                                                             monkeypatch):
+    """--refit on a task: the model that trains is ``kp.hub.apply_plan(..., refit=True)`` on the
+    first training examples, of the task's own classes and new config."""
+    from keras_precrop.cli import main
+
+    model, saved, data = _saved_task(tmp_path)
+    x, y = _data(64)
+    entered, fine_tune = [], kp.fine_tune
+
+    def spy(student, *args, **kwargs):
+        entered.append((student, student.predict(x[:8], verbose=0)))
+        return fine_tune(student, *args, **kwargs)
+
+    monkeypatch.setattr(kp, "fine_tune", spy)
+    assert main(["prune-trained", saved, "--params", "0.5", "--refit", "--importance", "activation",
+                 "--data", data, "--epochs", "1", "--batch_size", "32",
+                 "--out", str(tmp_path / "small.keras")]) == 0
+    assert "Refitting" in capsys.readouterr().out
+    (student, predicted), = entered
+    the_plan = kp.hub.plan(model, params=0.5)
+    batches = [(x[:32], y[:32]), (x[32:], y[32:])]
+    expected = kp.hub.apply_plan(model, the_plan, weights="keep", importance="activation",
+                                 data=batches, refit=True)
+    config = the_plan.solver["hub_config"]
+    assert type(student) is type(model)
+    assert {key: student.backbone.get_config()[key] for key in config} == config
+    np.testing.assert_allclose(predicted, expected.predict(x[:8], verbose=0), rtol=1e-3, atol=1e-4)
+    cut = kp.hub.apply_plan(model, the_plan, weights="keep", importance="activation", data=batches)
+    assert not np.allclose(predicted, cut.predict(x[:8], verbose=0), atol=1e-3)
+
+
 def test_prune_trained_gives_per_block_widths_in_the_task_or_a_functional_model(tmp_path):
     """--no-homogeneous: the backbone per block inside the task, as ``precrop`` gives it; a plan of
     the task's whole graph (``kp.plan(task)``): a functional model."""
