@@ -64,6 +64,7 @@ CORE_REST = [
     "tests/test_head_dims.py",
     "tests/test_gqa.py",
     "tests/test_activation_importance.py",
+    "tests/test_refit.py",
 ]
 
 

@@ -26,7 +26,7 @@ weights. A layer called more than once (shared weights) is not refit, as
 one solution cannot fit its calls at once.
 
 Cost: each projection runs the original and the pruned model once per
-batch, and solves one system of its input width (plus one) unknowns.
+batch, up to itself, and solves one system of its input width (plus one) unknowns.
 """
 
 from __future__ import annotations
@@ -182,19 +182,28 @@ def _kept_columns(graph, new_graph, widths, selection, pairs):
     return out
 
 
+class _Noted(Exception):  # noqa: N818  (not an error: the end of a pass that has what it needs)
+    """Raised by a noting call once it holds its input: the rest of the forward pass is not run."""
+
+
 def _input_of(model, layer, x):
-    """The first input of ``layer``'s first call in ``model(x)``, as float64 NumPy."""
+    """The first input of ``layer``'s first call in ``model(x)``, as float64 NumPy.
+
+    The pass stops there (Keras unwinds each layer's call context as the
+    exception passes), so a projection near the input costs a fraction of a
+    forward pass: about half of one on average.
+    """
     noted = []
 
     def noting(*args, **kwargs):
-        if not noted:
-            noted.append(keras.ops.convert_to_numpy(args[0]))
-        return own_call(*args, **kwargs)
+        noted.append(keras.ops.convert_to_numpy(args[0]))
+        raise _Noted
 
-    own_call = layer.call
     own = lend_call(layer, noting)
     try:
         model(x, training=False)
+    except _Noted:
+        pass
     finally:
         give_back_call(layer, noting, own)
     return noted[0].astype(np.float64)
