@@ -102,8 +102,16 @@ def _teachers(teachers, runs, runs_dir):
              "below prunes.", "", "| seed | epochs | test accuracy % | params | trained model |",
              "|---:|---:|---:|---:|---|"]
     kept = {name: (runs_dir / name / "final_model.keras").exists() for name in teachers}
+
+    def model_cell(name, r):
+        if not kept[name]:
+            return "not kept"
+        again = r.get("retrained")
+        return (f"retrained, {again['test_accuracy']:.2f}% (final_model.keras)" if again
+                else "committed (final_model.keras)")
+
     lines += [f"| {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {r['params']:,} | "
-              f"{'committed (final_model.keras)' if kept[name] else 'not kept'} |"
+              f"{model_cell(name, r)} |"
               for name, r in sorted(teachers.items(), key=lambda item: (item[1]["seed"], item[1]["epochs"]))]
     rows = list(teachers.values())
     done = {r["seed"] for r in rows}
@@ -111,6 +119,7 @@ def _teachers(teachers, runs, runs_dir):
     if not all(kept.values()):
         lines += ["", "A teacher whose trained model is not kept was lost before it was committed: the "
                   "runs that pruned it stand as they were recorded, but cannot be repeated from it."]
+    lines += _retrained(teachers, kept)
     accuracies = [r["test_accuracy"] for r in rows]
     lines += ["", f"Mean test accuracy: {_cell(accuracies)} % (n {len(accuracies)})." if accuracies
               else "Mean test accuracy: pending."]
@@ -119,7 +128,21 @@ def _teachers(teachers, runs, runs_dir):
     if macs:
         lines[-1] += f" MACs: {macs[0]:,} (TensorFlow's count, attention products included)."
     return lines + ["", "Reproduce: `python experiments/train_vit_teacher.py --seed S --epochs 15` "
-                    "(S = 0, 1).", ""]
+                    f"(S = {', '.join(map(str, _TEACHER_SEEDS))}).", ""]
+
+
+def _retrained(teachers, kept):
+    """A paragraph on the teachers whose lost model was trained again by the same command (their
+    ``results.json``'s ``retrained``: its test accuracy and note), or no lines."""
+    again = {name: r for name, r in sorted(teachers.items()) if kept[name] and r.get("retrained")}
+    if not again:
+        return []
+    said = "; ".join(f"{name}: {r['retrained']['test_accuracy']:.2f}% against the recorded "
+                     f"{r['test_accuracy']:.2f}% ({r['retrained']['note']})" for name, r in again.items())
+    return ["", "Retrained after its model was lost, by the same command, and kept since: " + said
+            + ". The accuracy column is the recorded run's; runs made after the retraining prune the "
+            "retrained model (their `results.json` says `teacher_retrained`), runs made before prune "
+            "the lost one, and both count as that teacher's."]
 
 
 def _superseded(runs):

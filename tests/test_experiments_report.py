@@ -535,6 +535,14 @@ def test_vit_teachers_say_whether_their_trained_model_is_kept(tmp_path):
     (tmp_path / "runs" / "vit_cifar-teacher-ep15-s1" / "final_model.keras").write_bytes(b"")
     lines = _report_vit._vit(runs, tmp_path / "results")
     assert not any(line.startswith("A teacher whose trained model is not kept") for line in lines)
+    assert not any(line.startswith("Retrained after its model was lost") for line in lines)
+    # A lost teacher trained again: the row keeps the recorded accuracy and gives the new one.
+    runs["vit_cifar-teacher-ep15-s1"]["retrained"] = {"test_accuracy": 65.1, "note": "why"}
+    lines = _report_vit._vit(runs, tmp_path / "results")
+    assert "| 1 | 15 | 65.00 | 811,146 | retrained, 65.10% (final_model.keras) |" in lines
+    assert any(line.startswith("Retrained after its model was lost, by the same command, and kept "
+                               "since: vit_cifar-teacher-ep15-s1: 65.10% against the recorded 65.00% "
+                               "(why).") for line in lines)
 
 
 def test_vit_section_is_pending_without_runs(tmp_path):
