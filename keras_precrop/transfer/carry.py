@@ -128,9 +128,20 @@ def carried_indices(graph, new_graph, widths, selection):
     Yields:
         ``(original weight, rebuilt weight, array of the rebuilt weight's shape)``.
     """
-    index = {id(w): np.arange(1, math.prod(w.shape) + 1, dtype=np.float64).reshape(w.shape)
-             for w in graph.model.weights}
-    yield from carried(graph, new_graph, widths, selection, index, values_of_weights=False)
+    yield from carried(graph, new_graph, widths, selection, _FlatIndices(graph.model.weights),
+                       values_of_weights=False)
+
+
+class _FlatIndices:
+    """``{id(weight): its flat indices from 1}`` over ``weights``, each array made when it is read:
+    the walk holds one weight's indices at a time, not a float64 for every parameter at once."""
+
+    def __init__(self, weights):
+        self._shapes = {id(w): tuple(w.shape) for w in weights}
+
+    def __getitem__(self, key):
+        shape = self._shapes[key]
+        return np.arange(1, math.prod(shape) + 1, dtype=np.float64).reshape(shape)
 
 
 def carried(graph, new_graph, widths, selection, values, values_of_weights=True):
