@@ -491,7 +491,8 @@ def _run_prune_trained(args):
     _refuse_unmet_latency(args, the_plan)
     first = _trained.first_batches(train, args.batch_size)
     _trained.warn_at_chance(args, original, first)
-    # The model that trains and loses channels; the original stays whole and teaches.
+    # The model that trains (pruned already, or masked as it trains); the original stays whole
+    # and teaches.
     student, pruning = _student(args, original, the_plan, first, steps)
     teacher = original if args.distill else None
     small = _trained.train_pruned(args, student, teacher, train, test, pruning, steps)

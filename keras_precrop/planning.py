@@ -404,9 +404,10 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
             linear projection (``Dense``, an attention layer's query, key,
             value and output ``EinsumDense``) is solved for by least squares,
             in call order, to give on ``data`` what the original's gave at
-            the kept channels (``transfer/refit.py``; one forward pass of
-            both models per batch and projection). Convolutions keep their
-            carried weights. Refused where a layer gains channels. A model
+            the kept channels (``transfer/refit.py``; a forward pass of
+            both models per batch and projection, stopped at it).
+            Convolutions keep their carried weights. Refused where a layer
+            gains channels. A model
             used as it is, or fine-tuned, starts nearer the original (the
             guide, "Refit").
     """
