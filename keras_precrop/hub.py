@@ -221,8 +221,9 @@ def _config_widths(model, homogeneous):
 
 def _homogeneous(model, params, flops, widths, options):
     """The task planned with the same widths in every block and re-created from a new config."""
-    applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed", "refit")
-               if key in options}
+    applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed", "refit",
+                                                 "verbose") if key in options}
+    options = planning.timed_quietly(options, applied.get("verbose", 1))
     subject, the_plan = _homogeneous_plan(model, params, flops, widths, options)
     return _configured(subject, the_plan, widths, applied)
 
@@ -326,7 +327,8 @@ def _same_op_names(old, new):
             b.operation.name = a.operation.name
 
 
-def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False):
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False,
+               verbose=1):
     """The task (or backbone) with the widths of ``plan``: what :func:`precrop` made it with.
 
     ``plan`` is a :class:`~keras_precrop.Plan` or a plan file's path (the
@@ -335,7 +337,7 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
     :class:`PrunedBackbone`; a homogeneous plan (of the task, for a backbone
     in ``hub_configs.CONFIG_WIDTHS``) re-creates the task from a new config,
     as :func:`precrop` did. ``weights``, ``importance``, ``data``, ``seed``
-    and ``refit`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
+    ``refit`` and ``verbose`` are as for :func:`keras_precrop.apply_plan` (see :func:`precrop`).
     """
     plan = plan_argument(plan)
     whole = configures(plan) or _of_task(model, plan)  # a plan of the task, re-created from a config
@@ -346,8 +348,9 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
         _refuse_head_dims(plan.attention)
         return _configured(Subject(model), plan, widths,
                            {"weights": weights, "importance": importance, "data": data,
-                            "refit": refit})
-    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed, refit)
+                            "refit": refit, "verbose": verbose})
+    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed, refit,
+                              verbose)
     new.precrop_plan = plan
     return _rewrapped(model, new, weights)
 

@@ -37,6 +37,7 @@ from keras_precrop.graph.rebuild import check_seed, random_layers, rebuild
 from keras_precrop.graph.trace import input_specs
 from keras_precrop.graph.walker import ignore_names
 from keras_precrop.plans import Plan, check_input_shapes, named_for, plan_argument, planned_widths
+from keras_precrop.progress import check_verbose
 from keras_precrop.subject import Subject, at_sizes_of
 from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.taylor import data_batches
@@ -357,7 +358,8 @@ def _renormalized(graph, layers):
             if path in cut and call.record.handler.mixes_statistics(call.record, call.node)]
 
 
-def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False):
+def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None, refit=False,
+               verbose=1):
     """Build a copy of ``model`` with the plan's widths: freshly initialized, or with its weights.
 
     Call it inside ``strategy.scope()`` to create the pruned model's variables
@@ -410,12 +412,15 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
             gains channels. A model
             used as it is, or fine-tuned, starts nearer the original (the
             guide, "Refit").
+        verbose: the refit's progress, as Keras' ``verbose``: 0 silent, 1
+            (default) a line, then a bar per projection (plain lines off a
+            terminal), 2 a line at the end.
     """
-    return apply_with(model, plan, rebuild, weights, importance, data, seed, refit)
+    return apply_with(model, plan, rebuild, weights, importance, data, seed, refit, verbose)
 
 
 def apply_with(model, plan, build, weights=None, importance=None, data=None, seed=None,
-               refit=False):
+               refit=False, verbose=1):
     """:func:`apply_plan`, the new model made by ``build(graph, widths, seed=seed)``.
 
     ``kp.hub`` re-creates a keras_hub task from a config of the plan's widths
@@ -423,6 +428,7 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
     weights as a rebuild does.
     """
     importance = _transfer.check_options(weights, importance, data, refit=refit)
+    check_verbose(verbose)
     plan = plan_argument(plan)
     subject = Subject.of(model)
     model = subject.model
@@ -450,7 +456,7 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
         new = clone
     if refit:
         _transfer.refit_projections(graph, rebuilt, widths, selection, model, new,
-                        [x for x, _ in batches.batches])
+                                    [x for x, _ in batches.batches], verbose)
     return new
 
 
@@ -475,7 +481,7 @@ def _check_seed_use(seed, importance, graph, widths):
 
 
 def precrop(model, params=None, flops=None, *, weights=None, importance=None, data=None, seed=None,
-            refit=False, **options):
+            refit=False, verbose=1, **options):
     """PreCrop: a smaller, freshly initialized model meeting the budgets.
 
     Args:
@@ -499,6 +505,10 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
             ``importance="random"``) without touching Keras' global random
             state: two calls with the same seed give the same model. Refused
             where it seeds nothing (see :func:`apply_plan`).
+        verbose: progress, as Keras' ``verbose`` (0 silent, 1 the default,
+            2 a line at the end): of the latency measurement a ``latency``
+            budget makes (unless ``latency_model`` is a dict that says its
+            own ``verbose``) and of the refit.
 
     Returns:
         A new ``keras.Model``; its ``.precrop_plan`` attribute holds the plan.
@@ -508,12 +518,22 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     if data is not None:  # before the solve (a refit reads no labels)
         data = check_data(model, data, "data", classes=ranking.needs == "data").data
     check_seed(seed)
-    options.setdefault("upper", 1.0)
+    options = {"upper": 1.0, **timed_quietly(options, verbose)}
     subject = Subject(model)  # one walk of the model for the plan, the rebuild and the weights
     the_plan = plan(subject, params, flops, **options)
-    new = apply_plan(subject, the_plan, weights, importance, data, seed, refit)
+    new = apply_plan(subject, the_plan, weights, importance, data, seed, refit, verbose)
     new.precrop_plan = the_plan
     return new
+
+
+def timed_quietly(options, verbose):
+    """``plan``'s ``options`` with ``verbose`` (checked) in the options of the latency model that
+    a ``latency`` budget measures now (``latency_model`` None or a dict without ``verbose``)."""
+    check_verbose(verbose)
+    measured = options.get("latency_model")
+    if options.get("latency") is None or not (measured is None or isinstance(measured, dict)):
+        return options
+    return {**options, "latency_model": {"verbose": verbose, **(measured or {})}}
 
 
 def reconfigure(model, params=None, flops=None, **options):

@@ -15,11 +15,25 @@ end (of each epoch, for training).
 import sys
 import time
 
+from keras_precrop.errors import ArgumentError, is_integer
+
 
 def interactive():
     """True when the output redraws lines: a terminal, or a Jupyter/Colab kernel."""
     isatty = getattr(sys.stdout, "isatty", None)
     return bool(isatty and isatty()) or "ipykernel" in sys.modules
+
+
+def check_verbose(verbose):
+    """``verbose`` as given: 0, 1 or 2, Keras' values (see the module docstring).
+
+    Raises:
+        ArgumentError: naming ``verbose``, for anything else (a bool, a float or a string too).
+    """
+    if not is_integer(verbose) or verbose not in (0, 1, 2):
+        raise ArgumentError("{verbose} must be 0 (silent), 1 (progress as it goes) or 2 (one "
+                            "line at the end), as Keras' verbose.", verbose=verbose)
+    return verbose
 
 
 def fit_verbose():

@@ -239,6 +239,19 @@ def test_plan_reports_latency_without_a_latency_budget(small, fitted, capsys):
     assert kp.plan(small, flops=0.5).latency is None
 
 
+def test_precrops_verbose_reaches_the_latency_measurement(small, capfd):
+    """``verbose=0`` silences the measurement a latency budget makes; a dict's own wins."""
+    options = dict(batch_size=4, variants=6, refine_rounds=0, timer=_timer())
+    quiet = kp.precrop(small, latency=0.6, latency_model=options, calibrate=0, verbose=0)
+    assert capfd.readouterr() == ("", "")
+    said = kp.precrop(small, latency=0.6, latency_model={**options, "verbose": 1},
+                      calibrate=0, verbose=0)
+    assert "latency model: " in capfd.readouterr().err
+    assert said.precrop_plan.widths == quiet.precrop_plan.widths
+    kp.precrop(small, latency=0.6, latency_model=options, calibrate=0)  # verbose=1 by default
+    assert "latency model: " in capfd.readouterr().err
+
+
 _MUST = "must be a positive, finite ratio of the original model's predicted time"
 
 

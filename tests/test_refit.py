@@ -122,6 +122,10 @@ def test_the_users_model_is_not_changed():
     (lambda m, d: kp.precrop(m, params=0.5, weights="keep", data=d), ["data=", "refit=True"]),
     (lambda m, d: kp.reconfigure(m, params=1.5, weights="keep", data=d, refit=True),
      ["refit=True", "upper=1.0"]),
+    (lambda m, d: kp.precrop(m, params=0.5, weights="keep", data=d, refit=True, verbose=True),
+     ["verbose=True", "0 (silent)"]),
+    (lambda m, d: kp.apply_plan(m, kp.plan(m, params=0.5), weights="keep", data=d, refit=True,
+                                verbose=3), ["verbose=3"]),
 ])
 def test_bad_combinations_are_refused_naming_the_argument(call, words):
     model = _mlp()
@@ -132,7 +136,23 @@ def test_bad_combinations_are_refused_naming_the_argument(call, words):
         assert word in str(err.value)
 
 
-def test_a_vit_task_refit_per_block_and_homogeneous():
+def test_verbose_sets_the_refits_progress_and_nothing_else(capsys):
+    model = _mlp()
+    _, data = _batches((6,))
+    weights, lines = {}, {}
+    for verbose in (0, 1, 2):
+        small = kp.precrop(model, params=0.5, weights="keep", data=data, refit=True, verbose=verbose)
+        weights[verbose], lines[verbose] = small.get_weights(), capsys.readouterr().out.splitlines()
+    assert lines[0] == []
+    for verbose in (1, 2):
+        assert lines[verbose][0] == "Refitting 3 projections by least squares on 4 batches"
+        assert lines[verbose][-1].startswith("3/3")
+        for a, b in zip(weights[verbose], weights[0]):
+            np.testing.assert_array_equal(a, b)
+    assert len(lines[2]) == 2  # a line at the end, no bar as it goes
+
+
+def test_a_vit_task_refit_per_block_and_homogeneous(capsys):
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.ViTBackbone(
@@ -143,8 +163,10 @@ def test_a_vit_task_refit_per_block_and_homogeneous():
     reference = _np(task(x))
     for homogeneous in (False, True):
         cut = kp.hub.precrop(task, flops=0.5, homogeneous=homogeneous, weights="keep")
+        capsys.readouterr()
         refit = kp.hub.precrop(task, flops=0.5, homogeneous=homogeneous, weights="keep",
-                               data=data, refit=True)
+                               data=data, refit=True, verbose=0)
+        assert capsys.readouterr().out == ""  # verbose=0 reaches the refit either way
         assert type(refit) is type(task)
         if homogeneous:  # the whole task refit: nearer the original's logits
             assert _mse(_np(refit(x)), reference) < _mse(_np(cut(x)), reference)

@@ -118,7 +118,8 @@ def refit_projections(graph, new_graph, widths, selection, model, new_model, bat
         new_model: the pruned model the batches fit; its projections' kernels
             and biases are overwritten.
         batches: the inputs ``x`` of the calibration batches.
-        verbose: 1: a progress bar (plain lines off a terminal), 0: silent.
+        verbose: 1: a line, then a progress bar (plain lines off a terminal), 2: a line at
+            the end, 0: silent.
 
     Returns:
         The paths of the layers whose projections were refit, in order.
