@@ -235,13 +235,14 @@ def _prune_trained_args(p, default):
                    "default 0: they go a few at a time on a cubic schedule")
     p.add_argument("--importance", choices=GRADUAL_IMPORTANCE, default=default("l1"),
                    help=_importance_help(GRADUAL_IMPORTANCE, "how the channels are ranked, anew at "
-                                         "each update (default l1): ",
+                                         "each update (once with --refit; default l1): ",
                                          f"here the first {_trained.TAYLOR_EXAMPLES} training examples"))
     p.add_argument("--refit", action="store_true", default=default(False),
                    help="cut at once before training, keeping the weights --importance ranks first, "
                    f"and refit every linear projection (Dense, attention's) by least squares to the "
                    f"original's outputs on the first {_trained.TAYLOR_EXAMPLES} training examples "
-                   "(kp.apply_plan(..., refit=True)); then train --epochs on the smaller model")
+                   "(kp.apply_plan(..., refit=True); a projection they cannot determine keeps its "
+                   "weights, named in a RefitWarning); then train --epochs on the smaller model")
     p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
                    help="train against the original model's outputs too (distillation; default) "
                    "or on the labels alone (--no-distill)")

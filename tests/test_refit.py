@@ -15,6 +15,7 @@ import pytest
 
 import keras_precrop as kp
 from keras_precrop.errors import ArgumentError
+from keras_precrop.transfer.refit import ROWS_PER_UNKNOWN, RefitWarning
 from tests.test_activation_importance import _mlp, _np
 
 L = keras.layers
@@ -60,14 +61,68 @@ def test_last_projection_is_numpys_least_squares_and_an_uncut_input_keeps_its_co
     design = np.concatenate([inputs, np.ones((len(x), 1))], axis=1).astype(np.float64)
     solution = np.linalg.lstsq(design, _np(model(x)).astype(np.float64), rcond=None)[0]
     out = small.get_layer("out")
-    np.testing.assert_allclose(_np(out.kernel), solution[:-1], atol=1e-3)
-    np.testing.assert_allclose(_np(out.bias), solution[-1], atol=1e-3)
+    fitted = np.concatenate([_np(out.kernel), _np(out.bias)[None]]).astype(np.float64)
+    np.testing.assert_allclose(design @ fitted, design @ solution, atol=1e-3)  # a solution too
+    dead = ~design.any(axis=0)  # inputs the data never move (ReLUs off): the carried rows, kept
+    assert dead.any()
+    carried = kp.apply_plan(model, small.precrop_plan, weights="keep").get_layer("out")
+    np.testing.assert_array_equal(_np(out.kernel)[dead[:-1]], _np(carried.kernel)[dead[:-1]])
+    live = ~dead
+    np.testing.assert_allclose(fitted[live], solution[live], atol=1e-3)  # where it is unique
     # "hidden" reads the model's inputs, which no cut touches: an exact fit, the kept columns
     kernel, kept = _np(model.get_layer("hidden").kernel), _np(small.get_layer("hidden").kernel)
     columns = [int(np.argmin(np.abs(kernel - col[:, None]).sum(0))) for col in kept.T]
     np.testing.assert_allclose(kept, kernel[:, columns], atol=1e-4)
     np.testing.assert_allclose(_np(small.get_layer("hidden").bias),
                                _np(model.get_layer("hidden").bias)[columns], atol=1e-4)
+
+
+def test_what_the_data_do_not_determine_keeps_the_carried_weights():
+    """An input that never varies in ``data=`` leaves its rows of the fit free: an identity plan
+    keeps the original's there (a ridge toward zero would drop them), so the refit model still
+    computes the original's outputs on inputs where it does vary."""
+    model = _mlp()
+    x, data = _batches((6,))
+    data = [(np.concatenate([np.zeros_like(bx[:, :1]), bx[:, 1:]], axis=1), by) for bx, by in data]
+    same = kp.apply_plan(model, kp.plan(model, params=1.0), weights="keep", data=data, refit=True)
+    np.testing.assert_allclose(_np(same(x)), _np(model(x)), atol=1e-4)  # x[:, 0] varies here
+
+
+def test_projections_data_has_too_few_rows_for_keep_their_weights_and_are_named():
+    """Fewer than ROWS_PER_UNKNOWN rows per unknown: the projection keeps its carried weights
+    and a RefitWarning names it with the examples it wants; the others are refit."""
+    model = _mlp()
+    x, data = _batches((6,), n=24, size=8)  # 24 rows: "out" reads 4 + 1 unknowns, "hidden" 7
+    plan = kp.plan(model, params=0.5)
+    cut = kp.apply_plan(model, plan, weights="keep")
+    with pytest.warns(RefitWarning) as caught:
+        refit = kp.apply_plan(model, plan, weights="keep", data=data, refit=True, verbose=0)
+    [message] = [str(w.message) for w in caught if w.category is RefitWarning]
+    unknowns = {n: refit.get_layer(n).kernel.shape[0] + 1 for n in ("hidden", "second", "out")}
+    assert 0 < sum(24 < ROWS_PER_UNKNOWN * c for c in unknowns.values()) < len(unknowns)
+    for name, count in unknowns.items():
+        short = 24 < ROWS_PER_UNKNOWN * count
+        assert (f"'{name}' (24 rows for {count} unknowns" in message) == short, message
+        weights = zip(refit.get_layer(name).weights, cut.get_layer(name).weights)
+        assert all(np.array_equal(_np(a), _np(b)) for a, b in weights) == short, name
+    assert "24 examples" in message and "pass more examples in data=" in message
+
+
+def test_frozen_and_constrained_projections_keep_their_carried_weights():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    h = L.Dense(12, activation="relu", name="hidden")(inputs)
+    h = L.Dense(8, activation="relu", name="frozen", trainable=False)(h)
+    h = L.Dense(8, activation="relu", name="nonneg", kernel_constraint="non_neg")(h)
+    model = keras.Model(inputs, L.Dense(3, name="out")(h))
+    _, data = _batches((6,))
+    plan = kp.plan(model, params=0.5)
+    cut = kp.apply_plan(model, plan, weights="keep")
+    refit = kp.apply_plan(model, plan, weights="keep", data=data, refit=True, verbose=0)
+    for name, kept in (("frozen", True), ("nonneg", True), ("out", False)):
+        weights = zip(refit.get_layer(name).weights, cut.get_layer(name).weights)
+        assert all(np.array_equal(_np(a), _np(b)) for a, b in weights) == kept, name
+    assert not refit.get_layer("frozen").trainable
 
 
 @pytest.mark.parametrize("attention", ["heads", "head_dims"])

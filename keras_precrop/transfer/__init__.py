@@ -22,18 +22,18 @@ table (the command line reads it for ``--help``, without Keras or NumPy);
 
 from keras_precrop.transfer.criteria import IMPORTANCE
 
-__all__ = ["IMPORTANCE", "carry_weights", "check_options", "refit_projections"]
+__all__ = ["IMPORTANCE", "RefitWarning", "carry_weights", "check_options", "refit_projections"]
 
 
 def __getattr__(name):
-    """``carry_weights``, ``check_options`` and ``refit_projections``, imported on first use (they
-    load Keras)."""
+    """``carry_weights``, ``check_options``, ``refit_projections`` and ``RefitWarning``, imported
+    on first use (they load Keras)."""
     if name in ("carry_weights", "check_options"):
         from keras_precrop.transfer import carry  # noqa: PLC0415  (Keras: not for --help)
 
         return getattr(carry, name)
-    if name == "refit_projections":
+    if name in ("refit_projections", "RefitWarning"):
         from keras_precrop.transfer import refit  # noqa: PLC0415  (Keras: not for --help)
 
-        return refit.refit_projections
+        return getattr(refit, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
