@@ -82,6 +82,24 @@ def test_a_quantized_model_is_refused_with_the_remedy():
         kp.precrop(model, params=0.5)
 
 
+def test_layers_with_lora_are_refused_together_by_name_or_kept_whole_where_ignored():
+    x = keras.Input((16, 16, 3))
+    h = L.Conv2D(12, 3, padding="same", activation="relu", name="conv2")(_cnn().layers[1](x))
+    h = L.GlobalAveragePooling2D()(L.Conv2D(8, 3, padding="same", name="conv3")(h))
+    model = keras.Model(x, L.Dense(4, name="head")(h))
+    lora = ["conv1", "head"]  # a Conv2D and a Dense
+    for name in lora:
+        model.get_layer(name).enable_lora(2)
+    with pytest.raises(kp.UnsupportedLayerError) as err:
+        kp.precrop(model, params=0.5)
+    for name in lora:  # every one at once, with the remedies
+        assert f"{name!r} ({type(model.get_layer(name)).__name__}) has LoRA enabled" in str(err.value)
+    assert "prune before enabling LoRA" in str(err.value) and f"ignore={lora}" in str(err.value)
+    assert kp.profile(model, ignore=lora).total_params == model.count_params()
+    small = kp.precrop(model, params=0.8, ignore=lora)
+    assert small.count_params() == small.precrop_plan.params  # its LoRA weights counted
+
+
 def test_an_unknown_layer_offers_ignore_as_an_argument():
     class Opaque(L.Layer):
         def call(self, x):

@@ -141,6 +141,6 @@ def test_an_embedding_subclass_that_overrides_call_is_refused_by_name_and_kept_w
 def test_an_embedding_with_lora_is_refused_by_name():
     model = _text_model()
     model.get_layer("embed").enable_lora(2)
-    with pytest.raises(kp.UnsupportedLayerError, match=r"embed: Embedding has LoRA weights; the "
-                       r"embedding rule reads Embedding's own call only"):
+    with pytest.raises(kp.UnsupportedLayerError, match=r"'embed' \(Embedding\) has LoRA "
+                       r"enabled.*ignore=\['embed'\]"):
         kp.plan(model, params=0.5)

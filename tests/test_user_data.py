@@ -79,6 +79,8 @@ BAD_TAYLOR_DATA = {
     "PyDataset without a length": (_Unsized(), r"data= is a PyDataset with neither __len__ nor "
                                    r"num_batches"),
     "not data": (3, r"data= must be \(x, y\) arrays.*got a int"),
+    "one example": ((X[0], Y[0]), r"data= gives single examples of shape \(8, 8, 3\).*x\[None\]"),
+    "nested lists": ((X.tolist(), Y), r"data= has inputs as a Python list of lists.*np\.asarray"),
 }
 
 
@@ -96,6 +98,18 @@ def test_taylor_importance_refuses_data_that_does_not_fit_the_model_naming_data(
         kp.apply_plan(model, plan, weights="keep", importance="taylor", data=data)
     for w, b in zip(model.weights, before):
         np.testing.assert_array_equal(np.asarray(w), b)
+
+
+def test_bfloat16_inputs_and_a_numpy_bool_refit_are_taken():
+    """bfloat16 (ml_dtypes, no NumPy number) inputs to a bfloat16 model, and refit=np.True_."""
+    model = keras.Sequential([keras.Input((16,), dtype="bfloat16"),
+                              keras.layers.Dense(32, activation="relu", dtype="bfloat16"),
+                              keras.layers.Dense(4, dtype="bfloat16")])
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.random.default_rng(0).normal(size=(256, 16)).astype(ml_dtypes.bfloat16)
+    small = kp.precrop(model, params=0.5, weights="keep", data=(x, np.arange(256) % 4),
+                       refit=np.True_, verbose=0)
+    assert small.count_params() == small.precrop_plan.params
 
 
 def test_data_that_fits_goes_through_whole_in_every_form():

@@ -172,8 +172,6 @@ def _read(rec, rank):
     layer = rec.layer
     eq = _Equation.of(layer, rank)
     why = eq.problem()
-    if why is None and getattr(layer, "lora_enabled", False):
-        why = "it has LoRA enabled, whose kernels the rebuild cannot carry"
     if why is not None:
         raise UnsupportedLayerError(
             f"{rec.path} (EinsumDense {layer.equation!r}): {why}, so its channels cannot be "

@@ -117,13 +117,11 @@ class TokenEmbedding(Handler):
     def _check(self, rec):
         """Refuse, by name, a layer whose ``call`` or weights this rule does not read."""
         layer, base = rec.layer, self.base
-        overridden = type(layer).call is not base.call
-        if overridden or getattr(layer, "lora_enabled", False):
-            what = f"overrides {base.__name__}.call" if overridden else "has LoRA weights"
+        if type(layer).call is not base.call:
             raise UnsupportedLayerError(
-                f"{rec.path}: {type(layer).__name__} {what}; the embedding rule reads "
-                f"{base.__name__}'s own call only. Keep its channels fixed with {{ignore}}.",
-                ignore=[rec.path])
+                f"{rec.path}: {type(layer).__name__} overrides {base.__name__}.call; the embedding "
+                f"rule reads {base.__name__}'s own call only. Keep its channels fixed with "
+                "{ignore}.", ignore=[rec.path])
 
     def _tables(self, layer):
         """How many ``(input_dim, output_dim)`` tables the layer holds."""

@@ -380,7 +380,7 @@ class _Walker:
             _refuse_quantized(op, path)
             ignored = self.traced.name(op) in self.ignore or path in self.ignore
             try:
-                handler = handlers.lookup(op, path, ignored=ignored)
+                handler = _unless_lora(op, path, ignored, handlers.lookup(op, path, ignored=ignored))
             except UnsupportedLayerError as err:
                 self.refused.append(err)
                 ignored, handler = True, handlers.OPAQUE
@@ -405,6 +405,20 @@ def _refuse_quantized(op, path):
             f"Layer {path!r} is quantized ({mode}): quantized layers are not supported. "
             "Prune before quantizing: precrop the float model, train it, then call "
             "model.quantize(...) on the result.")
+
+
+def _unless_lora(op, path, ignored, handler):
+    """``handler``, unless layer ``op`` has LoRA enabled (``enable_lora``): its low-rank kernels
+    are weights no channel rule reads, so it is refused by name, or kept whole as an opaque block
+    (every weight counted) where ignored."""
+    if not getattr(op, "lora_enabled", False):
+        return handler
+    if ignored:
+        return handlers.OPAQUE
+    raise UnsupportedLayerError(
+        f"Layer {path!r} ({type(op).__name__}) has LoRA enabled: its low-rank kernels are "
+        "weights no channel rule prunes; prune before enabling LoRA (precrop the model, then "
+        "call enable_lora on the result's layers). Or keep it whole with {ignore}.", ignore=[path])
 
 
 def _walk_layer(ctx, rec, node, ins, refused):

@@ -194,8 +194,9 @@ def _first_batch(data, argument, bound, batch_size):
 
 
 def _head(part, n):
-    """The first ``n`` examples of an array (several inputs, a list or dict, whole)."""
-    return part if isinstance(part, (dict, list)) else part[:n]
+    """The first ``n`` examples of an array (several inputs, a list or dict, or a scalar: one
+    example's label, whole)."""
+    return part if isinstance(part, (dict, list)) or np.ndim(part) == 0 else part[:n]
 
 
 def _num_batches(data, argument):
@@ -253,10 +254,15 @@ def _array(value):
 def _check_inputs(model, x, argument):
     """The inputs of one batch: numbers, finite, and of the shape of the model's (single) input."""
     inputs = getattr(model, "inputs", None)
+    if isinstance(x, list) and x and not all(_is_array(part) for part in x):
+        raise _refuse(argument, f"has inputs as a Python list of {type(x[0]).__name__}s; Keras "
+                                "reads a list as one array per model input: pass an array, "
+                                "np.asarray(x).")
     if isinstance(x, (dict, list, tuple)) or (inputs is not None and len(inputs) != 1):
         return  # several inputs: Keras matches them to the model's itself
     x = _array(x)
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool
+            or str(x.dtype) == "bfloat16"):  # (ml_dtypes' bfloat16 is no NumPy number)
         raise _refuse(argument, f"has inputs of dtype {x.dtype}; {_name(model)} takes numbers.")
     if inputs is not None:
         expected = tuple(inputs[0].shape)
@@ -310,7 +316,7 @@ def _shape_problem(given, expected, model):
     takes = f"{_name(model)} takes inputs of shape {expected}"
     if _fits((None, *given), expected):  # single examples: ``dataset.batch(n)`` left out
         return (f"gives single examples of shape {tuple(given)}, not batches of them ({takes}): "
-                "batch them, e.g. dataset.batch(32).")
+                "batch them, e.g. dataset.batch(32), or x[None] for one example.")
     return (f"has inputs of shape {tuple(given)} (a batch of {_example(given)}); {takes}: "
             f"every example must be {_example(expected)}.")
 

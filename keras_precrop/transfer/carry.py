@@ -51,7 +51,7 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
     Raises:
         ArgumentError: naming the argument at fault.
     """
-    if refit is not False and refit is not True:
+    if not isinstance(refit, (bool, np.bool_)):
         raise ArgumentError("{refit} must be True (refit the kept weights of every linear "
                             "projection by least squares on data=) or False.", refit=refit)
     if weights is None:
