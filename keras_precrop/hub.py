@@ -120,7 +120,11 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             ``"l1"``, ``"l2"``, ``"bn_scale"`` or ``"random"``, as a
             backbone's outputs are features; a homogeneous plan ranks the
             whole task, whose logits ``"taylor"`` and ``"activation"`` take
-            with ``data=``).
+            with ``data=``). ``refit=True`` refits, per block, the
+            backbone's projections to the original backbone's features (the
+            head keeps its trained weights, as its input width is kept);
+            under a homogeneous plan, every projection of the task, head
+            included, to its logits.
 
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
