@@ -227,7 +227,7 @@ def _homogeneous(model, params, flops, widths, options):
     """The task planned with the same widths in every block and re-created from a new config."""
     applied = {key: options.pop(key) for key in ("weights", "importance", "data", "seed", "refit",
                                                  "verbose") if key in options}
-    options = planning.timed_quietly(options, applied.get("verbose", 1))
+    options = planning.with_latency_verbose(options, applied.get("verbose", 1))
     subject, the_plan = _homogeneous_plan(model, params, flops, widths, options)
     return _configured(subject, the_plan, widths, applied)
 

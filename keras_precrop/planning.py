@@ -518,7 +518,7 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     if data is not None:  # before the solve (a refit reads no labels)
         data = check_data(model, data, "data", classes=ranking.needs == "data").data
     check_seed(seed)
-    options = {"upper": 1.0, **timed_quietly(options, verbose)}
+    options = {"upper": 1.0, **with_latency_verbose(options, verbose)}
     subject = Subject(model)  # one walk of the model for the plan, the rebuild and the weights
     the_plan = plan(subject, params, flops, **options)
     new = apply_plan(subject, the_plan, weights, importance, data, seed, refit, verbose)
@@ -526,7 +526,7 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     return new
 
 
-def timed_quietly(options, verbose):
+def with_latency_verbose(options, verbose):
     """``plan``'s ``options`` with ``verbose`` (checked) in the options of the latency model that
     a ``latency`` budget measures now (``latency_model`` None or a dict without ``verbose``)."""
     check_verbose(verbose)
