@@ -51,8 +51,8 @@ def _importance_table():
     rows = ["| `importance=` | needs | ranks channels by | ranks in |", "| --- | --- | --- | --- |"]
     for name in criteria.IMPORTANCE:
         ranking = criteria.criterion(name)
-        places = ", ".join(f"`{place}`" for place, needs in criteria.PLACES.items()
-                           if ranking.needs in needs)
+        places = ", ".join(f"`{place}`" for place, kinds in criteria.PLACES.items()
+                           if criteria.kind_of(ranking) in kinds)
         rows.append(f"| `{name}` | {ranking.needs} | {ranking.summary.replace('|', '&#124;')} | "
                     f"{places} |")
     return "\n".join(rows)

@@ -223,7 +223,8 @@ def _prune_trained_args(p, default):
     p.add_argument("--split", help="--data cifar10: the TFDS split to train on, a slice of train to "
                    "try the command on first, e.g. train[:10%%] (5,000 images) or train[:2000] "
                    "(default: train, all 50,000); the test accuracy is still on the whole test split")
-    p.add_argument("--epochs", type=int, required=True, help="epochs of training in all")
+    p.add_argument("--epochs", type=int, required=True, help="epochs of training in all (0 with "
+                   "--refit: the cut refit model, untrained)")
     p.add_argument("--gradual_epochs", type=float,
                    help="epochs over which the channels go, on a cubic schedule; the rest of "
                    "--epochs trains the pruned model, rebuilt smaller from the next whole epoch "
@@ -242,7 +243,8 @@ def _prune_trained_args(p, default):
                    f"and refit every linear projection (Dense, attention's) by least squares to the "
                    f"original's outputs on the first {_trained.TAYLOR_EXAMPLES} training examples "
                    "(kp.apply_plan(..., refit=True); a projection they cannot determine keeps its "
-                   "weights, named in a RefitWarning); then train --epochs on the smaller model")
+                   "weights, named in a RefitWarning); then train --epochs on the smaller model "
+                   "(--epochs 0: none)")
     p.add_argument("--distill", action=argparse.BooleanOptionalAction, default=default(True),
                    help="train against the original model's outputs too (distillation; default) "
                    "or on the labels alone (--no-distill)")

@@ -181,6 +181,8 @@ def train_pruned(args, student, teacher, train, test, pruning, steps):
     """
     import keras  # noqa: PLC0415  (after the arguments are parsed: see the module docstring)
 
+    if pruning is None and not args.epochs:  # cut already (--refit --epochs 0): as it is
+        return student
     arrays = isinstance(train, tuple)
     recipe = {"teacher": teacher, "batch_size": args.batch_size if arrays else None,
               "learning_rate": keras.optimizers.schedules.PolynomialDecay(

@@ -458,9 +458,9 @@ def _check_prune_trained(args):
     if not args.apply and not set(ratios) & set(budgets):
         flags = _kinds.either(f"--{ratio}" for ratio in ratios)
         raise ValueError(f"Give the widths to prune to: a budget ({flags}) or --apply PLAN.json.")
-    for keyword in ("epochs", "batch_size"):
-        if getattr(args, keyword) < 1:
-            raise ValueError(f"{_flag(keyword, getattr(args, keyword))} must be a positive integer.")
+    if args.batch_size < 1:
+        raise ValueError(f"{_flag('batch_size', args.batch_size)} must be a positive integer.")
+    _check_epochs(args)
     if not 0 < args.learning_rate < math.inf:
         raise ValueError(f"{_flag('learning_rate', args.learning_rate)} must be a positive number.")
     if args.gradual_epochs is not None and not 0 <= args.gradual_epochs <= args.epochs:
@@ -478,6 +478,18 @@ def _check_prune_trained(args):
                          "channels go at once, before any step.")
     _trained.check_data_spec(args)
     _trained.check_split(args)
+
+
+def _check_epochs(args):
+    """``--epochs``: positive, or 0 with ``--refit`` (cut, refit, no training), where the flags
+    of the training typed beside it are refused rather than ignored."""
+    if args.epochs < 0 or (args.epochs == 0 and not args.refit):
+        raise ValueError(f"{_flag('epochs', args.epochs)} must be a positive integer (0 only with "
+                         "--refit, which cuts and refits before any training).")
+    training = [k for k in ("distill", "learning_rate", "gradual_epochs") if k in args.typed]
+    if args.epochs == 0 and training:
+        raise ValueError(f"{_flag(training[0], getattr(args, training[0]))} has no effect with "
+                         "--epochs 0: nothing trains.")
 
 
 def _run_prune_trained(args):

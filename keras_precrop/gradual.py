@@ -258,7 +258,8 @@ class GradualPruning(keras.callbacks.Callback):
             self._targets = planned_widths(self._graph, self._plan, model)
             refuse_widening(self._graph, self._targets)
             if self._ranking.needs == "data":  # the data fits the model, before any step trains
-                self._data = reusable(check_data(model, self._data, "data").data)
+                self._data = reusable(check_data(model, self._data, "data",
+                                                 labels=self._ranking.needs_labels).data)
             if self._ranking.covers is not None:  # its weights (bn_scale's scales) touch every cut
                 channel_scores(self._graph, weight_values(model), self._ranking, widths=self._targets)
             self._bound = model

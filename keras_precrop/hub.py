@@ -116,11 +116,12 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             whole what the walk refuses, ...).
             With ``weights="keep"`` the backbone's surviving channels and
             the task's head keep their trained weights (``importance``: a
-            ranking of the table; per block one that needs no data, e.g.
-            ``"l1"``, ``"l2"``, ``"bn_scale"`` or ``"random"``, as a
-            backbone's outputs are features; a homogeneous plan ranks the
-            whole task, whose logits ``"taylor"`` and ``"activation"`` take
-            with ``data=``). ``refit=True`` refits, per block, the
+            ranking of the table; per block one that reads no loss, e.g.
+            ``"l1"``, ``"l2"``, ``"bn_scale"``, ``"random"`` or
+            ``"activation"`` (on ``data=``: batches of inputs, labels
+            unread), as a backbone's outputs are features; a homogeneous
+            plan ranks the whole task, whose logits ``"taylor"`` takes with
+            ``data=`` too). ``refit=True`` refits, per block, the
             backbone's projections to the original backbone's features (the
             head keeps its trained weights, as its input width is kept);
             under a homogeneous plan, every projection of the task, head
@@ -500,8 +501,9 @@ def _plain(value):
 
 def _check_importance(importance, model, whole):
     """Refuse a ranking whose need kp.hub cannot meet (the table's ``PLACES``) where a backbone
-    is ranked: one that needs data takes a model's outputs as logits, and a backbone's are
-    features. A task ranked ``whole`` (a homogeneous plan) has logits: any ranking goes."""
+    is ranked: one that differentiates a loss takes a model's outputs as logits, and a
+    backbone's are features (activations serve). A task ranked ``whole`` (a homogeneous plan)
+    has logits: any ranking goes."""
     if importance is not None and not (whole and backbone_of(model) is not model):
         criterion(importance, "kp.hub")
 

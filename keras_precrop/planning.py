@@ -434,7 +434,7 @@ def apply_with(model, plan, build, weights=None, importance=None, data=None, see
     model = subject.model
     check_input_shapes(plan, model)
     if data is not None:  # it fits the model, before any work (a refit reads no labels)
-        data = check_data(model, data, "data", classes=importance.needs == "data").data
+        data = check_data(model, data, "data", labels=importance.needs_labels).data
     defined = subject.defined({})
     if importance and defined is not model:
         defined.set_weights(model.get_weights())
@@ -516,7 +516,7 @@ def precrop(model, params=None, flops=None, *, weights=None, importance=None, da
     check_option_names("precrop", options)
     ranking = _transfer.check_options(weights, importance, data, refit=refit)
     if data is not None:  # before the solve (a refit reads no labels)
-        data = check_data(model, data, "data", classes=ranking.needs == "data").data
+        data = check_data(model, data, "data", labels=ranking.needs_labels).data
     check_seed(seed)
     options = {"upper": 1.0, **with_latency_verbose(options, verbose)}
     subject = Subject(model)  # one walk of the model for the plan, the rebuild and the weights

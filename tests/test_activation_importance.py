@@ -164,7 +164,7 @@ def test_without_data_the_argument_is_named_in_one_wording_everywhere():
     model = _mlp()
     plan = kp.plan(model, params=0.7)
     said = (r"^importance='activation' needs data=: it ranks the channels by the activations of "
-            r"a few \(x, y\) batches\.$")
+            r"a few batches of inputs \(x, or \(x, y\): labels are not read\)\.$")
     with pytest.raises(kp.ArgumentError, match=said):
         kp.precrop(model, params=0.7, weights="keep", importance="activation")
     with pytest.raises(kp.ArgumentError, match=said):

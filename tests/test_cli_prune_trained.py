@@ -173,6 +173,23 @@ def test_refit_cuts_at_once_refits_the_projections_and_trains_the_smaller_model(
     assert not np.allclose(small.get_layer("head").kernel, fits[0][3])  # then trained
 
 
+def test_refit_with_no_epoch_saves_the_cut_refit_model_untrained(files, tmp_path, capsys):
+    """--refit --epochs 0: the saved model is kp.apply_plan(..., refit=True) on the first training
+    examples, weight for weight (no training step), and its test accuracy is printed."""
+    out = str(tmp_path / "small.keras")
+    assert main(["prune-trained", files["trained.keras"], "--params", "0.5", "--refit", "--data",
+                 files["data.npz"], "--epochs", "0", "--batch_size", "64", "--out", out]) == 0
+    assert "Test accuracy" in capsys.readouterr().out
+    original, small = keras.models.load_model(files["trained.keras"]), keras.models.load_model(out)
+    arrays = np.load(files["data.npz"])
+    n = len(arrays["x_train"][:256])
+    batches = [(arrays["x_train"][i:i + 64], arrays["y_train"][i:i + 64]) for i in range(0, n, 64)]
+    refit = kp.apply_plan(original, kp.plan(original, params=0.5), weights="keep", data=batches,
+                          refit=True, verbose=0)
+    for a, b in zip(small.get_weights(), refit.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("importance", ["taylor", "bn_scale"])
 def test_importance_ranks_the_channels_during_training(files, tmp_path, capsys, monkeypatch, importance):
     """--importance reaches kp.GradualPruning; taylor with the first training examples in batches."""
@@ -222,7 +239,12 @@ def _refusal(argv, capsys):
     (["{model}", "--apply", "plan.json"], "--params 0.5 has no effect with --apply plan.json: the plan "
      "fixes the widths."),
     (["{model}", "--gradual_epochs", "2"], "--gradual_epochs 2 must be between 0 and --epochs 1"),
-    (["{model}", "--epochs", "0"], "--epochs 0 must be a positive integer."),
+    (["{model}", "--epochs", "0"], "--epochs 0 must be a positive integer (0 only with --refit"),
+    (["{model}", "--epochs", "-1", "--refit"], "--epochs -1 must be a positive integer"),
+    (["{model}", "--epochs", "0", "--refit", "--no-distill"], "--no-distill has no effect with "
+     "--epochs 0: nothing trains."),
+    (["{model}", "--epochs", "0", "--refit", "--learning_rate", "0.01"], "--learning_rate 0.01 has "
+     "no effect with --epochs 0"),
     (["{model}", "--shrink", "1"], "--shrink 1 must be in [0, 1): the share of a doomed channel's"),
     (["{model}", "--shrink", "0.01", "--gradual_epochs", "0"], "--shrink 0.01 has no effect with "
      "--gradual_epochs 0"),

@@ -417,7 +417,7 @@ def test_a_vit_classifier_with_a_pre_logits_layer_prunes_into_a_new_config_of_th
 
 def test_a_homogeneous_plan_ranks_the_whole_task_on_data():
     """A homogeneous plan is of the task, whose outputs are logits: Taylor and activation ranks
-    take data= (refused as a backbone's features, before); per block they stay refused."""
+    take data= (refused as a backbone's features, before); per block Taylor stays refused."""
     model = _vit()
     data = (_images(8), np.arange(8) % 10)
     for importance in ("taylor", "activation"):
@@ -428,6 +428,21 @@ def test_a_homogeneous_plan_ranks_the_whole_task_on_data():
     with pytest.raises(kp.ArgumentError, match="importance='taylor'.*per block the backbone"):
         kp.hub.precrop(model, params=0.5, homogeneous=False, weights="keep", importance="taylor",
                        data=data)
+
+
+def test_per_block_the_backbone_is_ranked_by_its_activations_on_inputs_alone():
+    """Activations need no logits: per block, kp.hub ranks the backbone by them on images
+    alone, as kp.apply_plan ranks the bare backbone, and an identity plan changes nothing."""
+    model, images = _vit(), _images(8)
+    same = kp.hub.precrop(model, params=1.0, homogeneous=False, weights="keep",
+                          importance="activation", data=images)
+    np.testing.assert_allclose(same(_images()), model(_images()), atol=1e-5)
+    small = kp.hub.precrop(model, params=0.5, homogeneous=False, weights="keep",
+                           importance="activation", data=images)
+    bare = kp.apply_plan(model.backbone, small.precrop_plan, weights="keep",
+                         importance="activation", data=images)
+    np.testing.assert_allclose(small.backbone(_images()), bare(_images()), atol=1e-5)
+    assert small.backbone.count_params() == small.precrop_plan.params  # the plan is the backbone's
 
 
 def test_one_layer_kept_whole_says_it_keeps_its_config_key_in_every_block():

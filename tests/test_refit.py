@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import keras_precrop as kp
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import ArgumentError, DataError
 from keras_precrop.transfer.refit import ROWS_PER_UNKNOWN, RefitWarning
 from tests.test_activation_importance import _mlp, _np
 
@@ -228,3 +228,37 @@ def test_a_vit_task_refit_per_block_and_homogeneous(capsys):
         else:  # the backbone refit: nearer the original backbone's features (their width kept)
             features = _np(task.backbone(x))
             assert _mse(_np(refit.backbone(x)), features) < _mse(_np(cut.backbone(x)), features)
+
+
+@pytest.mark.parametrize("options", [{"importance": "activation"}, {"refit": True},
+                                     {"importance": "activation", "refit": True}])
+def test_inputs_alone_serve_where_no_labels_are_read(options):
+    """A refit and the activation ranking read no labels: batches of inputs alone (an array, a
+    tf.data.Dataset, a list of arrays or of (x,) tuples) give the model (x, y) batches give."""
+    tf = pytest.importorskip("tensorflow")
+    model = _mlp()
+    x, data = _batches((6,))
+    reference = kp.precrop(model, params=0.5, weights="keep", data=data, verbose=0, **options)
+    for inputs in ([b for b, _ in data], [(b,) for b, _ in data],
+                   tf.data.Dataset.from_tensor_slices(x).batch(64)):
+        small = kp.precrop(model, params=0.5, weights="keep", data=inputs, verbose=0, **options)
+        for a, b in zip(small.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    whole = kp.precrop(model, params=0.5, weights="keep", data=x, verbose=0, **options)
+    pair = kp.precrop(model, params=0.5, weights="keep", data=(x, data[0][1].repeat(4)),
+                      verbose=0, **options)  # one batch of every row either way
+    for a, b in zip(whole.get_weights(), pair.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_labels_are_asked_for_only_where_a_loss_is_differentiated():
+    model = _mlp()
+    x, data = _batches((6,))
+    with pytest.raises(DataError, match=r"data= must give \(x, y\) batches"):
+        kp.precrop(model, params=0.5, weights="keep", importance="taylor", data=[x[:64]])
+    with pytest.raises(ArgumentError, match=r"importance='activation' needs data=.*labels are "
+                                            "not read"):
+        kp.precrop(model, params=0.5, weights="keep", importance="activation")
+    unread = [(b, np.full(len(b), 99)) for b, _ in data]  # labels no class of the model's: unread
+    small = kp.precrop(model, params=0.5, weights="keep", importance="activation", data=unread)
+    assert small.count_params() == small.precrop_plan.params

@@ -110,6 +110,8 @@ def test_bfloat16_inputs_and_a_numpy_bool_refit_are_taken():
     small = kp.precrop(model, params=0.5, weights="keep", data=(x, np.arange(256) % 4),
                        refit=np.True_, verbose=0)
     assert small.count_params() == small.precrop_plan.params
+    one_hot = np.eye(4, dtype=ml_dtypes.bfloat16)[np.arange(256) % 4]  # bfloat16 labels too
+    assert check_data(model, (x, one_hot), "data").labels == "one-hot"
 
 
 def test_data_that_fits_goes_through_whole_in_every_form():
@@ -210,3 +212,30 @@ def test_array_batches_cut_rows_in_order_without_copies(batch_size, limit, sizes
     nested = array_batches({"a": X, "b": Y}, 8)
     assert [sorted(b) for b in nested] == [["a", "b"]] * 2
     np.testing.assert_array_equal(nested[1]["b"], Y[8:])
+
+
+def _two_inputs():
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    h = L.Dense(16, activation="relu", name="h")(L.Concatenate()([a, b]))
+    return keras.Model([a, b], L.Dense(3, name="out")(h))
+
+
+@pytest.mark.parametrize("importance", ["taylor", "activation"])
+def test_several_inputs_as_a_list_a_tuple_or_a_dict_rank_alike(importance):
+    """A two-input model's batches: x as a list, a tuple (Keras' forms) or a dict by input name,
+    whole or batched, rank the channels alike (before: the dict refused, the tuple misread)."""
+    model = _two_inputs()
+    xa, xb = RNG.normal(size=(32, 6)).astype("float32"), RNG.normal(size=(32, 4)).astype("float32")
+    y = RNG.integers(0, 3, 32)
+    forms = [([xa, xb], y), ((xa, xb), y), ({"a": xa, "b": xb}, y), [({"a": xa, "b": xb}, y)]]
+    if importance == "activation":  # reads no labels: inputs alone serve
+        forms += [{"a": xa, "b": xb}, [{"a": xa, "b": xb}]]
+    kept = [kp.precrop(model, params=0.5, weights="keep", importance=importance, data=data)
+            .get_weights() for data in forms]
+    for weights in kept[1:]:
+        for a, b in zip(weights, kept[0]):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    with pytest.raises(DataError, match=r"data= gives one array of inputs a batch, but model "
+                                        r"'functional.*' takes 2 \(\['a', 'b'\]\): give .* a dict"):
+        kp.precrop(model, params=0.5, weights="keep", importance=importance, data=[[xa, xb]])

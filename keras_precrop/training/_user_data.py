@@ -47,7 +47,7 @@ def check_data(model, data, argument, *, labels=True, classes=True, bound=None, 
         data: the user's data, in one of the forms of the module docstring.
         argument: the user's name for it (``"data"``, ``"train_data"``).
         labels: whether batches must hold labels (``(x, y)``), or may be
-            inputs alone.
+            inputs alone (labels given then are not read, nor checked).
         classes: whether the labels are class indices or one-hot rows of
             the model's (single) output; False for another loss.
         bound: ``(name, value)`` of the caller's argument that bounds the
@@ -64,11 +64,11 @@ def check_data(model, data, argument, *, labels=True, classes=True, bound=None, 
     first, data = _first_batch(_labels_as_array(model, data), argument, bound, batch_size or 32)
     inputs, y = _split_batch(first, argument, labels)
     _check_inputs(model, inputs, argument)
-    whole = data if _is_pair(data) else (data, None) if _is_array(data) else None
+    whole = data if is_pair(data) else (data, None) if _is_array(data) else None
     x, y = whole or (inputs, y)  # arrays: every example; other forms: the first batch
     where = "" if whole else " of its first batch"
     _check_finite(x, argument, "inputs", where)
-    if y is None:
+    if y is None or not labels:  # labels given where none are read are not checked either
         return Checked(data, None, inputs)
     _check_lengths(x, y, argument, where)
     return Checked(data, _check_labels(model, inputs, y, argument, classes, where), inputs)
@@ -140,9 +140,12 @@ def _refuse(argument, text):
                      **{argument: NAME_ONLY})
 
 
-def _is_pair(data):
-    """Whether ``data`` is one ``(x, y)`` pair of arrays (as ``fine_tune`` and Taylor read it)."""
-    return isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple)
+def is_pair(data):
+    """Whether ``data`` is one ``(x, y)`` pair of arrays (as ``fine_tune`` and Taylor read it), not
+    two batches: ``x`` may be several inputs (a list, a dict, or a tuple where ``y`` is no
+    tuple or list; two ``(x, y)`` batches are a tuple of tuples)."""
+    return isinstance(data, tuple) and len(data) == 2 and not (
+        isinstance(data[0], tuple) and isinstance(data[1], (tuple, list)))
 
 
 def _is_array(data):
@@ -154,7 +157,7 @@ def _labels_as_array(model, data):
     """``data`` with the labels of an ``(x, y)`` pair made an array where they are a Python list of
     numbers or rows (``y=[0, 2, 1, ...]``) and the model has one output; Keras would read a list
     as one label array per output. A list of arrays (one an output) stays as it is."""
-    if not (_is_pair(data) and isinstance(data[1], list) and data[1]):
+    if not (is_pair(data) and isinstance(data[1], list) and data[1]):
         return data
     outputs = getattr(model, "outputs", None)
     first = data[1][0]
@@ -165,11 +168,11 @@ def _labels_as_array(model, data):
 
 def _first_batch(data, argument, bound, batch_size):
     """``(first batch, data to use)``: the batch read first, and ``data`` with nothing lost."""
-    if _is_pair(data) or _is_array(data):
-        inputs = data[0] if _is_pair(data) else data
-        if not isinstance(inputs, (dict, list)) and len(inputs) == 0:
+    if is_pair(data) or _is_array(data) or isinstance(data, dict):  # (a dict: several inputs)
+        inputs = data[0] if is_pair(data) else data
+        if not isinstance(inputs, (dict, list, tuple)) and len(inputs) == 0:
             raise _refuse(argument, "is empty: it holds no example.")
-        if _is_pair(data):
+        if is_pair(data):
             return tuple(None if part is None else _head(part, batch_size) for part in data), data
         return _head(data, batch_size), data
     tf = sys.modules.get("tensorflow")
@@ -194,9 +197,9 @@ def _first_batch(data, argument, bound, batch_size):
 
 
 def _head(part, n):
-    """The first ``n`` examples of an array (several inputs, a list or dict, or a scalar: one
-    example's label, whole)."""
-    return part if isinstance(part, (dict, list)) or np.ndim(part) == 0 else part[:n]
+    """The first ``n`` examples of an array (several inputs, a list, tuple or dict, or a scalar:
+    one example's label, whole)."""
+    return part if isinstance(part, (dict, list, tuple)) or np.ndim(part) == 0 else part[:n]
 
 
 def _num_batches(data, argument):
@@ -236,7 +239,7 @@ def _chained(first, rest):
 
 def _split_batch(batch, argument, labels):
     """``(x, y)`` of one batch (``y`` None where there are no labels)."""
-    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not isinstance(batch[0], dict):
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
         if labels and batch[1] is None:
             raise _refuse(argument, "must give labels: its (x, y) has y=None.")
         return batch[0], batch[1]
@@ -258,16 +261,27 @@ def _check_inputs(model, x, argument):
         raise _refuse(argument, f"has inputs as a Python list of {type(x[0]).__name__}s; Keras "
                                 "reads a list as one array per model input: pass an array, "
                                 "np.asarray(x).")
-    if isinstance(x, (dict, list, tuple)) or (inputs is not None and len(inputs) != 1):
+    several = inputs is not None and len(inputs) != 1
+    if several and _is_array(x):
+        names = [t._keras_history.operation.name for t in inputs]
+        raise _refuse(argument, f"gives one array of inputs a batch, but {_name(model)} takes "
+                                f"{len(inputs)} ({names}): give each batch's inputs as a dict by "
+                                "those names (a pair [a, b] of arrays alone is read as (x, y)).")
+    if isinstance(x, (dict, list, tuple)) or several:
         return  # several inputs: Keras matches them to the model's itself
     x = _array(x)
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool
-            or str(x.dtype) == "bfloat16"):  # (ml_dtypes' bfloat16 is no NumPy number)
+    if not _numeric(x.dtype):
         raise _refuse(argument, f"has inputs of dtype {x.dtype}; {_name(model)} takes numbers.")
     if inputs is not None:
         expected = tuple(inputs[0].shape)
         if not _fits(x.shape, expected):
             raise _refuse(argument, _shape_problem(x.shape, expected, model))
+
+
+def _numeric(dtype):
+    """Whether arrays of ``dtype`` hold numbers a model reads (ml_dtypes' bfloat16, no NumPy
+    number, too)."""
+    return np.issubdtype(dtype, np.number) or str(dtype) in ("bool", "bfloat16")
 
 
 def _check_finite(values, argument, what, where):
@@ -355,7 +369,7 @@ def _check_labels(model, x, y, argument, classes, where):
     if isinstance(y, (dict, list, tuple)):
         return None
     y = _array(y)
-    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+    if not _numeric(y.dtype):
         raise _refuse(argument, f"has labels of dtype {y.dtype}; give numbers: "
                                 "class indices (integers) or one-hot rows.")
     _check_finite(y, argument, "labels", where)

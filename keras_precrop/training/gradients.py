@@ -21,6 +21,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_precrop.training._user_data import is_pair
+
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
@@ -161,7 +163,7 @@ def _is_tf_dataset(data):
     return tf is not None and isinstance(data, tf.data.Dataset)
 
 
-def batches(data, num_batches=None):
+def batches(data, num_batches=None, labels=True):
     """Returns the ``(x, y)`` batches of ``data`` as a list of backend tensors.
 
     Args:
@@ -171,6 +173,10 @@ def batches(data, num_batches=None):
             Extra elements (sample weights) are ignored.
         num_batches: use at most this many batches; ``None`` for all (an
             infinite dataset then needs ``num_batches``).
+        labels: whether every batch must hold labels; where not, a batch
+            may be inputs alone (an array, a dict of a model's inputs, an
+            ``(x,)`` tuple; ``data`` itself an array is one batch), given
+            as ``(x, None)``.
 
     Raises:
         ValueError: for malformed data, no batch at all, an infinite dataset
@@ -178,7 +184,7 @@ def batches(data, num_batches=None):
     """
     if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be a positive int or None, got {num_batches!r}.")
-    if isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple):
+    if is_pair(data) or (not labels and (hasattr(data, "shape") or isinstance(data, dict))):
         items = [data]
     else:
         if _is_tf_dataset(data):
@@ -200,17 +206,26 @@ def batches(data, num_batches=None):
                 break
     out = []
     for i, item in enumerate(items):
-        if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise ValueError(f"Batch {i} of data is not an (x, y) pair: {type(item).__name__}.")
         # x may be a model's several inputs (a list, tuple or dict of arrays): each converted alone.
-        x, y = (keras.tree.map_structure(lambda t: np.asarray(ops.convert_to_numpy(t)), t) for t in item[:2])
+        x, y = (None if t is None else keras.tree.map_structure(
+            lambda a: np.asarray(ops.convert_to_numpy(a)), t) for t in _x_y(item, i, labels))
         leaves = keras.tree.flatten(x)
         if any(np.issubdtype(t.dtype, np.floating) and not np.all(np.isfinite(t)) for t in leaves):
             raise ValueError(f"Batch {i} of data has NaN or Inf inputs.")
-        out.append(keras.tree.map_structure(ops.convert_to_tensor, (x, y)))
+        out.append(tuple(None if t is None else keras.tree.map_structure(ops.convert_to_tensor, t)
+                         for t in (x, y)))
     if not out:
         raise ValueError("data yielded no batch.")
     return out
+
+
+def _x_y(item, index, labels):
+    """``(x, y)`` of one batch; ``y`` None for inputs alone where ``labels`` is False."""
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        return item[0], item[1]
+    if labels:
+        raise ValueError(f"Batch {index} of data is not an (x, y) pair: {type(item).__name__}.")
+    return (item[0] if isinstance(item, (tuple, list)) else item), None
 
 
 def cross_entropy(y_true, logits, from_logits=True):

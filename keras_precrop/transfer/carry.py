@@ -68,8 +68,8 @@ def check_options(weights, importance, data, place="kp.precrop/reconfigure/apply
     ranking = criterion(importance, place)
     if refit and data is None:
         raise ArgumentError("{refit} fits each projection to the original's outputs on "
-                            "calibration batches: pass them as {data:=} ((x, y) batches, as "
-                            "for importance='activation'; the labels are not read).", refit=refit)
+                            "calibration batches: pass them as {data:=} (batches of inputs x, "
+                            "or (x, y) batches: the labels are not read).", refit=refit)
     if ranking.needs == "data" and data is None:
         raise ranking.missing_data()
     if ranking.needs != "data" and data is not None and not refit:

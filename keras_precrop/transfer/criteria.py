@@ -37,21 +37,21 @@ from keras_precrop._views import NameView
 from keras_precrop.errors import ArgumentError
 
 NEEDS = ("weights", "data", "seed")
-# Where rankings are taken, and the needs each place can meet.
+# Where rankings are taken, and the kinds of ranking (``kind_of``) each place can serve.
 PLACES = {
-    "kp.precrop/reconfigure/apply_plan": NEEDS,
-    "kp.GradualPruning": ("weights", "data"),
-    "kp.hub": ("weights", "seed"),
+    "kp.precrop/reconfigure/apply_plan": ("weights", "data", "activations", "seed"),
+    "kp.GradualPruning": ("weights", "data", "activations"),
+    "kp.hub": ("weights", "activations", "seed"),
     "keras-precrop precrop/reconfigure": ("weights", "seed"),
-    "keras-precrop prune-trained": ("weights", "data"),
+    "keras-precrop prune-trained": ("weights", "data", "activations"),
 }
-# Why a Python entry point cannot meet a need (the command line offers only what it can).
+# Why a Python entry point cannot serve a kind (the command line offers only what it can).
 _WHY_NOT = {
     ("kp.GradualPruning", "seed"): "draws channels at random, but GradualPruning ranks them anew "
                                    "at every update, so each update would mask other channels",
-    ("kp.hub", "data"): "ranks channels on data= batches of the model's inputs and labels, but "
-                        "kp.hub prunes per block the backbone, whose outputs are features, not "
-                        "logits (a homogeneous plan of a task takes it)",
+    ("kp.hub", "data"): "ranks channels by the loss gradients of the model's outputs on data= "
+                        "labels, but kp.hub prunes per block the backbone, whose outputs are "
+                        "features, not logits (a homogeneous plan of a task takes it)",
 }
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
@@ -96,11 +96,20 @@ class Importance:
         """What the user gave for it: its name, or the ranking itself (the fields of an error)."""
         return self.name
 
+    @property
+    def needs_labels(self):
+        """Whether its ``data=`` batches must hold labels: loss gradients need them, activations
+        do not (inputs alone serve, e.g. for a backbone without a head)."""
+        return self.needs == "data" and self.reads == "gradients"
+
     def missing_data(self):
         """The error for this ranking given no ``data=`` (one wording for every place that checks)."""
-        what = "activations" if self.reads == "activations" else "loss gradients"
-        return ArgumentError("{importance} needs {data:=}: it ranks the channels by the " + what
-                             + " of a few (x, y) batches.", importance=self.given)
+        if self.needs_labels:
+            what = "the loss gradients of a few (x, y) batches"
+        else:
+            what = "the activations of a few batches of inputs (x, or (x, y): labels are not read)"
+        return ArgumentError("{importance} needs {data:=}: it ranks the channels by " + what + ".",
+                             importance=self.given)
 
     def weighs(self, layer, weight):
         """Whether ``weight`` of ``layer`` is scored (default: every trainable weight with channels)."""
@@ -194,6 +203,13 @@ _BUILT_IN = {"l1": _L1, "l2": _L2, "taylor": _Taylor, "activation": _Activation,
 _TABLE = {name: cls(name) for name, cls in _BUILT_IN.items()}
 
 
+def kind_of(ranking):
+    """What a place must give ``ranking`` (the values of :data:`PLACES`): its ``needs``, or
+    ``"activations"`` for one that needs data but reads no loss (no labels, no logits)."""
+    return "data" if ranking.needs_labels else "activations" if ranking.needs == "data" else (
+        ranking.needs)
+
+
 class Names(NameView):
     """The names of the table, read anew at every use, so that a ranking registered later is
     offered too (an ``argparse`` ``choices=``).
@@ -207,9 +223,9 @@ class Names(NameView):
         self.place, self.needs = place, needs
 
     def _names(self):
-        allowed = set(NEEDS if self.place is None else PLACES[self.place])
-        allowed &= set(NEEDS if self.needs is None else self.needs)
-        return tuple(name for name, ranking in _TABLE.items() if ranking.needs in allowed)
+        return tuple(name for name, ranking in _TABLE.items()
+                     if (self.place is None or kind_of(ranking) in PLACES[self.place])
+                     and (self.needs is None or ranking.needs in self.needs))
 
 
 IMPORTANCE = Names()  # every name of the table
@@ -302,8 +318,9 @@ def criterion(importance, place=None):
         ranking = _TABLE[importance]
     else:
         ranking = _ranking(importance, None)
-    if place is not None and ranking.needs not in PLACES[place]:
-        why = _WHY_NOT.get((place, ranking.needs), f"needs {ranking.needs}, which {place} cannot give")
+    kind = kind_of(ranking)
+    if place is not None and kind not in PLACES[place]:
+        why = _WHY_NOT.get((place, kind), f"needs {ranking.needs}, which {place} cannot give")
         raise _error(f"{{importance}} {why}; use one of {list(Names(place))}.",
                             importance=importance)
     return ranking

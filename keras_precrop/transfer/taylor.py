@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from keras_precrop.errors import ArgumentError
+from keras_precrop.errors import NAME_ONLY, ArgumentError
 from keras_precrop.training import gradients as _gradients
 from keras_precrop.training._user_data import outputs_probabilities
 
@@ -40,10 +40,13 @@ def data_batches(model, data, defined=None):
     Args:
         model: the model to differentiate.
         data: an ``(x, y)`` batch or an iterable of them, checked against
-            the model (``training._user_data.check_data``).
+            the model (``training._user_data.check_data``); inputs alone
+            (``x``, or batches of it) where the ranking reads activations or
+            only a refit reads them.
         defined: the model whose weights the keys are (default ``model``).
     """
-    return DataBatches(model, list(_gradients.batches(data)), model if defined is None else defined)
+    return DataBatches(model, list(_gradients.batches(data, labels=False)),
+                       model if defined is None else defined)
 
 
 class DataBatches(Sequence):
@@ -57,7 +60,8 @@ class DataBatches(Sequence):
 
     Attributes:
         model: the model the batches fit.
-        batches: the ``(x, y)`` batches, backend tensors.
+        batches: the ``(x, y)`` batches, backend tensors (``y`` None for
+            inputs alone).
         defined: the model whose weights the gradients' keys are.
     """
 
@@ -84,6 +88,10 @@ class DataBatches(Sequence):
                 "with importance='activation' (no loss) or 'l1', or prune a model of its "
                 "classifier output alone.",
                 importance="taylor")
+        if any(y is None for _, y in self.batches):  # a later batch than the one checked
+            raise ArgumentError("{data:=} must give (x, y) batches: {importance} differentiates a "
+                                "loss of the labels, and a batch holds inputs alone.",
+                                importance="taylor", data=NAME_ONLY)
         ids = [id(w) for w in self.defined.trainable_weights]
         loss = functools.partial(_gradients.cross_entropy, from_logits=not outputs_probabilities(
             self.model, self.batches[0][0]))
