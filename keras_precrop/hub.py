@@ -43,7 +43,10 @@ from keras_precrop.graph.replay import topological_nodes
 from keras_precrop.hub_configs import CONFIG_WIDTHS, config_widths, table_key
 from keras_precrop.plans import plan_argument
 from keras_precrop.subject import Subject
+from keras_precrop.training import gradients as _gradients
+from keras_precrop.training._user_data import check_data
 from keras_precrop.transfer.criteria import criterion
+from keras_precrop.transfer.refit import refit_head
 
 # plan.solver's key for the config a homogeneous plan re-creates the model from ({key: width}).
 _CONFIG = "hub_config"
@@ -122,10 +125,11 @@ def precrop(model, params=None, flops=None, *, homogeneous=None, **options):
             unread), as a backbone's outputs are features; a homogeneous
             plan ranks the whole task, whose logits ``"taylor"`` takes with
             ``data=`` too). ``refit=True`` refits, per block, the
-            backbone's projections to the original backbone's features (the
-            head keeps its trained weights, as its input width is kept);
-            under a homogeneous plan, every projection of the task, head
-            included, to its logits.
+            backbone's projections to the original backbone's features,
+            then the head's to the task's outputs from the pruned features
+            (a CNN's convolutions keep their weights: its head is what a
+            refit moves); under a homogeneous plan, every projection of the
+            task, head included, to its outputs.
 
     Returns:
         A new task of ``model``'s class and config (compiled with the task's
@@ -175,8 +179,9 @@ def _pruned(method, model, params, flops, homogeneous, options):
                                 planning.precrop)
     if widths is not None:
         return _homogeneous(model, params, flops, widths, options)
+    options, head_data = _calibration(model, options)
     new = method(backbone_of(model), params, flops, **options)
-    return _rewrapped(model, new, options.get("weights"))
+    return _rewrapped(model, new, options.get("weights"), head_data, options.get("verbose", 1))
 
 
 def _prepared(caller, model, homogeneous, options, via=None):
@@ -354,10 +359,11 @@ def apply_plan(model, plan, weights=None, importance=None, data=None, seed=None,
         return _configured(Subject(model), plan, widths,
                            {"weights": weights, "importance": importance, "data": data,
                             "refit": refit, "verbose": verbose})
-    new = planning.apply_plan(backbone_of(model), plan, weights, importance, data, seed, refit,
-                              verbose)
+    options, head_data = _calibration(model, {"data": data, "refit": refit})
+    new = planning.apply_plan(backbone_of(model), plan, weights, importance, options["data"], seed,
+                              refit, verbose)
     new.precrop_plan = plan
-    return _rewrapped(model, new, weights)
+    return _rewrapped(model, new, weights, head_data, verbose)
 
 
 class GradualPruning(gradual.GradualPruning):
@@ -508,10 +514,12 @@ def _check_importance(importance, model, whole):
         criterion(importance, "kp.hub")
 
 
-def _rewrapped(model, new, weights=None):
+def _rewrapped(model, new, weights=None, head_data=None, verbose=1):
     """The rebuilt backbone ``new`` as a :class:`PrunedBackbone`, inside a new ``model`` task.
 
-    With ``weights="keep"`` the task's own weights (its head) are carried too.
+    With ``weights="keep"`` the task's own weights (its head) are carried too,
+    and with ``head_data`` (a refit's batches of inputs) its projections are
+    then refit to the task's outputs, from the pruned backbone's features.
     """
     backbone = backbone_of(model)
     attributes = _attributes(backbone, new, new.precrop_plan)
@@ -522,8 +530,28 @@ def _rewrapped(model, new, weights=None):
         result = type(model).from_config(config)
         if weights is not None:
             _carry_head(model, result)
+        if head_data is not None:
+            refit_head(model, result, list(zip(_head_layers(model), _head_layers(result))),
+                       head_data, verbose)
     result.precrop_plan = new.precrop_plan
     return result
+
+
+def _calibration(model, options):
+    """``(options, batches)``: a per-block refit of a task reads ``data=`` twice, for the
+    backbone and then for the head, so its inputs are read once here into a list of batches
+    (a generator's would be gone); ``batches`` is None where no head is refit."""
+    if not options.get("refit") or options.get("data") is None or backbone_of(model) is model:
+        return options, None
+    checked = check_data(backbone_of(model), options["data"], "data", labels=False).data
+    batches = [x for x, _ in _gradients.batches(checked, labels=False)]
+    return {**options, "data": batches}, batches
+
+
+def _head_layers(task):
+    """The layers of ``task`` outside its backbone (its head), in the order Keras tracks them."""
+    inside = {id(layer) for layer in task.backbone._flatten_layers(include_self=True)}
+    return [layer for layer in task._flatten_layers(include_self=False) if id(layer) not in inside]
 
 
 def _head_weights(task):

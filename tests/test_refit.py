@@ -228,6 +228,12 @@ def test_a_vit_task_refit_per_block_and_homogeneous(capsys):
         else:  # the backbone refit: nearer the original backbone's features (their width kept)
             features = _np(task.backbone(x))
             assert _mse(_np(refit.backbone(x)), features) < _mse(_np(cut.backbone(x)), features)
+            # then the head, to the original's logits from those features: NumPy's least squares
+            # (a LayerNorm's outputs sum to a constant: one direction is free, and rcond leaves it)
+            tokens = _np(refit.backbone(x))[:, 0]  # the class token the head reads
+            design = np.concatenate([tokens, np.ones((len(tokens), 1))], axis=1)
+            solution = np.linalg.lstsq(design, reference, rcond=1e-6)[0]
+            np.testing.assert_allclose(_np(refit(x)), design @ solution, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("options", [{"importance": "activation"}, {"refit": True},

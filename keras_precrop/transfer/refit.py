@@ -37,6 +37,7 @@ batch, up to itself, and solves one system of its input width (plus one) unknown
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -158,17 +159,59 @@ def refit_projections(graph, new_graph, widths, selection, model, new_model, bat
                           for walked, run in ((graph.model, model), (new_graph.model, new_model)))
     pairs = projections(graph, new_graph)
     columns = _kept_columns(graph, new_graph, widths, selection, pairs)
-    if verbose:
-        print(f"Refitting {len(pairs)} projections by least squares on {len(batches)} batches")
-    bar = progbar(len(pairs), verbose=verbose)
     new_layers = {rec.path: rec.layer for rec in new_graph.layers}
-    refit, short = [], []
-    for i, (call, old, new) in enumerate(pairs):
+    items = [(call.record.path, find_old(old, call), find_new(new, call), _contracted(old),
+              functools.partial(_target_weights, call.record, new_layers[call.record.path], old,
+                                new, _contracted(old), columns[id(new._kernel)]))
+             for call, old, new in pairs]  # (the targets read one projection at a time)
+    return _refit(items, model, new_model, batches, "projections", verbose)
+
+
+def refit_head(model, new_model, layers, batches, verbose=1):
+    """Refit ``new_model``'s projections among ``layers`` to what ``model``'s computed.
+
+    For layers after a cut whose outputs it kept whole: a keras_hub task's
+    head over its pruned backbone, so each new projection is fit to its
+    original's whole outputs from its own inputs, which may be fewer (a
+    CNN backbone's pruned features).
+
+    Args:
+        model, new_model: the original and the pruned model ``batches`` fit.
+        layers: ``(original layer, new layer)`` pairs, one layer of each
+            model, in call order; those that are no projection, or frozen
+            or constrained, keep their weights.
+        batches: the inputs ``x`` of the calibration batches.
+        verbose: as for :func:`refit_projections`.
+
+    Returns:
+        The paths of the layers refit, as :func:`refit_projections` does.
+    """
+    items = []
+    for old, new in layers:
         k = _contracted(old)
-        kernel, bias = _target_weights(call.record, new_layers[call.record.path], old, new, k,
-                                       columns[id(new._kernel)])
-        old, new = find_old(old, call), find_new(new, call)
-        gram = cross = rows = 0
+        if k and _contracted(new) == k and _free(old):
+            items.append((new.path, old, new, k, functools.partial(_whole_weights, old, k)))
+    return _refit(items, model, new_model, batches, "projections of the head", verbose)
+
+
+def _whole_weights(layer, k):
+    """``(kernel, bias)`` of ``layer`` as :func:`_target_weights` gives a cut layer's: every
+    output kept."""
+    kernel = keras.ops.convert_to_numpy(layer._kernel)
+    bias = None if layer.bias is None else keras.ops.convert_to_numpy(layer.bias).ravel()
+    return kernel.reshape(math.prod(kernel.shape[:k]), -1), bias
+
+
+def _refit(items, model, new_model, batches, what, verbose):
+    """Solve each of ``items`` (``(path, original layer, new layer, contracted axes, targets)``,
+    in call order; ``targets()`` gives the target kernel and bias) on ``batches`` and write it
+    into its new layer."""
+    if verbose:
+        print(f"Refitting {len(items)} {what} by least squares on {len(batches)} batches")
+    bar = progbar(len(items), verbose=verbose)
+    refit, short = [], []
+    for i, (path, old, new, k, targets) in enumerate(items):
+        (kernel, bias), gram, cross, rows = targets(), 0, 0, 0
         for x in batches:
             x_old, x_new = _input_of(model, old, x), _input_of(new_model, new, x)
             design = _design(x_new, k, new.bias is not None)
@@ -176,10 +219,10 @@ def refit_projections(graph, new_graph, widths, selection, model, new_model, bat
             gram, rows = gram + design.T @ design, rows + len(design)
             cross = cross + design.T @ (target if bias is None else target + bias)
         if rows < ROWS_PER_UNKNOWN * len(gram):  # it would fit the batches, not the model
-            short.append((call.record.path, rows, len(gram)))
+            short.append((path, rows, len(gram)))
         else:
             _assign(new, _solve(gram, cross, _carried(new, k)), k)
-            refit.append(call.record.path)
+            refit.append(path)
         bar.update(i + 1)
     _warn_short(short, batches)
     return refit
