@@ -42,17 +42,23 @@ _TF_TRANSPOSED = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
 _TORCH_COSTLY = re.compile(r"mm|matmul|conv(?!ert)|attention|einsum|linear|dot")
 
 
-def measured_macs(op, node):
+def measured_macs(op, node, concrete=None):
     """MACs per example of the call ``node`` of operation ``op``, or ``None`` if unknown.
 
     Args:
         op: a layer or ``keras.ops`` operation of the walked graph.
         node: one of its call nodes: the call's arguments and their shapes.
+        concrete: ``{id(KerasTensor): shape for one example}`` of tensors whose
+            sizes the graph leaves open but an earlier measured call gave; the
+            outputs of this call that the graph leaves open are added, from
+            one call on zeros (so a block kept whole after a reshape to ``-1``
+            is counted).
     """
     measure = {"tensorflow": _tf_macs, "jax": _jax_macs, "torch": _torch_macs}.get(
         keras.backend.backend())
+    concrete = {} if concrete is None else concrete
     tensors = node.arguments.keras_tensors
-    shapes = [(1, *tuple(t.shape)[1:]) for t in tensors]
+    shapes = [concrete.get(id(t), (1, *tuple(t.shape)[1:])) for t in tensors]
     if measure is None or any(d is None for s in shapes for d in s):
         return None
 
@@ -62,8 +68,12 @@ def measured_macs(op, node):
             kwargs = {**kwargs, "training": False}  # inference: no noise, no statistics update
         return op(*args, **kwargs)
 
+    specs = [(s, t.dtype) for s, t in zip(shapes, tensors)]
     try:
-        macs = measure(call, [(s, t.dtype) for s, t in zip(shapes, tensors)])
+        macs = measure(call, specs)
+        if any(d is None for t in node.outputs for d in tuple(t.shape)[1:]):
+            outs = keras.tree.flatten(call(*[keras.ops.zeros(s, d) for s, d in specs]))
+            concrete.update({id(t): tuple(o.shape) for t, o in zip(node.outputs, outs)})
     except Exception:  # a call the backend cannot run or cost: unknown, never guessed
         return None
     return None if macs is None else int(macs)

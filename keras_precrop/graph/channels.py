@@ -128,6 +128,9 @@ class WalkContext:
         self.order: list[LayerRecord] = []
         self.depth = 0  # depth of the node being walked
         self.notes: list[str] = []  # decisions a user should know about
+        # id(KerasTensor) -> its shape for one example, where the graph leaves a size open that a
+        # layer kept whole gave when measured (a reshape to -1 of a known size: Swin's merging)
+        self.concrete: dict[int, tuple] = {}
 
     # -- union-find over segments -------------------------------------------
     def new_segment(self, width, name, fixed=False):

@@ -286,7 +286,7 @@ class Fixed(Handler):
         for ch in ins:
             ctx.fix(ch)
         const_weights(ctx, rec)
-        macs = measured_macs(rec.layer, node)
+        macs = measured_macs(rec.layer, node, ctx.concrete)
         if macs is None:
             if not rec.macs_unknown:
                 ctx.note(f"{rec.path}: its MACs are unknown (the backend cannot count them); "
