@@ -64,7 +64,7 @@ def check_data(model, data, argument, *, labels=True, classes=True, bound=None, 
     first, data = _first_batch(_labels_as_array(model, data), argument, bound, batch_size or 32)
     inputs, y = _split_batch(first, argument, labels)
     _check_inputs(model, inputs, argument)
-    whole = data if is_pair(data) else (data, None) if _is_array(data) else None
+    whole = data if is_pair(data) else (data, None) if is_array(data) else None
     x, y = whole or (inputs, y)  # arrays: every example; other forms: the first batch
     where = "" if whole else " of its first batch"
     _check_finite(x, argument, "inputs", where)
@@ -148,7 +148,7 @@ def is_pair(data):
         isinstance(data[0], tuple) and isinstance(data[1], (tuple, list)))
 
 
-def _is_array(data):
+def is_array(data):
     """Whether ``data`` is one array (inputs alone): NumPy's, or a tensor of any backend."""
     return hasattr(data, "shape") and hasattr(data, "dtype")
 
@@ -168,7 +168,7 @@ def _labels_as_array(model, data):
 
 def _first_batch(data, argument, bound, batch_size):
     """``(first batch, data to use)``: the batch read first, and ``data`` with nothing lost."""
-    if is_pair(data) or _is_array(data) or isinstance(data, dict):  # (a dict: several inputs)
+    if is_pair(data) or is_array(data) or isinstance(data, dict):  # (a dict: several inputs)
         inputs = data[0] if is_pair(data) else data
         if not isinstance(inputs, (dict, list, tuple)) and len(inputs) == 0:
             raise _refuse(argument, "is empty: it holds no example.")
@@ -257,12 +257,12 @@ def _array(value):
 def _check_inputs(model, x, argument):
     """The inputs of one batch: numbers, finite, and of the shape of the model's (single) input."""
     inputs = getattr(model, "inputs", None)
-    if isinstance(x, list) and x and not all(_is_array(part) for part in x):
+    if isinstance(x, list) and x and not all(is_array(part) for part in x):
         raise _refuse(argument, f"has inputs as a Python list of {type(x[0]).__name__}s; Keras "
                                 "reads a list as one array per model input: pass an array, "
                                 "np.asarray(x).")
     several = inputs is not None and len(inputs) != 1
-    if several and _is_array(x):
+    if several and is_array(x):
         names = [t._keras_history.operation.name for t in inputs]
         raise _refuse(argument, f"gives one array of inputs a batch, but {_name(model)} takes "
                                 f"{len(inputs)} ({names}): give each batch's inputs as a dict by "

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from keras_precrop.errors import NAME_ONLY, ArgumentError
-from keras_precrop.training._user_data import _split_batch, array_batches, check_data, is_pair
+from keras_precrop.training._user_data import _split_batch, array_batches, check_data, is_array, is_pair
 from keras_precrop.training.finetune import _check_count, _restore_flags, _trainable_flags
 
 
@@ -123,7 +123,7 @@ def _batch_norms(model):
 
 def _input_batches(data, batches, batch_size):
     """The inputs of at most ``batches`` batches of ``data`` (checked), as numpy arrays."""
-    if is_pair(data) or (hasattr(data, "shape") and hasattr(data, "dtype")):  # arrays
+    if is_pair(data) or is_array(data):  # arrays
         x = data[0] if is_pair(data) else data
         for batch in array_batches(x, batch_size, limit=batches * batch_size):
             yield keras.tree.map_structure(np.asarray, batch)

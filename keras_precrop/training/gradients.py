@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_precrop.training._user_data import is_pair
+from keras_precrop.training._user_data import is_array, is_pair
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -184,7 +184,7 @@ def batches(data, num_batches=None, labels=True):
     """
     if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be a positive int or None, got {num_batches!r}.")
-    if is_pair(data) or (not labels and (hasattr(data, "shape") or isinstance(data, dict))):
+    if is_pair(data) or (not labels and (is_array(data) or isinstance(data, dict))):
         items = [data]
     else:
         if _is_tf_dataset(data):
