@@ -71,12 +71,21 @@ def measured_macs(op, node, concrete=None):
     specs = [(s, t.dtype) for s, t in zip(shapes, tensors)]
     try:
         macs = measure(call, specs)
-        if any(d is None for t in node.outputs for d in tuple(t.shape)[1:]):
-            outs = keras.tree.flatten(call(*[keras.ops.zeros(s, d) for s, d in specs]))
-            concrete.update({id(t): tuple(o.shape) for t, o in zip(node.outputs, outs)})
     except Exception:  # a call the backend cannot run or cost: unknown, never guessed
         return None
+    if any(d is None for t in node.outputs for d in tuple(t.shape)[1:]):
+        concrete.update(_output_shapes(call, specs, node.outputs))
     return None if macs is None else int(macs)
+
+
+def _output_shapes(call, specs, outputs):
+    """``{id(output): shape}`` of ``call`` run once on zeros of ``specs``, or ``{}`` where it
+    cannot run (the outputs' sizes stay open; the MACs measured are kept)."""
+    try:
+        values = keras.tree.flatten(call(*[keras.ops.zeros(s, d) for s, d in specs]))
+    except Exception:  # a call that cannot run on zeros: the sizes stay open, never guessed
+        return {}
+    return {id(t): tuple(v.shape) for t, v in zip(outputs, values)}
 
 
 def _tf_macs(call, specs):
